@@ -1,0 +1,25 @@
+"""Errors that reach the user as one line and a documented exit code (docs/cli.md)."""
+
+from __future__ import annotations
+
+EXIT_FITS = 0
+EXIT_CRASH = 1
+EXIT_USAGE = 2
+EXIT_NOTHING_FITS = 3
+EXIT_BAD_DATA = 4
+
+
+class FitcheckError(Exception):
+    exit_code = EXIT_CRASH
+
+
+class UsageError(FitcheckError):
+    """A flag or argument is wrong (click's own usage errors share exit code 2)."""
+
+    exit_code = EXIT_USAGE
+
+
+class InputDataError(FitcheckError):
+    """A file the user pointed at is bad: hardware profile, config.json, calibration."""
+
+    exit_code = EXIT_BAD_DATA

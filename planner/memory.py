@@ -1,0 +1,432 @@
+"""Per-GPU memory of one training step for one candidate (strategy x offload x checkpointing).
+
+The step is walked through five moments, and the peak is the largest of them:
+
+  forward   at the loss, end of forward: every saved activation, the logits being reduced
+  loss_bwd  the loss's backward: the fp32 vocabulary gradients on top of all activations
+  block_bwd the last block's backward: its gradient temporaries, recompute (checkpointing),
+            FSDP's unsharded grads and reduce-scatter buffers, the lm_head's gradient
+  bwd_end   the end of backward: every gradient, the embedding's gradient reduction
+  optimizer the optimizer step: states, gradients and the step's temporaries
+
+Each moment is a ``Breakdown`` of named integer byte terms whose sum is the PyTorch
+allocator's allocated bytes. Reserved and device-used add the terms outside it. Every term's
+formula and source is in docs/model.md; the sources that set the sharding are:
+
+- DDP: ``torch/nn/parallel/distributed.py`` + ``torch/csrc/distributed/c10d/reducer.cpp``: the
+  reducer allocates flat bucket buffers covering every gradient; unless
+  ``gradient_as_bucket_view=True`` the ``.grad`` tensors are separate, a second gradient copy.
+- FSDP2 (``torch/distributed/fsdp/_fully_shard``): params, grads and optimizer state sharded
+  over the shard group; each unit (here: every block, plus the root holding embeddings, final
+  norm and head) is all-gathered to ``param_dtype`` before use; the root is not resharded
+  after forward (``_fsdp_state.py``: ``post_forward_mesh_info = None`` for the root); gradients
+  are copied into a ``reduce_dtype`` reduce-scatter buffer in post-backward.
+- ZeRO (Rajbhandari et al. 2020, "ZeRO", sec. 5: 2Ψ + 2Ψ + KΨ with K = 12 for mixed-precision
+  Adam): stage 1 shards K, stage 2 also the fp16/bf16 gradients, stage 3 also the parameters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from planner.activations import ActivationPlan, plan_activations
+from planner.params import ParamCounts, count, param_tensors, numel
+from planner.spec import (
+    Candidate,
+    Checkpointing,
+    Cluster,
+    ModelSpec,
+    NormKind,
+    Offload,
+    OptimizerImpl,
+    OptimizerKind,
+    Precision,
+    Strategy,
+    TrainingSpec,
+)
+
+MiB = 2**20
+GiB = 2**30
+FP32 = 4
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Overheads:
+    """Runtime terms no parameter count predicts. Defaults and sources in docs/model.md."""
+
+    cublas_workspace_bytes: int = 32 * MiB
+    """cuBLAS + cuBLASLt workspaces through the caching allocator (CublasHandlePool.cpp:
+    4096 KiB x 8 on Hopper and newer; set per profile family)."""
+    nccl_bytes_per_communicator: int = 512 * MiB
+    """NCCL's device buffers per communicator (channels x peers x protocol buffers)."""
+    allocator_fragmentation: float = 0.08
+    """Caching allocator: peak reserved / peak allocated - 1."""
+    host_bytes_per_process: int = 4 * GiB
+    """Host RAM of one training process (Python, torch, CUDA libraries) before offload."""
+    ddp_bucket_view: bool = False
+    """DDP(gradient_as_bucket_view=...); PyTorch's default is False."""
+    zero_reduce_bucket_elems: int = 500_000_000
+    """DeepSpeed reduce_bucket_size default (zero/config.py)."""
+    zero_allgather_bucket_elems: int = 500_000_000
+    """DeepSpeed allgather_bucket_size default (stages 1 and 2)."""
+    zero3_prefetch_bucket_elems: int = 50_000_000
+    """DeepSpeed stage3_prefetch_bucket_size default."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Breakdown:
+    """Allocated bytes on one GPU at one moment, by what holds them."""
+
+    params: int = 0
+    """Resident parameter storage (sharded or not): fp32 master under torch AMP."""
+    gradients: int = 0
+    optimizer_states: int = 0
+    """Optimizer state, plus the fp32 master copy under ZeRO mixed precision."""
+    gathered_params: int = 0
+    """Working copies: FSDP/ZeRO-3 unsharded units, or autocast's cached bf16 weights."""
+    activations: int = 0
+    """Tensors saved for backward."""
+    transients: int = 0
+    """Loss and backward temporaries, checkpoint recompute."""
+    comm_buffers: int = 0
+    """DDP gradient buckets, FSDP reduce-scatter / all-gather buffers, ZeRO buckets."""
+    optimizer_temporaries: int = 0
+    cublas_workspace: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(getattr(self, f.name) for f in dataclasses.fields(self))
+
+    def as_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Estimate:
+    candidate: Candidate
+    shard_degree: int
+    peak_phase: str
+    breakdown: Breakdown
+    """At the peak: breakdown.total == peak_allocated_bytes."""
+    phases: dict[str, int]
+    """Allocated bytes at each moment of the step."""
+    allocator_overhead_bytes: int
+    cuda_context_bytes: int
+    nccl_bytes: int
+    capacity_bytes: int
+    usable_bytes: int
+    """capacity x (1 - margin)."""
+    host_bytes_per_node: int
+    host_capacity_bytes: int
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def peak_allocated_bytes(self) -> int:
+        return self.breakdown.total
+
+    @property
+    def peak_reserved_bytes(self) -> int:
+        return self.peak_allocated_bytes + self.allocator_overhead_bytes
+
+    @property
+    def device_used_bytes(self) -> int:
+        return self.peak_reserved_bytes + self.cuda_context_bytes + self.nccl_bytes
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.usable_bytes - self.device_used_bytes
+
+    @property
+    def fits_gpu(self) -> bool:
+        return self.device_used_bytes <= self.usable_bytes
+
+    @property
+    def fits_host(self) -> bool:
+        return self.host_bytes_per_node <= self.host_capacity_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.fits_gpu and self.fits_host
+
+
+class UnsupportedCandidate(ValueError):
+    """The combination does not exist in PyTorch/DeepSpeed (e.g. DDP with CPU offload)."""
+
+
+def shard_degree(strategy: Strategy, cluster: Cluster) -> int:
+    if strategy in (Strategy.DDP, Strategy.NO_SHARD):
+        return 1
+    if strategy is Strategy.HYBRID_SHARD:
+        return cluster.gpus_on_busiest_node
+    return cluster.n_gpus
+
+
+def check_supported(candidate: Candidate, n_gpus: int) -> None:
+    s, o = candidate.strategy, candidate.offload
+    if o is Offload.OPTIMIZER and not s.is_zero:
+        raise UnsupportedCandidate(
+            f"offload 'optimizer' is ZeRO-Offload (zero1/zero2/zero3), not available with {s}"
+        )
+    if o is Offload.PARAMS_AND_OPTIMIZER and s not in (
+        Strategy.FULL_SHARD, Strategy.HYBRID_SHARD, Strategy.SHARD_GRAD_OP, Strategy.ZERO3
+    ):
+        raise UnsupportedCandidate(
+            f"offload 'params_and_optimizer' needs sharded parameters "
+            f"(full_shard, hybrid_shard, shard_grad_op, zero3), not {s}"
+        )
+    if candidate.checkpointing is Checkpointing.AUTO:
+        raise UnsupportedCandidate("checkpointing 'auto' must be expanded before estimation")
+
+
+def _div(x: int, s: int) -> int:
+    """Per-rank share of x elements sharded s ways (ceil: FSDP pads dim 0)."""
+    return -(-x // s)
+
+
+def optimizer_state_bytes(model: ModelSpec, optimizer: OptimizerKind, state_bytes: int,
+                          shard: int) -> int:
+    """Optimizer state held for 1/shard of every parameter tensor (dim-0 shards)."""
+    if optimizer in (OptimizerKind.ADAM, OptimizerKind.ADAMW):
+        per_elem = 2  # exp_avg, exp_avg_sq (torch/optim/adam.py, zeros_like(param))
+    elif optimizer in (OptimizerKind.SGD_MOMENTUM, OptimizerKind.LION):
+        per_elem = 1  # momentum_buffer / exp_avg
+    elif optimizer is OptimizerKind.SGD:
+        return 0
+    elif optimizer is OptimizerKind.ADAMW_8BIT:
+        # bitsandbytes 8-bit blockwise: two uint8 states + one fp32 absmax per 2048 values
+        # per state (Dettmers et al. 2022, "8-bit Optimizers via Block-wise Quantization").
+        elems = sum(_div(numel(s), shard) for _, s in param_tensors(model))
+        return 2 * elems + 2 * FP32 * -(-elems // 2048)
+    else:  # ADAFACTOR: torch.optim.Adafactor factors the second moment of >=2-D params
+        total = 0
+        for _, shape in param_tensors(model):
+            if len(shape) >= 2:
+                rows = _div(numel(shape[:-1]), shard) if len(shape) == 2 else _div(shape[0], shard) * numel(shape[1:-1])
+                total += rows + shape[-1]
+            else:
+                total += _div(shape[0], shard)
+        return total * state_bytes
+    elems = sum(_div(numel(s), shard) for _, s in param_tensors(model))
+    return per_elem * elems * state_bytes
+
+
+def optimizer_temp_bytes(counts: ParamCounts, local_elems: int, training: TrainingSpec,
+                         state_bytes: int, zero: bool) -> int:
+    """Transient device memory of optimizer.step()."""
+    opt, impl = training.optimizer, training.optimizer_impl
+    if zero or opt in (OptimizerKind.SGD, OptimizerKind.SGD_MOMENTUM, OptimizerKind.ADAMW_8BIT):
+        # DeepSpeed steps with its fused multi-tensor Adam; SGD's foreach path is in place
+        # (weight_decay=0); bitsandbytes runs one fused kernel per tensor.
+        return 0
+    if impl is OptimizerImpl.FUSED:
+        return 0  # torch._fused_adamw_: one kernel, no intermediates
+    if impl is OptimizerImpl.FOREACH and opt in (OptimizerKind.ADAM, OptimizerKind.ADAMW):
+        # _multi_tensor_adam: exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs) allocates one
+        # state-sized copy of every parameter in the group (torch/optim/adam.py).
+        return local_elems * state_bytes
+    # Single-tensor loops (and Lion / Adafactor updates): sqrt(v) then its quotient, two
+    # temporaries the size of the largest tensor (torch/optim/adam.py _single_tensor_adam).
+    return 2 * counts.largest_tensor * state_bytes
+
+
+def _matmul_weight_elems(model: ModelSpec) -> int:
+    """Parameters that go through F.linear / matmul / bmm, hence autocast's cached casts.
+
+    Norm weights and embedding lookups are not autocast ops; a tied head's F.linear casts
+    the embedding table.
+    """
+    total = 0
+    for name, shape in param_tensors(model):
+        module = name.rsplit(".", 1)[0].rsplit(".", 1)[-1]
+        if "norm" in module or module in ("embed", "pos_embed", "type_embed"):
+            continue
+        total += numel(shape)
+    if model.tied_embeddings:
+        total += model.vocab * model.hidden
+    return total
+
+
+def estimate(model: ModelSpec, training: TrainingSpec, cluster: Cluster, candidate: Candidate,
+             *, margin: float = 0.05, overheads: Overheads | None = None) -> Estimate:
+    ov = overheads or Overheads()
+    check_supported(candidate, cluster.n_gpus)
+    strat = candidate.strategy
+    prec = training.precision
+    n = cluster.n_gpus
+    single = n == 1
+    S = shard_degree(strat, cluster)
+    counts = count(model)
+    P = counts.per_block * model.n_layers + counts.root
+    Pb, Pr = counts.per_block, counts.root
+    c = prec.compute_bytes
+    pb = prec.param_bytes
+    notes: list[str] = []
+
+    zero = strat.is_zero
+    fsdp = strat.is_fsdp
+    uses_autocast = not fsdp and not zero  # DDP / single GPU: torch.autocast over fp32 params
+    acts = plan_activations(model, batch=training.micro_batch, seq=training.seq,
+                            precision=prec, attention=training.attention,
+                            checkpointing=candidate.checkpointing, uses_autocast=uses_autocast)
+    offload = candidate.offload
+
+    # ---- resident states -------------------------------------------------------------
+    if zero:
+        # DeepSpeed: module in compute dtype, grads in compute dtype, fp32 master + states.
+        param_b, grad_b = c, c
+        master_b = FP32 if prec.amp else 0
+        state_b = FP32 if prec.amp else pb
+        p_shard = S if strat is Strategy.ZERO3 else 1
+        g_shard = S if strat in (Strategy.ZERO2, Strategy.ZERO3) else 1
+        o_shard = S
+    else:
+        param_b, grad_b, master_b, state_b = pb, pb, 0, pb
+        p_shard = g_shard = o_shard = S
+    local_p = _div(P, p_shard)
+    params_res = local_p * param_b
+    grads_full = _div(P, g_shard) * grad_b
+    opt_states = optimizer_state_bytes(model, training.optimizer, state_b, o_shard) \
+        + _div(P, o_shard) * master_b
+    opt_temp = optimizer_temp_bytes(counts, _div(P, o_shard), training, state_b, zero)
+
+    host_per_rank = 0
+    if offload is Offload.OPTIMIZER:
+        # ZeRO-Offload (Ren et al. 2021): fp32 master, states and fp32 grad partition on the
+        # host; the step runs on the CPU.
+        host_per_rank = opt_states + _div(P, o_shard) * FP32
+        opt_states, opt_temp = 0, 0
+    elif offload is Offload.PARAMS_AND_OPTIMIZER:
+        # FSDP2 CPUOffloadPolicy / ZeRO-3 offload_param: sharded params, grads and optimizer
+        # state in pinned host memory; only unsharded working copies live on the GPU.
+        host_per_rank = params_res + grads_full + opt_states
+        params_res, grads_full, opt_states, opt_temp = 0, 0, 0, 0
+
+    # ---- working copies and communication buffers -------------------------------------
+    lm_head_elems = 0 if model.tied_embeddings else model.vocab * model.hidden
+    if model.encoder_head and not model.tied_embeddings:
+        lm_head_elems = model.vocab * model.hidden
+    buckets = 0
+    zero_step_extra = 0
+    if uses_autocast:
+        cache = _matmul_weight_elems(model) * c if prec.amp else 0
+        if strat is Strategy.DDP and not single and not ov.ddp_bucket_view:
+            buckets = P * grad_b
+        elif strat is Strategy.DDP and not single:
+            notes.append("gradient_as_bucket_view=True: grads are views into the buckets")
+        root_w = blocks_fwd = blocks_bwd = 0
+        unit_grad = 0
+        rs_unit = 0
+        rs_root = 0
+        root_grad_bwd = lm_head_elems * grad_b
+    elif fsdp:
+        cache = 0
+        root_w = Pr * c
+        if strat is Strategy.FULL_SHARD or strat is Strategy.HYBRID_SHARD:
+            blocks_fwd = 0  # resharded after forward; the last block is freed at the loss
+            blocks_bwd = 2 * Pb * c  # current block + the one prefetched for backward
+        else:  # SHARD_GRAD_OP, NO_SHARD: kept unsharded from forward until post-backward
+            blocks_fwd = model.n_layers * Pb * c
+            blocks_bwd = model.n_layers * Pb * c
+        # post-backward: unsharded grads (param dtype of the unsharded params) copied into an
+        # fp32 reduce-scatter input, plus its 1/S output.
+        unit_grad = Pb * c
+        rs_unit = Pb * FP32 + _div(Pb, S) * FP32
+        rs_root = Pr * FP32 + _div(Pr, S) * FP32
+        root_grad_bwd = lm_head_elems * c
+        if offload is Offload.PARAMS_AND_OPTIMIZER:
+            notes.append("CPU offload: sharded params/grads/optimizer state in pinned host RAM")
+    else:  # ZeRO
+        cache = 0
+        if strat is Strategy.ZERO3:
+            root_w = 0
+            working = 2 * max(Pb, Pr) * c + ov.zero3_prefetch_bucket_elems * c
+            blocks_fwd, blocks_bwd = working, working
+        else:
+            root_w = blocks_fwd = blocks_bwd = 0
+        unit_grad = 0
+        rs_unit = rs_root = 0
+        root_grad_bwd = lm_head_elems * grad_b if strat is Strategy.ZERO1 else 0
+        if strat in (Strategy.ZERO2, Strategy.ZERO3):
+            buckets = min(ov.zero_reduce_bucket_elems, P) * grad_b
+        if prec.amp and offload is Offload.NONE:
+            zero_step_extra = _div(P, o_shard) * FP32  # bf16 grad partition upcast for the step
+        if strat is not Strategy.ZERO3:
+            zero_step_extra += min(ov.zero_allgather_bucket_elems, P) * param_b
+
+    cublas = ov.cublas_workspace_bytes
+    if single:
+        buckets = 0
+
+    # ---- the five moments ----------------------------------------------------------------
+    act_all = acts.saved_total
+    act_blocks = acts.block_kept * model.n_layers
+    root_acts = acts.root_bytes
+    grads_bwd_end = grads_full if offload is not Offload.PARAMS_AND_OPTIMIZER else 0
+    if offload is Offload.OPTIMIZER:
+        # ZeRO-Offload moves each reduced gradient partition to the host as it is produced.
+        grads_bwd_end = 0 if strat is not Strategy.ZERO1 else grads_full
+    base = dict(params=params_res, optimizer_states=opt_states, cublas_workspace=cublas)
+    phases: dict[str, Breakdown] = {}
+    phases["forward"] = Breakdown(
+        **base, gathered_params=cache + root_w + blocks_fwd, activations=act_all,
+        transients=acts.loss_forward_transient, comm_buffers=buckets)
+    phases["loss_bwd"] = Breakdown(
+        **base, gathered_params=cache + root_w + blocks_fwd, activations=act_all,
+        transients=acts.loss_backward_transient, comm_buffers=buckets)
+    # Last block's backward: the loss's tensors are gone (log_softmax output freed), the
+    # lm_head gradient exists, one block is being differentiated (and recomputed).
+    grads_so_far = root_grad_bwd
+    phases["block_bwd"] = Breakdown(
+        **base, gathered_params=cache + root_w + blocks_bwd,
+        activations=act_blocks + root_acts - acts.root_saved[-1].nbytes,
+        gradients=grads_so_far + unit_grad,
+        transients=acts.block_backward_transient + acts.recompute,
+        comm_buffers=buckets + rs_unit)
+    # End of backward: every gradient; FSDP reduces the root's (embedding) gradients last.
+    phases["bwd_end"] = Breakdown(
+        **base, gathered_params=root_w,
+        gradients=grads_bwd_end + (Pr * c if fsdp else 0),
+        comm_buffers=buckets + rs_root)
+    phases["optimizer"] = Breakdown(
+        **base, gradients=grads_bwd_end, comm_buffers=buckets,
+        optimizer_temporaries=opt_temp + zero_step_extra)
+
+    peak_phase = max(phases, key=lambda k: phases[k].total)
+    peak = phases[peak_phase]
+    allocated = peak.total
+    frag = int(allocated * ov.allocator_fragmentation)
+    n_comms = 0 if single else (2 if strat is Strategy.HYBRID_SHARD and S < n else 1)
+    nccl = n_comms * ov.nccl_bytes_per_communicator
+    capacity = cluster.gpu.memory_bytes
+    ranks_on_node = cluster.gpus_on_busiest_node
+    host_node = ranks_on_node * (host_per_rank + ov.host_bytes_per_process)
+    return Estimate(
+        candidate=candidate,
+        shard_degree=S,
+        peak_phase=peak_phase,
+        breakdown=peak,
+        phases={k: v.total for k, v in phases.items()},
+        allocator_overhead_bytes=frag,
+        cuda_context_bytes=cluster.gpu.cuda_context_bytes,
+        nccl_bytes=nccl,
+        capacity_bytes=capacity,
+        usable_bytes=int(capacity * (1.0 - margin)),
+        host_bytes_per_node=host_node,
+        host_capacity_bytes=cluster.host_ram_bytes_per_node,
+        notes=tuple(notes),
+    )
+
+
+def activation_plan(model: ModelSpec, training: TrainingSpec, candidate: Candidate,
+                    n_gpus: int) -> ActivationPlan:
+    """The activation count the estimate uses (for reports and tests)."""
+    fsdp = candidate.strategy.is_fsdp
+    return plan_activations(model, batch=training.micro_batch, seq=training.seq,
+                            precision=training.precision, attention=training.attention,
+                            checkpointing=candidate.checkpointing,
+                            uses_autocast=not fsdp and not candidate.strategy.is_zero)
+
+
+__all__ = ["Breakdown", "Estimate", "Overheads", "UnsupportedCandidate", "estimate",
+           "shard_degree", "optimizer_state_bytes", "NormKind"]

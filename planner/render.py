@@ -1,0 +1,206 @@
+"""Render an Answer as a table for people or as the JSON contract (docs/cli.md) for programs.
+
+Bytes stay integers until here; GiB (2**30) is the only unit printed in tables.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from planner.memory import Estimate
+from planner.params import active_params, total_params
+from planner.plan import Answer
+from planner.spec import Checkpointing, ModelSpec, Offload
+
+SCHEMA_VERSION = 1
+GiB = 2**30
+
+
+def gib(x: int) -> str:
+    return f"{x / GiB:.1f}"
+
+
+def model_json(model: ModelSpec, source: str) -> dict[str, Any]:
+    return {
+        "name": model.name,
+        "source": source,
+        "shape_assumed": model.shape_assumed,
+        "params": total_params(model),
+        "active_params": active_params(model),
+        "layers": model.n_layers,
+        "hidden": model.hidden,
+        "heads": model.n_heads,
+        "kv_heads": model.n_kv_heads,
+        "head_dim": model.d_head,
+        "ffn": model.ffn_hidden,
+        "vocab": model.vocab,
+        "tied_embeddings": model.tied_embeddings,
+        "mlp": str(model.mlp),
+        "norm": str(model.norm),
+        "position": str(model.position),
+        "experts": model.n_experts,
+        "experts_per_token": model.experts_per_token,
+    }
+
+
+def breakdown_json(e: Estimate) -> dict[str, int]:
+    out = e.breakdown.as_dict()
+    out["allocator_overhead"] = e.allocator_overhead_bytes
+    out["cuda_context"] = e.cuda_context_bytes
+    out["nccl_buffers"] = e.nccl_bytes
+    return out
+
+
+def candidate_json(e: Estimate) -> dict[str, Any]:
+    c = e.candidate
+    return {
+        "strategy": str(c.strategy),
+        "offload": str(c.offload),
+        "checkpointing": str(c.checkpointing),
+        "fits": e.fits,
+        "fits_gpu": e.fits_gpu,
+        "fits_host": e.fits_host,
+        "shard_degree": e.shard_degree,
+        "peak_phase": e.peak_phase,
+        "peak_allocated_bytes": e.peak_allocated_bytes,
+        "peak_reserved_bytes": e.peak_reserved_bytes,
+        "device_used_bytes": e.device_used_bytes,
+        "capacity_bytes": e.capacity_bytes,
+        "usable_bytes": e.usable_bytes,
+        "headroom_bytes": e.headroom_bytes,
+        "breakdown_bytes": breakdown_json(e),
+        "phase_allocated_bytes": dict(e.phases),
+        "host_bytes_per_node": e.host_bytes_per_node,
+        "host_capacity_bytes": e.host_capacity_bytes,
+        "notes": list(e.notes),
+    }
+
+
+def answer_json(answer: Answer, model_source: str) -> dict[str, Any]:
+    q = answer.question
+    t, cl = q.training, q.cluster
+    rec = answer.recommendation
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "inputs": {
+            "model": model_json(q.model, model_source),
+            "training": {
+                "seq": t.seq,
+                "micro_batch": t.micro_batch,
+                "grad_accum": t.grad_accum,
+                "precision": str(t.precision),
+                "optimizer": str(t.optimizer),
+                "optimizer_impl": str(t.optimizer_impl),
+                "attention": str(t.attention),
+            },
+            "hardware": {
+                "gpu": cl.gpu.id,
+                "gpu_name": cl.gpu.name,
+                "capacity_bytes": cl.gpu.memory_bytes,
+                "n_gpus": cl.n_gpus,
+                "gpus_per_node": cl.gpus_per_node,
+                "n_nodes": cl.n_nodes,
+                "host_ram_bytes_per_node": cl.host_ram_bytes_per_node,
+            },
+            "strategies": [str(s) for s in q.strategies],
+            "offload": "auto" if q.offloads is None else [str(o) for o in q.offloads],
+            "checkpointing": str(q.checkpointing),
+            "margin": q.margin,
+        },
+        "candidates": [candidate_json(e) for e in answer.estimates],
+        "recommendation": None if rec is None else {
+            "strategy": str(rec.candidate.strategy),
+            "offload": str(rec.candidate.offload),
+            "checkpointing": str(rec.candidate.checkpointing),
+            "reasons": list(rec.reasons),
+        },
+        "min_gpus": answer.min_gpus,
+        "skipped": list(answer.skipped),
+        "assumptions": assumptions(answer),
+    }
+
+
+def assumptions(answer: Answer) -> list[str]:
+    q = answer.question
+    ov = q.overheads
+    out = []
+    if q.model.shape_assumed:
+        out.append(f"shape assumed from the parameter count ({q.model.n_layers} layers x "
+                   f"{q.model.hidden} hidden, vocab {q.model.vocab}); pass --model, --config or "
+                   "shape flags for a real one")
+    out += [
+        "bf16/fp16-amp: torch.autocast over fp32 params for DDP and 1 GPU; FSDP2 "
+        "MixedPrecisionPolicy(param_dtype=low, reduce_dtype=fp32); DeepSpeed bf16 module + fp32 master for ZeRO",
+        "FSDP units: one per transformer block plus the root (embeddings, final norm, head)",
+        f"runtime: CUDA context {gib(q.cluster.gpu.cuda_context_bytes)} GiB, NCCL "
+        f"{gib(ov.nccl_bytes_per_communicator)} GiB per communicator, cuBLAS workspace "
+        f"{ov.cublas_workspace_bytes // 2**20} MiB, allocator reserved/allocated "
+        f"{1 + ov.allocator_fragmentation:.2f}",
+        f"fits = device used <= capacity x (1 - margin {q.margin:g})",
+    ]
+    return out
+
+
+def _label(e: Estimate) -> list[str]:
+    c = e.candidate
+    return [str(c.strategy), str(c.offload) if c.offload is not Offload.NONE else "-",
+            str(c.checkpointing) if c.checkpointing is not Checkpointing.NONE else "-"]
+
+
+def table(answer: Answer, model_source: str) -> str:
+    from tabulate import tabulate
+
+    q = answer.question
+    m, t, cl = q.model, q.training, q.cluster
+    lines = []
+    shape = (f"{m.n_layers} layers, hidden {m.hidden}, {m.n_heads} heads ({m.n_kv_heads} kv), "
+             f"ffn {m.ffn_hidden}, vocab {m.vocab}")
+    assumed = " [shape ASSUMED from --params]" if m.shape_assumed else ""
+    active = active_params(m)
+    n_total = total_params(m)
+    params = f"{n_total / 1e9:.2f}B params" + (f" ({active / 1e9:.2f}B active)" if active != n_total else "")
+    lines.append(f"model     {m.name}: {params}; {shape}{assumed}")
+    lines.append(f"training  seq {t.seq}, micro-batch {t.micro_batch}, grad-accum {t.grad_accum}, "
+                 f"{t.precision}, {t.optimizer} ({t.optimizer_impl}), attention {t.attention}")
+    lines.append(f"hardware  {cl.n_gpus} x {cl.gpu.name} ({gib(cl.gpu.memory_bytes)} GiB), "
+                 f"{cl.gpus_per_node} per node, {cl.n_nodes} node(s), host RAM "
+                 f"{gib(cl.host_ram_bytes_per_node)} GiB per node")
+    lines.append("")
+    headers = ["strategy", "offload", "ckpt", "params", "grads", "optim", "gathered", "activ",
+               "transient", "buffers", "runtime", "used GiB", "usable", "fits", "headroom"]
+    rows = []
+    for e in answer.estimates:
+        b = e.breakdown
+        runtime = (b.cublas_workspace + e.allocator_overhead_bytes + e.cuda_context_bytes
+                   + e.nccl_bytes)
+        fits = "✓" if e.fits else ("✗ host" if e.fits_gpu else "✗")
+        rows.append(_label(e) + [
+            gib(b.params), gib(b.gradients), gib(b.optimizer_states + b.optimizer_temporaries),
+            gib(b.gathered_params), gib(b.activations), gib(b.transients), gib(b.comm_buffers),
+            gib(runtime), gib(e.device_used_bytes), gib(e.usable_bytes), fits,
+            gib(e.headroom_bytes)])
+    lines.append(tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True,
+                          colalign=("left", "left", "left") + ("right",) * 12))
+    lines.append("(GiB per GPU at each candidate's peak moment; runtime = CUDA context + NCCL + "
+                 "cuBLAS workspace + allocator reserve)")
+    lines.append("")
+    rec = answer.recommendation
+    if rec is not None:
+        c = rec.candidate
+        extra = "".join([
+            f" + {c.checkpointing} checkpointing" if c.checkpointing is not Checkpointing.NONE else "",
+            f" + {c.offload} offload" if c.offload is not Offload.NONE else ""])
+        lines.append(f"recommendation: {c.strategy}{extra}")
+        lines += [f"  - {r}" for r in rec.reasons]
+    elif answer.min_gpus is not None:
+        lines.append(f"does not fit: needs >= {answer.min_gpus} GPUs of this type "
+                     f"({cl.gpu.id}) with the best candidate")
+    else:
+        lines.append("does not fit on any number of GPUs of this type: per-GPU activations or "
+                     "working set alone exceed capacity (try a shorter --seq or --micro-batch)")
+    for s in answer.skipped:
+        lines.append(f"skipped: {s}")
+    lines.append("")
+    lines.append("assumptions:")
+    lines += [f"  - {a}" for a in assumptions(answer)]
+    return "\n".join(lines)
