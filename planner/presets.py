@@ -1,0 +1,244 @@
+"""Built-in model presets: the shapes of well-known models, by short id.
+
+Every shape is copied from the model's official Hugging Face ``config.json`` (URL in the
+comment above each entry). ``tests/test_presets.py`` checks each preset's ``total_params``
+against the published parameter count, so a wrong number here fails a test.
+
+The reference layout (``planner/params.py``) uses separate q/k/v and gate/up projections where
+some checkpoints fuse them (GPT-2 ``c_attn``, Falcon/BLOOM ``query_key_value``, Phi-3
+``qkv_proj``/``gate_up_proj``); the element counts are the same.
+"""
+
+from __future__ import annotations
+
+import re
+
+from planner.spec import MlpKind, ModelSpec, NormKind, PositionKind
+
+__all__ = ["PRESETS", "UnknownModelError", "get_preset", "list_presets", "resolve_name"]
+
+
+class UnknownModelError(ValueError, KeyError):
+    """No preset has this name: a ValueError (bad input) that ``except KeyError`` catches too."""
+
+    def __init__(self, name: str, suggestions: list[str]) -> None:
+        self.name = name
+        self.suggestions = suggestions
+        if suggestions:
+            hint = "did you mean " + ", ".join(suggestions) + "?"
+        else:
+            hint = "known models: " + ", ".join(list_presets())
+        super().__init__(f"unknown model {name!r}; {hint}")
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0])
+
+
+def _gpt2(name: str, n_layers: int, hidden: int, n_heads: int) -> ModelSpec:
+    # GPT-2: Conv1D layers all with bias, LayerNorm, learned 1024-row position table,
+    # lm_head tied to wte, MLP 4h (n_inner null).
+    return ModelSpec(
+        name=name, n_layers=n_layers, hidden=hidden, n_heads=n_heads, n_kv_heads=n_heads,
+        ffn_hidden=4 * hidden, vocab=50257, tied_embeddings=True, mlp=MlpKind.GELU,
+        norm=NormKind.LAYERNORM, position=PositionKind.LEARNED, max_positions=1024, bias=True,
+    )  # fmt: skip
+
+
+def _bert(name: str, n_layers: int, hidden: int, n_heads: int) -> ModelSpec:
+    # BERT (uncased vocab 30522): post-norm encoder, embeddings LayerNorm, 512 learned positions,
+    # 2 token types, MLM head (dense + LayerNorm + decoder bias, decoder tied) and pooler.
+    return ModelSpec(
+        name=name, n_layers=n_layers, hidden=hidden, n_heads=n_heads, n_kv_heads=n_heads,
+        ffn_hidden=4 * hidden, vocab=30522, tied_embeddings=True, mlp=MlpKind.GELU,
+        norm=NormKind.LAYERNORM, position=PositionKind.LEARNED, max_positions=512, bias=True,
+        type_vocab=2, embedding_norm=True, encoder_head=True,
+    )  # fmt: skip
+
+
+def _llama(
+    name: str, n_layers: int, hidden: int, n_heads: int, n_kv_heads: int, ffn: int, vocab: int,
+    *, tied: bool = False, head_dim: int = 0, qkv_bias: bool = False,
+    n_experts: int = 1, experts_per_token: int = 1,
+) -> ModelSpec:
+    # Llama-style decoder: SwiGLU, RMSNorm, RoPE, no biases, pre-norm (2 norms per block).
+    return ModelSpec(
+        name=name, n_layers=n_layers, hidden=hidden, n_heads=n_heads, n_kv_heads=n_kv_heads,
+        ffn_hidden=ffn, vocab=vocab, head_dim=head_dim, tied_embeddings=tied,
+        qkv_bias=qkv_bias, n_experts=n_experts, experts_per_token=experts_per_token,
+    )  # fmt: skip
+
+
+def _gemma2(
+    name: str, n_layers: int, hidden: int, n_heads: int, n_kv_heads: int, head_dim: int, ffn: int
+) -> ModelSpec:
+    # Gemma-2: GeGLU (gelu_pytorch_tanh), RMSNorm, RoPE, sandwich norms (4 per block),
+    # explicit head_dim, vocab 256000, tied embeddings.
+    return ModelSpec(
+        name=name, n_layers=n_layers, hidden=hidden, n_heads=n_heads, n_kv_heads=n_kv_heads,
+        head_dim=head_dim, ffn_hidden=ffn, vocab=256000, tied_embeddings=True,
+        mlp=MlpKind.GEGLU, norms_per_layer=4,
+    )  # fmt: skip
+
+
+def _bloom(name: str, n_layers: int, hidden: int, n_heads: int) -> ModelSpec:
+    # BLOOM: ALiBi, LayerNorm after the embeddings, biases everywhere, MLP 4h, tied lm_head.
+    return ModelSpec(
+        name=name, n_layers=n_layers, hidden=hidden, n_heads=n_heads, n_kv_heads=n_heads,
+        ffn_hidden=4 * hidden, vocab=250880, tied_embeddings=True, mlp=MlpKind.GELU,
+        norm=NormKind.LAYERNORM, position=PositionKind.ALIBI, bias=True, embedding_norm=True,
+    )  # fmt: skip
+
+
+_ALL: list[ModelSpec] = [
+    # https://huggingface.co/openai-community/gpt2/blob/main/config.json  (12 x 768, 12 heads)
+    _gpt2("gpt2", 12, 768, 12),
+    # https://huggingface.co/openai-community/gpt2-medium/blob/main/config.json  (24 x 1024, 16)
+    _gpt2("gpt2-medium", 24, 1024, 16),
+    # https://huggingface.co/openai-community/gpt2-large/blob/main/config.json  (36 x 1280, 20)
+    _gpt2("gpt2-large", 36, 1280, 20),
+    # https://huggingface.co/openai-community/gpt2-xl/blob/main/config.json  (48 x 1600, 25)
+    _gpt2("gpt2-xl", 48, 1600, 25),
+    # https://huggingface.co/google-bert/bert-base-uncased/blob/main/config.json
+    _bert("bert-base", 12, 768, 12),
+    # https://huggingface.co/google-bert/bert-large-uncased/blob/main/config.json
+    _bert("bert-large", 24, 1024, 16),
+    # https://huggingface.co/meta-llama/Llama-2-7b-hf/blob/main/config.json
+    _llama("llama2-7b", 32, 4096, 32, 32, 11008, 32000),
+    # https://huggingface.co/meta-llama/Llama-2-13b-hf/blob/main/config.json
+    _llama("llama2-13b", 40, 5120, 40, 40, 13824, 32000),
+    # https://huggingface.co/meta-llama/Llama-2-70b-hf/blob/main/config.json
+    _llama("llama2-70b", 80, 8192, 64, 8, 28672, 32000),
+    # https://huggingface.co/meta-llama/Meta-Llama-3-8B/blob/main/config.json
+    _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256),
+    # https://huggingface.co/meta-llama/Meta-Llama-3-70B/blob/main/config.json
+    _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256),
+    # https://huggingface.co/meta-llama/Llama-3.1-8B/blob/main/config.json
+    _llama("llama3.1-8b", 32, 4096, 32, 8, 14336, 128256),
+    # https://huggingface.co/meta-llama/Llama-3.1-70B/blob/main/config.json
+    _llama("llama3.1-70b", 80, 8192, 64, 8, 28672, 128256),
+    # https://huggingface.co/meta-llama/Llama-3.1-405B/blob/main/config.json
+    _llama("llama3.1-405b", 126, 16384, 128, 8, 53248, 128256),
+    # https://huggingface.co/meta-llama/Llama-3.2-1B/blob/main/config.json  (head_dim 64, tied)
+    _llama("llama3.2-1b", 16, 2048, 32, 8, 8192, 128256, tied=True),
+    # https://huggingface.co/meta-llama/Llama-3.2-3B/blob/main/config.json  (head_dim 128, tied)
+    _llama("llama3.2-3b", 28, 3072, 24, 8, 8192, 128256, tied=True),
+    # https://huggingface.co/mistralai/Mistral-7B-v0.1/blob/main/config.json
+    _llama("mistral-7b", 32, 4096, 32, 8, 14336, 32000),
+    # https://huggingface.co/mistralai/Mixtral-8x7B-v0.1/blob/main/config.json
+    # (num_local_experts 8, num_experts_per_tok 2)
+    _llama("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, n_experts=8, experts_per_token=2),
+    # https://huggingface.co/Qwen/Qwen2.5-7B/blob/main/config.json  (q/k/v bias in Qwen2Attention)
+    _llama("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, qkv_bias=True),
+    # https://huggingface.co/Qwen/Qwen2.5-72B/blob/main/config.json
+    _llama("qwen2.5-72b", 80, 8192, 64, 8, 29568, 152064, qkv_bias=True),
+    # https://huggingface.co/google/gemma-2-9b/blob/main/config.json
+    _gemma2("gemma2-9b", 42, 3584, 16, 8, 256, 14336),
+    # https://huggingface.co/google/gemma-2-27b/blob/main/config.json
+    _gemma2("gemma2-27b", 46, 4608, 32, 16, 128, 36864),
+    # https://huggingface.co/tiiuae/falcon-7b/blob/main/config.json
+    # multi_query (1 KV head), parallel_attn with one input LayerNorm, bias false, MLP 4h,
+    # RoPE. lm_head is tied to word_embeddings (FalconForCausalLM ties them; the checkpoint
+    # stores a copy, so the Hub's file-based count of 7.22B counts the table twice).
+    ModelSpec(
+        name="falcon-7b", n_layers=32, hidden=4544, n_heads=71, n_kv_heads=1,
+        ffn_hidden=4 * 4544, vocab=65024, tied_embeddings=True, mlp=MlpKind.GELU,
+        norm=NormKind.LAYERNORM, norms_per_layer=1, parallel_block=True,
+    ),  # fmt: skip
+    # https://huggingface.co/tiiuae/falcon-40b/blob/main/config.json
+    # new_decoder_architecture: 8 KV groups, parallel block with two LayerNorms (ln_attn, ln_mlp).
+    ModelSpec(
+        name="falcon-40b", n_layers=60, hidden=8192, n_heads=128, n_kv_heads=8,
+        ffn_hidden=4 * 8192, vocab=65024, tied_embeddings=True, mlp=MlpKind.GELU,
+        norm=NormKind.LAYERNORM, norms_per_layer=2, parallel_block=True,
+    ),  # fmt: skip
+    # https://huggingface.co/bigscience/bloom-560m/blob/main/config.json
+    _bloom("bloom-560m", 24, 1024, 16),
+    # https://huggingface.co/bigscience/bloom-7b1/blob/main/config.json
+    _bloom("bloom-7b1", 30, 4096, 32),
+    # https://huggingface.co/microsoft/Phi-3-mini-4k-instruct/blob/main/config.json
+    # (fused qkv_proj / gate_up_proj, MHA, vocab 32064, untied)
+    _llama("phi3-mini", 32, 3072, 32, 32, 8192, 32064),
+]
+
+PRESETS: dict[str, ModelSpec] = {spec.name: spec for spec in _ALL}
+"""Preset id -> shape. ModelSpec is frozen, so sharing the instances is safe."""
+
+# Hugging Face repository ids (and a few common spellings) that name a preset.
+_ALIASES: dict[str, str] = {
+    "openai-community/gpt2": "gpt2",
+    "openai-community/gpt2-medium": "gpt2-medium",
+    "openai-community/gpt2-large": "gpt2-large",
+    "openai-community/gpt2-xl": "gpt2-xl",
+    "gpt2-small": "gpt2",
+    "bert-base-uncased": "bert-base",
+    "google-bert/bert-base-uncased": "bert-base",
+    "bert-large-uncased": "bert-large",
+    "google-bert/bert-large-uncased": "bert-large",
+    "meta-llama/llama-2-7b-hf": "llama2-7b",
+    "meta-llama/llama-2-13b-hf": "llama2-13b",
+    "meta-llama/llama-2-70b-hf": "llama2-70b",
+    "meta-llama/meta-llama-3-8b": "llama3-8b",
+    "meta-llama/meta-llama-3-70b": "llama3-70b",
+    "meta-llama/llama-3.1-8b": "llama3.1-8b",
+    "meta-llama/llama-3.1-70b": "llama3.1-70b",
+    "meta-llama/llama-3.1-405b": "llama3.1-405b",
+    "meta-llama/meta-llama-3.1-8b": "llama3.1-8b",
+    "meta-llama/meta-llama-3.1-70b": "llama3.1-70b",
+    "meta-llama/meta-llama-3.1-405b": "llama3.1-405b",
+    "meta-llama/llama-3.2-1b": "llama3.2-1b",
+    "meta-llama/llama-3.2-3b": "llama3.2-3b",
+    "mistralai/mistral-7b-v0.1": "mistral-7b",
+    "mistralai/mixtral-8x7b-v0.1": "mixtral-8x7b",
+    "qwen/qwen2.5-7b": "qwen2.5-7b",
+    "qwen/qwen2.5-72b": "qwen2.5-72b",
+    "google/gemma-2-9b": "gemma2-9b",
+    "google/gemma-2-27b": "gemma2-27b",
+    "tiiuae/falcon-7b": "falcon-7b",
+    "tiiuae/falcon-40b": "falcon-40b",
+    "bigscience/bloom-560m": "bloom-560m",
+    "bigscience/bloom-7b1": "bloom-7b1",
+    "microsoft/phi-3-mini-4k-instruct": "phi3-mini",
+    "phi-3-mini": "phi3-mini",
+}
+
+
+def _key(name: str) -> str:
+    """Loose form of a name: lower case, no separators ('Llama-2-7B' == 'llama2_7b')."""
+    return re.sub(r"[\s_.\-]+", "", name.lower())
+
+
+_LOOKUP: dict[str, str] = {}
+for _name in PRESETS:
+    _LOOKUP[_key(_name)] = _name
+for _alias, _target in _ALIASES.items():
+    _LOOKUP.setdefault(_key(_alias), _target)
+
+
+def list_presets() -> list[str]:
+    """Preset ids, in catalogue order (families together, small to large)."""
+    return list(PRESETS)
+
+
+def resolve_name(name: str) -> str | None:
+    """The preset id ``name`` refers to (exact id, HF repo id or loose spelling), or None."""
+    name = name.strip()
+    if name in PRESETS:
+        return name
+    return _LOOKUP.get(_key(name))
+
+
+def get_preset(name: str) -> ModelSpec:
+    """The preset called ``name``; raises UnknownModelError (with close matches) otherwise."""
+    resolved = resolve_name(name)
+    if resolved is not None:
+        return PRESETS[resolved]
+    import difflib  # only on the error path: keeps the planner's import light
+
+    lowered = name.strip().lower()
+    suggestions = difflib.get_close_matches(lowered, list(PRESETS), n=3, cutoff=0.6)
+    if not suggestions:  # try the loose spelling against the loose ids
+        by_key = {_key(p): p for p in PRESETS}
+        suggestions = [
+            by_key[k] for k in difflib.get_close_matches(_key(name), list(by_key), n=3, cutoff=0.6)
+        ]
+    raise UnknownModelError(name, suggestions)
