@@ -10,11 +10,9 @@ the pure-data ``planner.spec``) is used, and nothing is read until a function is
 
 from __future__ import annotations
 
-import difflib
 import math
 import os
 import tomllib
-from pathlib import Path
 from typing import Any
 
 from planner.spec import GpuProfile
@@ -28,7 +26,9 @@ __all__ = [
     "load_profile",
 ]
 
-PROFILE_DIR = Path(__file__).resolve().parent
+# os.path rather than pathlib: pathlib (and difflib) cost milliseconds of import on every
+# gating call; this module is on the planner's fast path.
+PROFILE_DIR = os.path.dirname(os.path.abspath(__file__))
 """Directory holding the embedded ``<id>.toml`` files."""
 
 _STR_FIELDS = ("id", "name", "vendor", "intra_node_link")
@@ -65,12 +65,13 @@ class ProfileError(Exception):
 
 def list_profiles() -> list[str]:
     """Sorted ids of the embedded profiles."""
-    return sorted(p.stem for p in PROFILE_DIR.glob("*.toml") if p.is_file())
+    return sorted(f[:-5] for f in os.listdir(PROFILE_DIR)
+                  if f.endswith(".toml") and os.path.isfile(os.path.join(PROFILE_DIR, f)))
 
 
 def load_all() -> dict[str, GpuProfile]:
     """Every embedded profile, by id (sorted)."""
-    return {gpu_id: _load_file(PROFILE_DIR / f"{gpu_id}.toml", embedded=True)
+    return {gpu_id: _load_file(os.path.join(PROFILE_DIR, f"{gpu_id}.toml"), embedded=True)
             for gpu_id in list_profiles()}
 
 
@@ -84,18 +85,20 @@ def load_profile(name_or_path: str) -> GpuProfile:
     text = os.fspath(name_or_path)
     if not isinstance(text, str):
         raise ProfileError(f"GPU must be an id or a .toml path, got {name_or_path!r}")
-    path = Path(text).expanduser()
-    if text.lower().endswith(".toml") or path.is_file():
-        if not path.is_file():
+    path = os.path.expanduser(text)
+    if text.lower().endswith(".toml") or os.path.isfile(path):
+        if not os.path.isfile(path):
             raise ProfileError(f"{text}: GPU profile file not found")
         return _load_file(path, embedded=False, label=text)
 
     key = text.strip().lower()
     known = list_profiles()
     if key in known:
-        return _load_file(PROFILE_DIR / f"{key}.toml", embedded=True)
+        return _load_file(os.path.join(PROFILE_DIR, f"{key}.toml"), embedded=True)
     # Ids that extend what was typed ("h100" -> h100-80, h100-nvl, ...) first, then fuzzy ones.
     extending = [k for k in known if key and k.startswith(key)]
+    import difflib  # only on the error path
+
     fuzzy = difflib.get_close_matches(key, known, n=4, cutoff=0.5)
     fuzzy = [k for k in fuzzy if k not in extending]
     close = (extending + fuzzy)[: max(4, len(extending))]
@@ -106,16 +109,17 @@ def load_profile(name_or_path: str) -> GpuProfile:
     )
 
 
-def _load_file(path: Path, *, embedded: bool, label: str | None = None) -> GpuProfile:
-    label = label or path.name
+def _load_file(path: str, *, embedded: bool, label: str | None = None) -> GpuProfile:
+    name = os.path.basename(path)
+    label = label or name
     try:
-        with path.open("rb") as fh:
+        with open(path, "rb") as fh:
             data = tomllib.load(fh)
     except tomllib.TOMLDecodeError as exc:
         raise ProfileError(f"{label}: malformed TOML: {exc}") from None
     except OSError as exc:
         raise ProfileError(f"{label}: cannot read file: {exc.strerror or exc}") from None
-    return _validate(data, label=label, stem=path.stem if embedded else None, embedded=embedded)
+    return _validate(data, label=label, stem=name[:-5] if embedded else None, embedded=embedded)
 
 
 def _validate(

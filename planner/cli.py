@@ -7,11 +7,9 @@ planner.errors (docs/cli.md); a crash prints one line too (FITCHECK_DEBUG=1 for 
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
-import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -222,6 +220,8 @@ class FitcheckGroup(click.Group):
             sys.exit(exc.exit_code)
         except Exception as exc:  # a crash: one line unless asked for the traceback
             if os.environ.get("FITCHECK_DEBUG"):
+                import traceback
+
                 traceback.print_exc()
             click.echo(f"fitcheck: internal error: {type(exc).__name__}: {exc} "
                        "(FITCHECK_DEBUG=1 shows the traceback)", err=True)
@@ -257,6 +257,8 @@ def plan_cmd(as_json: bool, **kw: Any) -> int:
     question, source = build_question(kw)
     answer = plan(question)
     if as_json:
+        import json
+
         click.echo(json.dumps(answer_json(answer, source), indent=2))
     else:
         click.echo(table(answer, source))

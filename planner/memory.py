@@ -31,7 +31,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from planner.activations import ActivationPlan, plan_activations
-from planner.params import ParamCounts, count, param_tensors, numel
+from planner.params import ParamCounts, count, numel, tensor_groups
 from planner.spec import (
     Candidate,
     Checkpointing,
@@ -196,18 +196,18 @@ def optimizer_state_bytes(model: ModelSpec, optimizer: OptimizerKind, state_byte
     elif optimizer is OptimizerKind.ADAMW_8BIT:
         # bitsandbytes 8-bit blockwise: two uint8 states + one fp32 absmax per 2048 values
         # per state (Dettmers et al. 2022, "8-bit Optimizers via Block-wise Quantization").
-        elems = sum(_div(numel(s), shard) for _, s in param_tensors(model))
+        elems = sum(k * _div(numel(s), shard) for _, s, k in tensor_groups(model))
         return 2 * elems + 2 * FP32 * -(-elems // 2048)
     else:  # ADAFACTOR: torch.optim.Adafactor factors the second moment of >=2-D params
         total = 0
-        for _, shape in param_tensors(model):
-            if len(shape) >= 2:
-                rows = _div(numel(shape[:-1]), shard) if len(shape) == 2 else _div(shape[0], shard) * numel(shape[1:-1])
-                total += rows + shape[-1]
+        for _, shape, k in tensor_groups(model):
+            if len(shape) >= 2:  # row and column statistics of the local (dim-0) shard
+                rows = _div(shape[0], shard) * numel(shape[1:-1])
+                total += k * (rows + shape[-1])
             else:
-                total += _div(shape[0], shard)
+                total += k * _div(shape[0], shard)
         return total * state_bytes
-    elems = sum(_div(numel(s), shard) for _, s in param_tensors(model))
+    elems = sum(k * _div(numel(s), shard) for _, s, k in tensor_groups(model))
     return per_elem * elems * state_bytes
 
 
@@ -237,11 +237,11 @@ def _matmul_weight_elems(model: ModelSpec) -> int:
     the embedding table.
     """
     total = 0
-    for name, shape in param_tensors(model):
+    for name, shape, k in tensor_groups(model):
         module = name.rsplit(".", 1)[0].rsplit(".", 1)[-1]
         if "norm" in module or module in ("embed", "pos_embed", "type_embed"):
             continue
-        total += numel(shape)
+        total += k * numel(shape)
     if model.tied_embeddings:
         total += model.vocab * model.hidden
     return total

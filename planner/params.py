@@ -91,6 +91,14 @@ def param_tensors(model: ModelSpec) -> list[tuple[str, Shape]]:
     return out
 
 
+def tensor_groups(model: ModelSpec) -> list[tuple[str, Shape, int]]:
+    """(name, shape, how many) with every block's tensors listed once: the fast path for
+    sums over all parameters (param_tensors lists n_layers copies)."""
+    out = [(n, s, model.n_layers) for n, s in block_tensors(model)]
+    out += [(n, s, 1) for n, s in root_tensors(model)]
+    return out
+
+
 def numel(shape: Shape) -> int:
     n = 1
     for d in shape:

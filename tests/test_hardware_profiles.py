@@ -312,8 +312,8 @@ def test_sources_must_be_a_table_of_strings(tmp_path: Path) -> None:
 
 def test_embedded_rules_id_and_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Embedded files must match their stem and source every numeric field."""
-    text = (hp.PROFILE_DIR / "h100-80.toml").read_text()
-    monkeypatch.setattr(hp, "PROFILE_DIR", tmp_path)
+    text = (Path(hp.PROFILE_DIR) / "h100-80.toml").read_text()
+    monkeypatch.setattr(hp, "PROFILE_DIR", str(tmp_path))
 
     (tmp_path / "h100-80.toml").write_text(text)
     assert load_profile("h100-80").id == "h100-80"

@@ -1,0 +1,501 @@
+"""Step-time (throughput) model of one candidate: compute + exposed communication + offload.
+
+Pure functions of the spec objects; no torch, numpy or pandas (the planner path imports this).
+The numeric core :func:`step_core` is written once against a tiny ``ops`` namespace so that the
+vectorized sweep (``planner/sweep.py``) evaluates *the same expression* with numpy arrays and
+gets bit-identical results. The model and its sources are described in ``docs/throughput.md``.
+
+Conventions
+-----------
+* A *step* is one optimizer step: ``grad_accum`` micro-batches of ``micro_batch x seq`` tokens
+  on every GPU (data parallel: every GPU processes its own micro-batches).
+* Model FLOPs per token (no recompute) = ``6 * N_mm + 12 * L * seq * q_dim``
+  (Kaplan et al. 2020, "Scaling Laws for Neural Language Models", sec. 2.1: C ~ 6N per token;
+  PaLM, Chowdhery et al. 2022, appendix B: ``6N + 12 L H Q T``). ``N_mm`` counts the weights of
+  every matmul a token goes through: per block q, k, v, o, the MLP matrices (the active experts
+  and the router for MoE), plus the output head (``vocab x hidden``, counted even when tied to
+  the embedding because the matmul still runs). The input embedding lookup, norms and biases are
+  excluded. The attention term is *not* halved for causal masking: this is the convention of
+  PaLM, torchtitan (``get_num_flop_per_token``) and llm-foundry's MFU, so our MFU is comparable
+  with theirs; it also stands in for the flash-attention kernel's lower efficiency.
+* Recompute (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+  Models", sec. 4 / 5): FULL checkpointing re-runs each block's forward (``2 * N_blocks +
+  4 * L * seq * q_dim`` per token; the head is outside the checkpointed blocks); SELECTIVE
+  re-runs only the attention core (``4 * L * seq * q_dim``: QK^T and AV).
+* MFU is measured against model FLOPs *without* recompute (PaLM appendix B definition), so
+  checkpointing lowers MFU.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+from planner.spec import (
+    Checkpointing,
+    Candidate,
+    Cluster,
+    GpuProfile,
+    ModelSpec,
+    Offload,
+    Precision,
+    Strategy,
+    TrainingSpec,
+)
+
+__all__ = [
+    "CHECKPOINTING_ORDER",
+    "OFFLOAD_ORDER",
+    "PRECISION_ORDER",
+    "STRATEGY_ORDER",
+    "StepEstimate",
+    "ThroughputAssumptions",
+    "all_gather_bytes",
+    "all_reduce_bytes",
+    "default_compute_efficiency",
+    "estimate_step",
+    "matmul_params",
+    "model_flops_per_token",
+    "peak_flops",
+    "recompute_flops_per_token",
+    "reduce_scatter_bytes",
+    "step_core",
+    "training_flops_per_token",
+]
+
+# --------------------------------------------------------------------------------------------
+# Assumptions (global defaults; the only knobs calibrated against benchmarks/)
+# --------------------------------------------------------------------------------------------
+
+# Achievable fraction of the dense peak for a whole training step's model FLOPs (compute part
+# only; communication and offload are modelled separately). Calibrated *per GPU family* on the
+# public measurements in benchmarks/throughput_measurements.csv, never per row:
+#   A100: torchtitan FSDP2 on 64 A100 reports 50.5-61.1 % MFU (docs/performance.md), llm-foundry
+#         MPT 1B-30B on 8 A100-80GB 54-64 % MFU without checkpointing (benchmarking/README.md),
+#         IBM fms-fsdp Llama-2 7B 57 % MFU ("Maximizing training throughput using PyTorch FSDP").
+#   H100: torchtitan reports 33-39 % MFU for Llama-3.1 8B with FSDP on 8/128 H100 (500 W parts,
+#         benchmarks/llama3_h100_202412_torchtitan.md); llm-foundry MPT on H100-80GB 40-46 %.
+# H100's 989 TFLOP/s bf16 peak is quoted at boost clock; sustained GEMM clocks under load are
+# lower, so the achievable fraction is well below A100's.
+COMPUTE_EFFICIENCY_BY_FAMILY: dict[str, float] = {
+    "a100": 0.60,
+    "h100": 0.45,
+    "h800": 0.45,
+    "h200": 0.45,
+    "gh200": 0.45,
+}
+DEFAULT_COMPUTE_EFFICIENCY = 0.50
+"""Fallback for GPUs not in the table (middle of the 0.45-0.55 range usually quoted)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ThroughputAssumptions:
+    """Global assumptions of the step-time model. Defaults are documented in docs/throughput.md."""
+
+    compute_efficiency: float | None = None
+    """Fraction of peak FLOP/s reached on the step's FLOPs; None: by GPU family (table above)."""
+    intra_node_comm_efficiency: float = 0.75
+    """NCCL ring bus bandwidth / link peak inside a node. nccl-tests on DGX A100 (NVLink3,
+    300 GB/s per direction) report all_reduce busbw ~230 GB/s (0.77); DGX H100 (450 GB/s)
+    ~360 GB/s for ring all-gather / reduce-scatter (0.8)."""
+    inter_node_comm_efficiency: float = 0.80
+    """NCCL busbw / NIC line rate across nodes: ~40-46 GB/s on 400 Gb/s InfiniBand (0.8-0.9)."""
+    intra_node_hop_latency_s: float = 2e-6
+    """Per ring step latency inside a node (NCCL LL/LL128 base latency, order of 1-3 us)."""
+    inter_node_hop_latency_s: float = 5e-6
+    """Per ring step latency across the network (InfiniBand / RoCE, order of 5 us)."""
+    overlap_fraction: float = 1.0
+    """Fraction of the overlappable compute that can hide communication (1 = perfect)."""
+    ddp_bucket_bytes: float = 25 * 2**20
+    """DDP bucket_cap_mb default (25 MiB); also used as the bucket of ZeRO-1/2 reductions."""
+    pcie_efficiency: float = 0.8
+    """Achieved fraction of the profile's host<->device bandwidth for pinned copies."""
+    cpu_adam_params_per_s: float = 1.0e9
+    """CPU optimizer step throughput per GPU process, parameters/s. DeepSpeed's CPUAdam (ZeRO-
+    Offload, Ren et al. 2021, sec. 5.1) is a few times faster than torch's CPU Adam; ~1e9
+    params/s per process is an assumed order of magnitude (a few GB/s of fp32 state)."""
+
+
+DEFAULT_ASSUMPTIONS = ThroughputAssumptions()
+
+# Enum order used for integer codes in the vectorized sweep.
+STRATEGY_ORDER: tuple[Strategy, ...] = tuple(Strategy)
+CHECKPOINTING_ORDER: tuple[Checkpointing, ...] = (
+    Checkpointing.NONE,
+    Checkpointing.SELECTIVE,
+    Checkpointing.FULL,
+)
+OFFLOAD_ORDER: tuple[Offload, ...] = tuple(Offload)
+PRECISION_ORDER: tuple[Precision, ...] = tuple(Precision)
+
+
+# --------------------------------------------------------------------------------------------
+# FLOPs
+# --------------------------------------------------------------------------------------------
+
+
+def matmul_params(model: ModelSpec) -> tuple[int, int]:
+    """(matmul weights per block that a token multiplies, output-head weights).
+
+    Per block: q (q_dim x h), k and v (kv_dim x h), o (h x q_dim), the MLP matrices
+    (3 for gated MLPs, 2 otherwise; ``experts_per_token`` of them for MoE) and the MoE router.
+    Biases and norms are excluded (they are not matmuls). Head: vocab x hidden.
+    """
+    h = model.hidden
+    attn = h * (2 * model.q_dim + 2 * model.kv_dim)
+    mlp = (3 if model.mlp.gated else 2) * h * model.ffn_hidden
+    if model.is_moe:
+        mlp = mlp * model.experts_per_token + h * model.n_experts
+    return attn + mlp, model.vocab * h
+
+
+def model_flops_per_token(model: ModelSpec, seq: int) -> float:
+    """Forward + backward model FLOPs per token, no recompute (PaLM appendix B).
+
+    ``6 * N_mm`` (2 forward + 4 backward FLOPs per weight per token; Kaplan et al. 2020)
+    ``+ 12 * L * seq * q_dim`` (QK^T and AV: 2 * 2 * seq * q_dim forward per layer, x3 for
+    forward + backward; not halved for causal masking, as PaLM / torchtitan / llm-foundry).
+    """
+    block, head = matmul_params(model)
+    return 6.0 * (model.n_layers * block + head) + 12.0 * model.n_layers * seq * model.q_dim
+
+
+def recompute_flops_per_token(model: ModelSpec, seq: int, checkpointing: Checkpointing) -> float:
+    """Extra forward FLOPs per token re-run in backward (Korthikanti et al. 2022)."""
+    c_mm, c_attn = _CKPT_COEF[_ckpt(checkpointing)]
+    block, _ = matmul_params(model)
+    return c_mm * 2.0 * model.n_layers * block + c_attn * 4.0 * model.n_layers * seq * model.q_dim
+
+
+def training_flops_per_token(model: ModelSpec, seq: int, checkpointing: Checkpointing) -> float:
+    """FLOPs the hardware executes per token: model FLOPs + recompute."""
+    return model_flops_per_token(model, seq) + recompute_flops_per_token(model, seq, checkpointing)
+
+
+# (recompute block matmuls, recompute attention core) per checkpointing mode
+_CKPT_COEF: dict[Checkpointing, tuple[float, float]] = {
+    Checkpointing.NONE: (0.0, 0.0),
+    Checkpointing.SELECTIVE: (0.0, 1.0),
+    Checkpointing.FULL: (1.0, 1.0),
+}
+
+
+def _ckpt(checkpointing: Checkpointing) -> Checkpointing:
+    if checkpointing is Checkpointing.AUTO:
+        raise ValueError("Checkpointing.AUTO must be expanded before estimating throughput")
+    return checkpointing
+
+
+# --------------------------------------------------------------------------------------------
+# Collectives: ring-algorithm bytes per GPU (NCCL docs, "Performance reported by NCCL tests":
+# busbw = algbw * 2(n-1)/n for all-reduce, * (n-1)/n for all-gather / reduce-scatter)
+# --------------------------------------------------------------------------------------------
+
+
+def all_reduce_bytes(n: int, buffer_bytes: float) -> float:
+    """Bytes each GPU sends (= receives) in a ring all-reduce of a ``buffer_bytes`` buffer."""
+    return 2.0 * (n - 1) / n * buffer_bytes
+
+
+def all_gather_bytes(n: int, buffer_bytes: float) -> float:
+    """Ring all-gather producing a ``buffer_bytes`` full buffer: (n-1)/n of it per GPU."""
+    return (n - 1) / n * buffer_bytes
+
+
+def reduce_scatter_bytes(n: int, buffer_bytes: float) -> float:
+    """Ring reduce-scatter of a ``buffer_bytes`` full buffer: (n-1)/n of it per GPU."""
+    return (n - 1) / n * buffer_bytes
+
+
+# Per strategy, how many collectives of which kind run (full-model buffers):
+#   ag_fwd / ag_bwd: parameter all-gathers per micro-batch in forward / backward (shard group)
+#   rs_micro: gradient reduce-scatters per micro-batch (shard group)
+#   ar_step: gradient all-reduces per optimizer step, overlapped with the last backward
+#   rs_step: gradient reduce-scatters per optimizer step, overlapped with the last backward
+#   ag_step: parameter all-gathers after the optimizer step (exposed)
+#   hybrid: 1 = shard inside a node, all-reduce the gradient shard across nodes per micro-batch
+#   per_unit: 1 = one collective per FSDP unit (L blocks + root), 0 = DDP-style buckets
+#   sharded_opt: 1 = optimizer state sharded over the (shard) group
+#   zero_grads: 1 = DeepSpeed (grads reduced in the compute dtype)
+# Sources: PyTorch FSDP paper (Zhao et al. 2023, sec. 3.2-3.3: FULL_SHARD all-gathers in
+# forward and again in backward, reduce-scatters grads; SHARD_GRAD_OP keeps params gathered
+# from forward to backward; HYBRID_SHARD shards inside a group and all-reduces across
+# replicas); DDP (Li et al. 2020, VLDB: bucketed all-reduce overlapped with backward, no_sync
+# during gradient accumulation); ZeRO (Rajbhandari et al. 2020, sec. 7: stage 1/2 = reduce-
+# scatter + all-gather of updated params = all-reduce volume; stage 3 = 1.5x all-reduce).
+_STRATEGY_COEF: dict[Strategy, tuple[float, ...]] = {
+    #                        ag_fwd ag_bwd rs_micro ar_step rs_step ag_step hybrid per_unit sharded_opt zero
+    Strategy.DDP:           (0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0),
+    Strategy.NO_SHARD:      (0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0),
+    Strategy.SHARD_GRAD_OP: (1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0),
+    Strategy.FULL_SHARD:    (1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0),
+    Strategy.HYBRID_SHARD:  (1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0),
+    Strategy.ZERO1:         (0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0),
+    Strategy.ZERO2:         (0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 1.0),
+    Strategy.ZERO3:         (1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0),
+}  # fmt: skip
+
+# Offload traffic per mode: (grads down per micro-batch, grads down per step, params up per
+# step, params up per micro-batch (count), CPU optimizer step).
+#   OPTIMIZER (ZeRO-Offload, Ren et al. 2021): grads go to host once per step, the CPU runs the
+#     optimizer, updated compute-dtype params come back.
+#   PARAMS_AND_OPTIMIZER (FSDP CPUOffload / ZeRO-Infinity): sharded params live in host RAM and
+#     are copied up before the forward and again before the backward all-gather of every
+#     micro-batch; reduced grad shards go down every backward.
+_OFFLOAD_COEF: dict[Offload, tuple[float, ...]] = {
+    Offload.NONE: (0.0, 0.0, 0.0, 0.0, 0.0),
+    Offload.OPTIMIZER: (0.0, 1.0, 1.0, 0.0, 1.0),
+    Offload.PARAMS_AND_OPTIMIZER: (1.0, 0.0, 0.0, 2.0, 1.0),
+}
+
+
+def _grad_reduce_bytes(precision: Precision, strategy: Strategy) -> int:
+    """Element size of the reduced gradients.
+
+    fp32 training: 4. Pure bf16: 2. AMP: PyTorch DDP reduces the fp32 .grad of fp32 params (4);
+    FSDP reduces in ``reduce_dtype`` which torchtitan sets to float32 by default
+    (``mixed_precision_reduce = "float32"``) (4); DeepSpeed keeps the model in the compute dtype
+    and reduces half-precision gradients (2).
+    """
+    if precision is Precision.FP32:
+        return 4
+    if precision is Precision.BF16:
+        return 2
+    return 2 if strategy.is_zero else 4
+
+
+def _gather_bytes(precision: Precision) -> int:
+    """Element size of all-gathered parameters: the compute dtype (FSDP ``param_dtype``)."""
+    return precision.compute_bytes
+
+
+def peak_flops(gpu: GpuProfile, precision: Precision) -> float:
+    """Dense peak FLOP/s of the precision's matmuls.
+
+    bf16 / fp16 tensor cores for the half precisions; plain fp32 for FP32 (PyTorch's default
+    ``torch.backends.cuda.matmul.allow_tf32 = False`` since 1.12).
+    """
+    if precision is Precision.FP16_AMP:
+        return gpu.fp16_tflops * 1e12
+    if precision is Precision.FP32:
+        return gpu.fp32_tflops * 1e12
+    return gpu.bf16_tflops * 1e12
+
+
+def default_compute_efficiency(gpu: GpuProfile) -> float:
+    """The family default from COMPUTE_EFFICIENCY_BY_FAMILY (matched in id, then name)."""
+    for text in (gpu.id.lower(), gpu.name.lower()):
+        for family in sorted(COMPUTE_EFFICIENCY_BY_FAMILY, key=len, reverse=True):
+            if family in text:
+                return COMPUTE_EFFICIENCY_BY_FAMILY[family]
+    return DEFAULT_COMPUTE_EFFICIENCY
+
+
+# --------------------------------------------------------------------------------------------
+# The numeric core (shared with planner/sweep.py)
+# --------------------------------------------------------------------------------------------
+
+SCALAR_OPS = SimpleNamespace(
+    maximum=max,
+    minimum=min,
+    ceil=lambda x: float(math.ceil(x)),
+    where=lambda c, a, b: a if c else b,
+)
+
+
+def step_core(ops: Any, **x: Any) -> dict[str, Any]:
+    """The step-time formulas on plain numbers (or numpy arrays, with numpy ``ops``).
+
+    Inputs (all per GPU unless stated): n_layers, q_dim, seq, mb (micro-batch), ga (grad
+    accumulation), n (GPUs), gpn (GPUs per node), p_total (all parameters), p_block (matmul
+    weights per block), p_head, peak (FLOP/s), eff, bw_intra, bw_inter (bytes/s, efficiency
+    applied), lat_intra, lat_inter (s per ring hop), pcie (bytes/s, efficiency applied),
+    cpu_rate (params/s), bucket (bytes), ov (overlap fraction), gather_b, grad_b, master_b
+    (element sizes), the strategy coefficients (ag_fwd ... zero), ckpt (c_mm, c_attn) and
+    offload coefficients (o_gd_micro, o_gd_step, o_pu_step, o_pu_micro, o_cpu).
+    """
+    L, q, seq, mb, ga = x["n_layers"], x["q_dim"], x["seq"], x["mb"], x["ga"]
+    n, gpn = x["n"], x["gpn"]
+    p_total, p_block, p_head = x["p_total"], x["p_block"], x["p_head"]
+
+    # ---- compute (PaLM appendix B; Korthikanti et al. 2022 for recompute) -------------------
+    mm = L * p_block + p_head
+    attn_fwd = 4.0 * L * seq * q
+    fwd_tok = 2.0 * mm + attn_fwd
+    bwd_tok = 4.0 * mm + 2.0 * attn_fwd
+    model_tok = fwd_tok + bwd_tok
+    recompute_tok = x["c_mm"] * 2.0 * L * p_block + x["c_attn"] * attn_fwd
+    tokens_micro = mb * seq
+    rate = x["peak"] * x["eff"]
+    fwd_s = tokens_micro * fwd_tok / rate
+    bwd_s = tokens_micro * (bwd_tok + recompute_tok) / rate
+    compute_s = ga * (fwd_s + bwd_s)
+
+    # ---- communication ----------------------------------------------------------------------
+    hybrid = x["hybrid"]
+    # shard / reduction group: a node for HYBRID_SHARD, all GPUs otherwise
+    m = ops.where(hybrid > 0, ops.minimum(n, gpn), n)
+    # A ring over a group that spans nodes is bottlenecked by the network, but NCCL runs one
+    # ring per NIC (channel) and each ring leaves a node once: the network carries 1/local of
+    # a GPU's ring traffic, where local = group members per node. Bus bandwidth is therefore
+    # min(intra, local * per-GPU NIC bandwidth) (NVIDIA: DGX-A100, 8 x 200 Gb/s IB, measures
+    # 192 GB/s all-reduce busbw, NVIDIA/nccl#1576); inside one node it is the NVLink bandwidth.
+    spans = m > gpn
+    local = ops.minimum(m, gpn)
+    bw = ops.where(spans, ops.minimum(x["bw_intra"], local * x["bw_inter"]), x["bw_intra"])
+    hop = ops.where(spans, x["lat_inter"], x["lat_intra"])
+    k = ops.ceil(n / gpn)  # replicas across nodes (HYBRID_SHARD)
+    ring = (m - 1.0) / m
+    param_buf = p_total * x["gather_b"]
+    grad_buf = p_total * x["grad_b"]
+    units = L + 1.0
+    per_unit = x["per_unit"]
+    # collectives per full-model pass: one per FSDP unit, or one per DDP bucket
+    calls_grad = ops.where(per_unit > 0, units, ops.maximum(1.0, ops.ceil(grad_buf / x["bucket"])))
+    calls_param = ops.where(
+        per_unit > 0, units, ops.maximum(1.0, ops.ceil(param_buf / x["bucket"]))
+    )
+    t_ag = ring * param_buf / bw + calls_param * (m - 1.0) * hop
+    t_rs = ring * grad_buf / bw + calls_grad * (m - 1.0) * hop
+    t_ar = 2.0 * ring * grad_buf / bw + calls_grad * 2.0 * (m - 1.0) * hop
+    # HYBRID_SHARD: all-reduce of the gradient shard (1/m of it) across the k node replicas
+    t_xar = ops.where(
+        k > 1.0,
+        2.0 * (k - 1.0) / k * (grad_buf / m) / x["bw_inter"]
+        + calls_grad * 2.0 * (k - 1.0) * x["lat_inter"],
+        0.0,
+    ) * hybrid
+
+    f_micro = x["ag_fwd"] * t_ag  # hidden behind forward compute (prefetch)
+    b_micro = x["ag_bwd"] * t_ag + x["rs_micro"] * t_rs + t_xar  # hidden behind backward
+    b_step = x["ar_step"] * t_ar + x["rs_step"] * t_rs  # last backward only
+    e_step = x["ag_step"] * t_ag  # after the optimizer step: exposed
+    comm_s = ga * (f_micro + b_micro) + b_step + e_step
+
+    # what cannot be hidden: the first unit's gather / last unit's reduce (1/units of the
+    # traffic) or DDP's last bucket, at least; beyond that what exceeds the compute
+    tail_f = 1.0 / units
+    tail_b = ops.where(per_unit > 0, 1.0 / units, ops.minimum(1.0, x["bucket"] / grad_buf))
+    ov = x["ov"]
+    exp_f = ops.maximum(f_micro * tail_f, f_micro - ov * fwd_s)
+    exp_b = ops.maximum(b_micro * tail_b, b_micro - ov * bwd_s)
+    last_b = b_micro + b_step
+    exp_last = ops.maximum(last_b * tail_b, last_b - ov * bwd_s)
+    exposed_s = ga * exp_f + (ga - 1.0) * exp_b + exp_last + e_step
+
+    # ---- offload over PCIe + CPU optimizer (not overlapped: an upper bound) ------------------
+    shard = ops.where(x["sharded_opt"] > 0, m, 1.0)
+    p_local = p_total / shard
+    pcie_bytes = p_local * (
+        x["o_gd_micro"] * ga * x["grad_b"]
+        + x["o_gd_step"] * x["grad_b"]
+        + x["o_pu_step"] * x["gather_b"]
+        + x["o_pu_micro"] * ga * x["master_b"]
+    )
+    offload_s = pcie_bytes / x["pcie"] + x["o_cpu"] * p_local / x["cpu_rate"]
+
+    step_s = compute_s + exposed_s + offload_s
+    tokens_step = ga * tokens_micro
+    return {
+        "step_time_s": step_s,
+        "compute_s": compute_s,
+        "comm_s": comm_s,
+        "exposed_comm_s": exposed_s,
+        "offload_s": offload_s,
+        "tokens_per_s_per_gpu": tokens_step / step_s,
+        "mfu": tokens_step * model_tok / (step_s * x["peak"]),
+        "flops_per_step": tokens_step * (model_tok + recompute_tok),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Public scalar API
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StepEstimate:
+    """One optimizer step on one GPU (all GPUs are symmetric under data parallelism)."""
+
+    step_time_s: float
+    compute_s: float
+    """Forward + backward (+ recompute) of all grad_accum micro-batches at the assumed rate."""
+    comm_s: float
+    """All collective time of the step, overlapped or not."""
+    exposed_comm_s: float
+    """The part of comm_s not hidden behind compute."""
+    offload_s: float
+    """PCIe traffic and the CPU optimizer step (offload only; not overlapped)."""
+    tokens_per_s_per_gpu: float
+    mfu: float
+    """Model FLOPs (no recompute) per second / peak (PaLM's MFU)."""
+    flops_per_step: float
+    """FLOPs executed per GPU per step, recompute included."""
+
+    def slowdown_vs(self, reference: StepEstimate) -> float:
+        """Step-time ratio to ``reference`` for the same tokens per step (>1: slower)."""
+        return self.step_time_s / reference.step_time_s
+
+
+def core_inputs(
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: Cluster,
+    candidate: Candidate,
+    assumptions: ThroughputAssumptions = DEFAULT_ASSUMPTIONS,
+) -> dict[str, float]:
+    """The keyword arguments of :func:`step_core` for one configuration."""
+    from planner.params import total_params
+
+    gpu = cluster.gpu
+    a = assumptions
+    strategy, precision = candidate.strategy, training.precision
+    p_block, p_head = matmul_params(model)
+    s = _STRATEGY_COEF[strategy]
+    c_mm, c_attn = _CKPT_COEF[_ckpt(candidate.checkpointing)]
+    o = _OFFLOAD_COEF[candidate.offload]
+    eff = a.compute_efficiency if a.compute_efficiency is not None else default_compute_efficiency(gpu)
+    return {
+        "n_layers": float(model.n_layers),
+        "q_dim": float(model.q_dim),
+        "seq": float(training.seq),
+        "mb": float(training.micro_batch),
+        "ga": float(training.grad_accum),
+        "n": float(cluster.n_gpus),
+        "gpn": float(cluster.gpus_per_node),
+        "p_total": float(total_params(model)),
+        "p_block": float(p_block),
+        "p_head": float(p_head),
+        "peak": peak_flops(gpu, precision),
+        "eff": float(eff),
+        "bw_intra": gpu.intra_node_bandwidth_bytes_per_s * a.intra_node_comm_efficiency,
+        "bw_inter": gpu.inter_node_bandwidth_bytes_per_s * a.inter_node_comm_efficiency,
+        "lat_intra": a.intra_node_hop_latency_s,
+        "lat_inter": a.inter_node_hop_latency_s,
+        "pcie": gpu.pcie_bandwidth_bytes_per_s * a.pcie_efficiency,
+        "cpu_rate": a.cpu_adam_params_per_s,
+        "bucket": float(a.ddp_bucket_bytes),
+        "ov": a.overlap_fraction,
+        "gather_b": float(_gather_bytes(precision)),
+        "grad_b": float(_grad_reduce_bytes(precision, strategy)),
+        "master_b": float(precision.param_bytes),
+        "ag_fwd": s[0], "ag_bwd": s[1], "rs_micro": s[2], "ar_step": s[3], "rs_step": s[4],
+        "ag_step": s[5], "hybrid": s[6], "per_unit": s[7], "sharded_opt": s[8], "zero": s[9],
+        "c_mm": c_mm, "c_attn": c_attn,
+        "o_gd_micro": o[0], "o_gd_step": o[1], "o_pu_step": o[2], "o_pu_micro": o[3],
+        "o_cpu": o[4],
+    }  # fmt: skip
+
+
+def estimate_step(
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: Cluster,
+    candidate: Candidate,
+    assumptions: ThroughputAssumptions = DEFAULT_ASSUMPTIONS,
+) -> StepEstimate:
+    """Time of one optimizer step of ``candidate`` (see the module docstring for conventions)."""
+    out = step_core(SCALAR_OPS, **core_inputs(model, training, cluster, candidate, assumptions))
+    return StepEstimate(**{k: float(v) for k, v in out.items()})

@@ -1,0 +1,208 @@
+"""The `fitcheck` command's contract: flags, JSON keys, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from planner.cli import cli
+
+BASE = ["--gpu", "h100-80"]
+
+
+def run(*args: str):
+    return CliRunner().invoke(cli, list(args))
+
+
+def one_line_error(result, exit_code: int, *needles: str) -> None:
+    assert result.exit_code == exit_code, (result.exit_code, result.output)
+    err = result.stderr.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "Traceback" not in result.output
+    for needle in needles:
+        assert needle in err, (needle, err)
+
+
+def test_main_command_table_and_exit_code():
+    r = run("--params", "13e9", "--gpu", "h100-80", "--n", "8")
+    assert r.exit_code == 0, r.output
+    out = r.stdout
+    assert "shape ASSUMED" in out
+    for s in ("ddp", "no_shard", "shard_grad_op", "full_shard", "hybrid_shard", "zero1", "zero2", "zero3"):
+        assert s in out
+    assert "recommendation:" in out
+
+
+def test_json_contract():
+    r = run("--model", "llama2-13b", "--gpu", "h100-80", "--n", "8", "--json")
+    assert r.exit_code == 0
+    doc = json.loads(r.stdout)
+    assert doc["schema_version"] == 1
+    assert doc["inputs"]["model"]["params"] == 13_015_864_320
+    assert doc["inputs"]["model"]["layers"] == 40
+    assert doc["inputs"]["hardware"]["n_gpus"] == 8
+    assert {c["strategy"] for c in doc["candidates"]} == {
+        "ddp", "no_shard", "shard_grad_op", "full_shard", "hybrid_shard", "zero1", "zero2", "zero3"}
+    required = {"strategy", "offload", "checkpointing", "fits", "peak_allocated_bytes",
+                "peak_reserved_bytes", "device_used_bytes", "capacity_bytes", "breakdown_bytes"}
+    for c in doc["candidates"]:
+        assert required <= c.keys()
+        # the breakdown's allocator terms sum to peak allocated; reserved and context on top
+        b = c["breakdown_bytes"]
+        runtime = {"allocator_overhead", "cuda_context", "nccl_buffers"}
+        assert sum(v for k, v in b.items() if k not in runtime) == c["peak_allocated_bytes"]
+        assert c["peak_reserved_bytes"] == c["peak_allocated_bytes"] + b["allocator_overhead"]
+        assert c["device_used_bytes"] == (c["peak_reserved_bytes"] + b["cuda_context"]
+                                          + b["nccl_buffers"])
+        assert all(isinstance(v, int) for v in b.values())
+    ddp = next(c for c in doc["candidates"] if c["strategy"] == "ddp")
+    assert not ddp["fits"]  # 16 B/param x 13.0e9 = 208 GB of model states alone
+    rec = doc["recommendation"]
+    assert rec is not None and {"strategy", "offload", "checkpointing", "reasons"} <= rec.keys()
+
+
+def test_nothing_fits_exits_3_and_says_how_many_gpus():
+    r = run("--model", "llama3.1-405b", "--gpu", "h100-80", "--n", "8", "--json")
+    assert r.exit_code == 3
+    doc = json.loads(r.stdout)
+    assert doc["recommendation"] is None
+    # 405.85e9 params x 16 B = 6.49 TB of states alone; 8 x 80 GB cannot hold it
+    assert doc["min_gpus"] is not None and doc["min_gpus"] > 8
+    r = run("--model", "llama3.1-405b", "--gpu", "h100-80", "--n", "8")
+    assert r.exit_code == 3 and "needs >= " in r.stdout
+
+
+def test_one_gpu_is_plain_training():
+    r = run("--model", "gpt2", "--gpu", "h100-80", "--n", "1", "--json")
+    assert r.exit_code == 0
+    doc = json.loads(r.stdout)
+    ddp = next(c for c in doc["candidates"] if c["strategy"] == "ddp")
+    assert ddp["breakdown_bytes"]["comm_buffers"] == 0
+    assert ddp["breakdown_bytes"]["nccl_buffers"] == 0
+
+
+def test_strategy_offload_checkpointing_flags():
+    r = run("--model", "llama2-70b", "--gpu", "h100-80", "--n", "8", "--strategy", "zero3,full_shard",
+            "--offload", "params_and_optimizer", "--checkpointing", "full", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert [(c["strategy"], c["offload"], c["checkpointing"]) for c in doc["candidates"]] == [
+        ("zero3", "params_and_optimizer", "full"), ("full_shard", "params_and_optimizer", "full")]
+
+
+@pytest.mark.parametrize("value", ["-5", "0", "nan", "inf", "-inf", "abc"])
+def test_bad_params(value):
+    one_line_error(run("--params", value, *BASE), 2, "--params", value)
+
+
+@pytest.mark.parametrize("flag", ["--n", "--micro-batch", "--seq", "--grad-accum"])
+def test_zero_counts_are_usage_errors(flag):
+    one_line_error(run("--params", "7e9", *BASE, flag, "0"), 2, flag, "0")
+
+
+def test_unknown_gpu_lists_close_matches():
+    one_line_error(run("--params", "7e9", "--gpu", "h100-8"), 2, "h100-8", "h100-80")
+
+
+def test_unknown_model():
+    one_line_error(run("--model", "llama2-8b", *BASE), 2, "llama2-8b")
+
+
+def test_two_model_sources():
+    one_line_error(run("--model", "gpt2", "--params", "7e9", *BASE), 2, "--params", "--model")
+
+
+def test_no_model():
+    one_line_error(run(*BASE), 2, "--params")
+
+
+def test_bad_margin():
+    one_line_error(run("--params", "7e9", *BASE, "--margin", "nan"), 2, "--margin", "nan")
+
+
+def test_malformed_config_is_bad_data(tmp_path):
+    p = tmp_path / "config.json"
+    p.write_text("{ not json")
+    one_line_error(run("--config", str(p), *BASE), 4, "JSON")
+
+
+def test_config_missing_keys_are_named(tmp_path):
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({"model_type": "llama", "hidden_size": 4096}))
+    one_line_error(run("--config", str(p), *BASE), 4, "num_hidden_layers")
+
+
+def test_profile_missing_a_field_is_bad_data(tmp_path):
+    from importlib.resources import files
+
+    text = (files("hardware_profiles") / "h100-80.toml").read_text()
+    lines = [ln for ln in text.splitlines() if not ln.startswith("memory_bytes")]
+    p = tmp_path / "mygpu.toml"
+    p.write_text("\n".join(lines))
+    one_line_error(run("--params", "7e9", "--gpu", str(p)), 4, "memory_bytes")
+
+
+def test_user_profile_file_works(tmp_path):
+    from importlib.resources import files
+
+    text = (files("hardware_profiles") / "h100-80.toml").read_text()
+    p = tmp_path / "mygpu.toml"
+    p.write_text(text.replace("id = \"h100-80\"", "id = \"mygpu\""))
+    r = run("--params", "1e9", "--gpu", str(p), "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["inputs"]["hardware"]["gpu"] == "mygpu"
+
+
+def test_unknown_flag_is_one_line():
+    one_line_error(run("--params", "7e9", *BASE, "--bogus"), 2, "--bogus")
+
+
+def test_explicit_shape_and_overrides():
+    r = run("--layers", "2", "--hidden", "256", "--heads", "4", "--vocab", "1000", *BASE, "--json")
+    assert r.exit_code == 0, r.output
+    m = json.loads(r.stdout)["inputs"]["model"]
+    assert (m["layers"], m["hidden"], m["heads"], m["kv_heads"], m["vocab"], m["source"]) == (
+        2, 256, 4, 4, 1000, "explicit")
+    # Llama's ffn rule for 256: 2/3 * 4 * 256 = 682.7 -> next multiple of 256 = 768
+    assert m["ffn"] == 768
+    r = run("--model", "llama2-7b", "--layers", "16", *BASE, "--json")
+    m = json.loads(r.stdout)["inputs"]["model"]
+    assert m["layers"] == 16 and m["hidden"] == 4096
+
+
+def test_cli_surface_is_frozen():
+    """Flags are a contract other tools script against: none may vanish by accident."""
+    plan = cli.commands["plan"]
+    names = {opt for p in plan.params for opt in p.opts + p.secondary_opts}
+    expected = {
+        "--params", "--model", "--config", "--layers", "--hidden", "--heads", "--kv-heads",
+        "--ffn", "--vocab", "--tied-embeddings", "--untied-embeddings", "--mlp", "--experts",
+        "--experts-per-token", "--seq", "--micro-batch", "--grad-accum", "--precision",
+        "--optimizer", "--optimizer-impl", "--attention", "--gpu", "--n", "--gpus-per-node",
+        "--host-ram-gib", "--strategy", "--offload", "--checkpointing", "--margin", "--json",
+        "--list-gpus", "--list-models"}
+    assert expected <= names, expected - names
+
+
+def test_help_and_lists():
+    r = run("--help")
+    assert r.exit_code == 0 and "--params" in r.stdout and "Exit codes" in r.stdout
+    r = run("--list-gpus")
+    assert r.exit_code == 0 and "h100-80" in r.stdout
+    r = run("--list-models")
+    assert r.exit_code == 0 and "llama3.1-405b" in r.stdout
+
+
+def test_planner_path_imports_no_torch_or_pandas():
+    import subprocess
+    import sys
+
+    code = ("import sys; from planner.cli import cli\n"
+            "try:\n    cli.main(['--params','13e9','--gpu','h100-80','--n','8','--json'])\n"
+            "except SystemExit: pass\n"
+            "bad = [m for m in ('torch', 'pandas', 'numpy') if m in sys.modules]\n"
+            "print('IMPORTED', bad, file=sys.stderr)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "IMPORTED []" in r.stderr
