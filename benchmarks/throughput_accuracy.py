@@ -5,7 +5,7 @@
 Prints predicted vs measured tokens/s/GPU, the relative error per row and the median absolute
 relative error, and writes the same table as Markdown. No per-row tuning: every row uses the
 global defaults of ``planner.throughput`` (the calibrated ones are the per-GPU-family compute
-efficiencies in ``COMPUTE_EFFICIENCY_BY_FAMILY``); the only per-row inputs are the facts the
+efficiencies: each profile's ``compute_efficiency``); the only per-row inputs are the facts the
 source states (model, GPUs, strategy, precision, seq, batch, checkpointing, network speed).
 """
 
@@ -33,34 +33,17 @@ from planner.spec import (  # noqa: E402
     Strategy,
     TrainingSpec,
 )
+from hardware_profiles import load_profile  # noqa: E402
 from planner.throughput import default_compute_efficiency, estimate_step  # noqa: E402
 
 GIB = 2**30
 
-# Published datasheet numbers (dense, no sparsity). Inter-node bandwidth is replaced per row by
+# The embedded profiles (datasheet numbers, dense). Inter-node bandwidth is replaced per row by
 # what the source states (column inter_node_gbit_per_gpu).
 GPUS: dict[str, GpuProfile] = {
-    # NVIDIA A100 datasheet (SXM4 80GB): 312 TF bf16/fp16, 156 TF tf32, 19.5 TF fp32,
-    # 2,039 GB/s HBM2e, NVLink 3 600 GB/s (300 GB/s per direction), PCIe Gen4 x16.
-    "a100-sxm-80gb": GpuProfile(
-        id="a100-sxm-80gb", name="NVIDIA A100-SXM4-80GB", vendor="nvidia",
-        memory_bytes=80 * GIB, bf16_tflops=312.0, fp16_tflops=312.0, tf32_tflops=156.0,
-        fp32_tflops=19.5, hbm_bandwidth_bytes_per_s=2.039e12, intra_node_link="nvlink3",
-        intra_node_bandwidth_bytes_per_s=300e9, inter_node_bandwidth_bytes_per_s=25e9,
-        gpus_per_node=8, host_ram_bytes_per_node=1024 * GIB, pcie_bandwidth_bytes_per_s=32e9,
-        cuda_context_bytes=500 * 2**20,
-    ),
-    # NVIDIA H100 datasheet (SXM5 80GB): 989 TF bf16/fp16, 494.5 TF tf32, 67 TF fp32,
-    # 3.35 TB/s HBM3, NVLink 4 900 GB/s (450 GB/s per direction), PCIe Gen5 x16.
-    "h100-sxm-80gb": GpuProfile(
-        id="h100-sxm-80gb", name="NVIDIA H100 80GB HBM3", vendor="nvidia",
-        memory_bytes=80 * GIB, bf16_tflops=989.0, fp16_tflops=989.0, tf32_tflops=494.5,
-        fp32_tflops=67.0, hbm_bandwidth_bytes_per_s=3.35e12, intra_node_link="nvlink4",
-        intra_node_bandwidth_bytes_per_s=450e9, inter_node_bandwidth_bytes_per_s=50e9,
-        gpus_per_node=8, host_ram_bytes_per_node=2048 * GIB, pcie_bandwidth_bytes_per_s=64e9,
-        cuda_context_bytes=500 * 2**20,
-    ),
-}  # fmt: skip
+    "a100-sxm-80gb": load_profile("a100-80"),
+    "h100-sxm-80gb": load_profile("h100-80"),
+}
 
 
 def _mpt(name: str, n_layers: int, d_model: int, n_heads: int, max_seq: int) -> ModelSpec:

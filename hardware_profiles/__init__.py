@@ -43,10 +43,14 @@ _RATE_FIELDS = (
     "intra_node_bandwidth_bytes_per_s",
     "inter_node_bandwidth_bytes_per_s",
     "pcie_bandwidth_bytes_per_s",
+    "compute_efficiency",
 )
 """Rates: positive finite numbers (TOML integer or float), stored as float."""
 _NON_NEGATIVE_INT_FIELDS = frozenset({"cuda_context_bytes"})
 """May be 0 (a user who wants the planner to ignore the context); the rest must be > 0."""
+
+_USER_OPTIONAL_FIELDS = frozenset({"compute_efficiency"})
+"""A user's file may omit these (GpuProfile's default applies); embedded files may not."""
 
 NUMERIC_FIELDS = _INT_FIELDS + _RATE_FIELDS
 """Fields that must each carry a source in the embedded profiles."""
@@ -131,7 +135,7 @@ def _validate(
             f"{label}: unknown key(s) {', '.join(repr(k) for k in unknown)};"
             f" allowed: {', '.join(sorted(_ALL_KEYS))}"
         )
-    required = _VALUE_FIELDS | ({"sources"} if embedded else set())
+    required = _VALUE_FIELDS | {"sources"} if embedded else _VALUE_FIELDS - _USER_OPTIONAL_FIELDS
     missing = sorted(required - set(data))
     if missing:
         noun = "field" if len(missing) == 1 else "fields"
@@ -152,6 +156,8 @@ def _validate(
             raise ProfileError(f"{label}: field {name!r} must be a {what} integer, got {value!r}")
         values[name] = value
     for name in _RATE_FIELDS:
+        if name not in data:  # an optional field of a user's file
+            continue
         value = data[name]
         if (
             not isinstance(value, (int, float))

@@ -247,6 +247,9 @@ class GpuProfile:
     """Host <-> device, unidirectional, per GPU (offload traffic)."""
     cuda_context_bytes: int
     """Device memory taken by the CUDA/ROCm context and loaded kernels before any tensor."""
+    compute_efficiency: float = 0.5
+    """Achieved fraction of the dense peak in large-model training (fitted per GPU family on
+    public throughput measurements; calibrations replace it)."""
     sources: dict[str, str] = field(default_factory=dict)
     """Field name -> where the value comes from."""
 

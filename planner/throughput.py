@@ -70,7 +70,8 @@ __all__ = [
 # --------------------------------------------------------------------------------------------
 
 # Achievable fraction of the dense peak for a whole training step's model FLOPs (compute part
-# only; communication and offload are modelled separately). Calibrated *per GPU family* on the
+# only; communication and offload are modelled separately) is data: each profile's
+# ``compute_efficiency`` in hardware_profiles/*.toml. It was fitted *per GPU family* on the
 # public measurements in benchmarks/throughput_measurements.csv, never per row:
 #   A100: torchtitan FSDP2 on 64 A100 reports 50.5-61.1 % MFU (docs/performance.md), llm-foundry
 #         MPT 1B-30B on 8 A100-80GB 54-64 % MFU without checkpointing (benchmarking/README.md),
@@ -78,16 +79,7 @@ __all__ = [
 #   H100: torchtitan reports 33-39 % MFU for Llama-3.1 8B with FSDP on 8/128 H100 (500 W parts,
 #         benchmarks/llama3_h100_202412_torchtitan.md); llm-foundry MPT on H100-80GB 40-46 %.
 # H100's 989 TFLOP/s bf16 peak is quoted at boost clock; sustained GEMM clocks under load are
-# lower, so the achievable fraction is well below A100's.
-COMPUTE_EFFICIENCY_BY_FAMILY: dict[str, float] = {
-    "a100": 0.60,
-    "h100": 0.45,
-    "h800": 0.45,
-    "h200": 0.45,
-    "gh200": 0.45,
-}
-DEFAULT_COMPUTE_EFFICIENCY = 0.50
-"""Fallback for GPUs not in the table (middle of the 0.45-0.55 range usually quoted)."""
+# lower, so the achievable fraction is well below A100's. Other GPUs: 0.50 (assumed).
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -285,12 +277,8 @@ def peak_flops(gpu: GpuProfile, precision: Precision) -> float:
 
 
 def default_compute_efficiency(gpu: GpuProfile) -> float:
-    """The family default from COMPUTE_EFFICIENCY_BY_FAMILY (matched in id, then name)."""
-    for text in (gpu.id.lower(), gpu.name.lower()):
-        for family in sorted(COMPUTE_EFFICIENCY_BY_FAMILY, key=len, reverse=True):
-            if family in text:
-                return COMPUTE_EFFICIENCY_BY_FAMILY[family]
-    return DEFAULT_COMPUTE_EFFICIENCY
+    """The profile's achieved fraction of peak (data in hardware_profiles/*.toml)."""
+    return gpu.compute_efficiency
 
 
 # --------------------------------------------------------------------------------------------
