@@ -109,6 +109,8 @@ def candidate_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="Activation checkpointing; auto: the lightest that fits, per strategy."),
         click.option("--margin", type=float, default=0.05, show_default=True,
                      help="Fraction of GPU memory kept free."),
+        click.option("--global-batch", type=POS, help="Sequences per optimizer step over all "
+                     "GPUs: sets --grad-accum to ceil(global / (micro-batch x n))."),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -158,7 +160,8 @@ def build_question(kw: dict[str, Any]):  # -> (Question, model_source)
         model=model, training=training, cluster=cluster,
         strategies=_strategies(kw["strategies"]),
         offloads=None if offload == "auto" else (Offload(offload),),
-        checkpointing=Checkpointing(kw["checkpointing"].lower()), margin=margin)
+        checkpointing=Checkpointing(kw["checkpointing"].lower()), margin=margin,
+        global_batch=kw["global_batch"])
     return question, source
 
 
@@ -240,28 +243,35 @@ def cli() -> None:
 @training_options
 @hardware_options
 @candidate_options
+@click.option("--find", type=click.Choice(["min-gpus", "max-micro-batch", "max-seq"]),
+              help="Inverse question: the fewest GPUs of the type, or the largest micro-batch or "
+              "sequence length that fits; the plan shown is at that value.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout (docs/cli.md).")
 @click.option("--list-gpus", is_flag=True, expose_value=False, is_eager=True, callback=_list_gpus,
               help="List the embedded GPU profiles and exit.")
 @click.option("--list-models", is_flag=True, expose_value=False, is_eager=True,
               callback=_list_models, help="List the model presets and exit.")
-def plan_cmd(as_json: bool, **kw: Any) -> int:
+def plan_cmd(as_json: bool, find: str | None, **kw: Any) -> int:
     """Predict per-GPU memory for every strategy and recommend one.
 
     Exit codes: 0 a candidate fits, 3 nothing fits, 2 usage error, 4 bad input data
     (profile, config), 1 crash.
     """
+    from planner.plan import find as find_value
     from planner.plan import plan
     from planner.render import answer_json, table
 
     question, source = build_question(kw)
-    answer = plan(question)
+    found = find_value(question, find) if find else None
+    answer = found.answer if found else plan(question)
     if as_json:
         import json
 
-        click.echo(json.dumps(answer_json(answer, source), indent=2))
+        click.echo(json.dumps(answer_json(answer, source, found), indent=2))
     else:
-        click.echo(table(answer, source))
+        click.echo(table(answer, source, found))
+    if found is not None and found.value is None:
+        return EXIT_NOTHING_FITS
     return EXIT_FITS if answer.any_fits else EXIT_NOTHING_FITS
 
 

@@ -1,19 +1,20 @@
 """From a question to an answer: expand candidates, estimate each, pick a recommendation.
 
-The recommendation is a ranking over the candidates that fit. The memory-only ranking is the
-order an engineer would try things in (issue 2): DDP, then SHARD_GRAD_OP, then HYBRID_SHARD
-(multi-node only), then FULL_SHARD, the ZeRO stages, NO_SHARD; lighter checkpointing before
-heavier; no offload before offload. ``plan(..., rank=...)`` takes any other key, so a
-throughput model can rank instead.
+The recommendation is the fastest candidate that fits (planner/throughput.py's step time);
+candidates within ``TIE`` of the fastest count as tied and the simplest of them wins, in the
+order an engineer would try things: DDP, SHARD_GRAD_OP, HYBRID_SHARD (multi-node only),
+FULL_SHARD, the ZeRO stages, NO_SHARD; lighter checkpointing before heavier; no offload before
+offload. ``plan(..., rank="memory")`` ranks by that order alone.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from planner.memory import Estimate, Overheads, UnsupportedCandidate, check_supported, estimate
+from planner.throughput import StepEstimate, estimate_step
 from planner.spec import (
     Candidate,
     Checkpointing,
@@ -58,6 +59,20 @@ class Question:
     checkpointing: Checkpointing = Checkpointing.AUTO
     margin: float = 0.05
     overheads: Overheads = dataclasses.field(default_factory=Overheads)
+    global_batch: int | None = None
+    """Sequences per optimizer step over all GPUs; sets grad_accum (pure data parallel)."""
+
+    def resolved(self) -> Question:
+        """grad_accum from global_batch: ceil(global_batch / (micro_batch x n_gpus))."""
+        if self.global_batch is None:
+            return self
+        per_step = self.training.micro_batch * self.cluster.n_gpus
+        ga = max(1, -(-self.global_batch // per_step))
+        return dataclasses.replace(self, training=dataclasses.replace(self.training, grad_accum=ga))
+
+
+TIE = 0.02
+"""Step times within 2 % are a tie (below the throughput model's resolution)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -70,6 +85,11 @@ class Recommendation:
 class Answer:
     question: Question
     estimates: tuple[Estimate, ...]
+    steps: tuple[StepEstimate, ...]
+    """Aligned with estimates: the step-time model of each candidate."""
+    ddp_steps: tuple[StepEstimate, ...]
+    """Aligned with estimates: DDP (no offload, same checkpointing) on the same hardware, the
+    reference of each candidate's slowdown (hypothetical where DDP does not fit)."""
     recommendation: Recommendation | None
     min_gpus: int | None
     """When nothing fits: the fewest GPUs of this type for which a candidate fits (None if
@@ -120,37 +140,62 @@ def _gib(x: int) -> str:
     return f"{x / 2**30:.1f} GiB"
 
 
+def label(c: Candidate) -> str:
+    out = str(c.strategy)
+    if c.checkpointing is not Checkpointing.NONE:
+        out += f" + {c.checkpointing} checkpointing"
+    if c.offload is not Offload.NONE:
+        out += f" + {c.offload} offload"
+    return out
+
+
 def _why_not(e: Estimate) -> str:
-    c = e.candidate
-    label = f"{c.strategy}" + (f" + {c.checkpointing} checkpointing" if c.checkpointing is not Checkpointing.NONE else "") \
-        + (f" + {c.offload} offload" if c.offload is not Offload.NONE else "")
     if not e.fits_gpu:
-        return (f"{label}: needs {_gib(e.device_used_bytes)} per GPU, "
+        return (f"{label(e.candidate)}: does not fit, needs {_gib(e.device_used_bytes)} per GPU, "
                 f"{_gib(e.device_used_bytes - e.usable_bytes)} over the usable {_gib(e.usable_bytes)}")
-    return (f"{label}: host RAM {_gib(e.host_bytes_per_node)} per node exceeds "
-            f"{_gib(e.host_capacity_bytes)}")
+    return (f"{label(e.candidate)}: does not fit, host RAM {_gib(e.host_bytes_per_node)} per node "
+            f"exceeds {_gib(e.host_capacity_bytes)}")
 
 
-def recommend(estimates: Sequence[Estimate], multi_node: bool,
-              rank: Callable[[Estimate], object] | None = None) -> Recommendation | None:
-    fitting = [e for e in estimates if e.fits]
+def recommend(estimates: Sequence[Estimate], steps: Sequence[StepEstimate], multi_node: bool,
+              rank: str = "throughput") -> Recommendation | None:
+    """The fastest candidate that fits; ties (within TIE) go to the simplest."""
+    scored = list(zip(estimates, steps))
+    fitting = [(e, st) for e, st in scored if e.fits]
     if not fitting:
         return None
-    key = rank or (lambda e: preference_key(e, multi_node))
-    best = min(fitting, key=key)
+    simple = lambda pair: preference_key(pair[0], multi_node)  # noqa: E731
+    if rank == "memory":
+        best, best_step = min(fitting, key=simple)
+    else:
+        fastest = min(st.step_time_s for _, st in fitting)
+        tied = [p for p in fitting if p[1].step_time_s <= fastest * (1 + TIE)]
+        best, best_step = min(tied, key=simple)
     c = best.candidate
     reasons = [
-        f"{c.strategy} fits: {_gib(best.device_used_bytes)} of {_gib(best.usable_bytes)} usable "
-        f"per GPU ({_gib(best.headroom_bytes)} headroom)"
+        f"{label(c)} fits: {_gib(best.device_used_bytes)} of {_gib(best.usable_bytes)} usable "
+        f"per GPU ({_gib(best.headroom_bytes)} headroom); step {best_step.step_time_s:.3g} s, "
+        f"{best_step.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, MFU {best_step.mfu:.0%}",
+        "ranked by the memory-only order (least sharding, checkpointing, offload)"
+        if rank == "memory" else
+        f"ranked by predicted step time among candidates that fit; within {TIE:.0%} the "
+        "simpler one wins",
     ]
-    if rank is None:
-        reasons.append("memory-only ranking: the least sharding, checkpointing and offload that "
-                       "fit (each costs throughput: more communication, recompute, PCIe traffic)")
-    for e in sorted(estimates, key=lambda e: preference_key(e, multi_node)):
+    # fitting candidates fastest first, then those that do not fit
+    order = lambda p: (not p[0].fits, p[1].step_time_s if p[0].fits else 0.0, simple(p))  # noqa: E731
+    for e, st in sorted(scored, key=order):
         if e is best:
             continue
         if not e.fits:
             reasons.append("not " + _why_not(e))
+        else:
+            ratio = st.step_time_s / best_step.step_time_s
+            if ratio >= 1:
+                word = f"{ratio - 1:.0%} slower" if ratio > 1 + 0.005 else "as fast"
+            else:
+                word = f"{1 - ratio:.0%} faster but more complex (within the tie)"
+            reasons.append(f"not {label(e.candidate)}: fits, {word} "
+                           f"(step {st.step_time_s:.3g} s)")
     if c.strategy in EQUIVALENT:
         reasons.append(f"named equivalent: {c.strategy} ~ {EQUIVALENT[c.strategy]}")
     return Recommendation(candidate=c, reasons=tuple(reasons))
@@ -192,14 +237,80 @@ def min_gpus(q: Question) -> int | None:
     return hi * gpn
 
 
-def plan(q: Question, rank: Callable[[Estimate], object] | None = None) -> Answer:
+def plan(q: Question, rank: str = "throughput") -> Answer:
+    q = q.resolved()
     offloads = q.offloads if q.offloads is not None else (Offload.NONE,)
     estimates, skipped = _expand(q, offloads)
     if q.offloads is None and not any(e.fits for e in estimates):
         more, _ = _expand(q, OFFLOAD_ORDER[1:])  # combinations that don't exist: silently
         estimates += more
+    steps = tuple(estimate_step(q.model, q.training, q.cluster, e.candidate) for e in estimates)
+    ddp = {}
+    for e in estimates:
+        ck = e.candidate.checkpointing
+        if ck not in ddp:
+            ddp[ck] = estimate_step(q.model, q.training, q.cluster,
+                                    Candidate(strategy=Strategy.DDP, checkpointing=ck))
     multi_node = q.cluster.n_nodes > 1
-    rec = recommend(estimates, multi_node, rank)
+    rec = recommend(estimates, steps, multi_node, rank)
     need = None if rec is not None else min_gpus(q)
-    return Answer(question=q, estimates=tuple(estimates), recommendation=rec, min_gpus=need,
-                  skipped=tuple(skipped))
+    return Answer(question=q, estimates=tuple(estimates), steps=steps,
+                  ddp_steps=tuple(ddp[e.candidate.checkpointing] for e in estimates),
+                  recommendation=rec, min_gpus=need, skipped=tuple(skipped))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Found:
+    """The answer to an inverse question, and the plan at that value."""
+
+    question: str
+    """min-gpus, max-micro-batch or max-seq."""
+    value: int | None
+    """None: no value fits (or none up to the search limit for min-gpus)."""
+    answer: Answer
+
+
+FIND_LIMIT = {"max-micro-batch": 1 << 14, "max-seq": 1 << 22}
+
+
+def _fits_any(q: Question) -> bool:
+    q = q.resolved()
+    ests, _ = _expand(q, q.offloads if q.offloads is not None else OFFLOAD_ORDER)
+    return any(e.fits for e in ests)
+
+
+def _largest(fits, limit: int) -> int | None:
+    """Largest v in [1, limit] with fits(v), fits being monotone decreasing in v."""
+    if not fits(1):
+        return None
+    lo, hi = 1, 2
+    while hi <= limit and fits(hi):
+        lo, hi = hi, hi * 2
+    hi = min(hi, limit + 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def find(q: Question, what: str, rank: str = "throughput") -> Found:
+    """Answer `--find`: the fewest GPUs, or the largest micro-batch / sequence that fits.
+
+    Activations grow with micro-batch and sequence length and nothing else shrinks, so
+    fitting is monotone and a doubling search plus bisection finds the boundary.
+    """
+    if what == "min-gpus":
+        n = q.cluster.n_gpus if _fits_any(q) and q.cluster.n_gpus == 1 else min_gpus(q)
+        at = q if n is None else dataclasses.replace(
+            q, cluster=dataclasses.replace(q.cluster, n_gpus=n))
+        return Found(question=what, value=n, answer=plan(at, rank))
+    field = {"max-micro-batch": "micro_batch", "max-seq": "seq"}[what]
+
+    def with_value(v: int) -> Question:
+        return dataclasses.replace(q, training=dataclasses.replace(q.training, **{field: v}))
+
+    v = _largest(lambda v: _fits_any(with_value(v)), FIND_LIMIT[what])
+    return Found(question=what, value=v, answer=plan(with_value(v or 1), rank))

@@ -9,8 +9,9 @@ from typing import Any
 
 from planner.memory import Estimate
 from planner.params import active_params, total_params
-from planner.plan import Answer
+from planner.plan import Answer, Found
 from planner.spec import Checkpointing, ModelSpec, Offload
+from planner.throughput import StepEstimate
 
 SCHEMA_VERSION = 1
 GiB = 2**30
@@ -51,8 +52,23 @@ def breakdown_json(e: Estimate) -> dict[str, int]:
     return out
 
 
-def candidate_json(e: Estimate) -> dict[str, Any]:
+def step_json(st: StepEstimate, ddp: StepEstimate) -> dict[str, Any]:
+    return {
+        "step_time_s": st.step_time_s,
+        "tokens_per_s_per_gpu": st.tokens_per_s_per_gpu,
+        "mfu": st.mfu,
+        "compute_s": st.compute_s,
+        "comm_s": st.comm_s,
+        "exposed_comm_s": st.exposed_comm_s,
+        "offload_s": st.offload_s,
+        "slowdown_vs_ddp": st.slowdown_vs(ddp),
+    }
+
+
+def candidate_json(e: Estimate, st: StepEstimate | None = None,
+                   ddp: StepEstimate | None = None) -> dict[str, Any]:
     c = e.candidate
+    speed = step_json(st, ddp) if st is not None and ddp is not None else {}
     return {
         "strategy": str(c.strategy),
         "offload": str(c.offload),
@@ -73,10 +89,26 @@ def candidate_json(e: Estimate) -> dict[str, Any]:
         "host_bytes_per_node": e.host_bytes_per_node,
         "host_capacity_bytes": e.host_capacity_bytes,
         "notes": list(e.notes),
+        **speed,
     }
 
 
-def answer_json(answer: Answer, model_source: str) -> dict[str, Any]:
+def found_json(found: Found | None) -> dict[str, Any] | None:
+    if found is None:
+        return None
+    rec = found.answer.recommendation
+    return {
+        "question": found.question,
+        "value": found.value,
+        "candidate": None if rec is None or found.value is None else {
+            "strategy": str(rec.candidate.strategy),
+            "offload": str(rec.candidate.offload),
+            "checkpointing": str(rec.candidate.checkpointing),
+        },
+    }
+
+
+def answer_json(answer: Answer, model_source: str, found: Found | None = None) -> dict[str, Any]:
     q = answer.question
     t, cl = q.training, q.cluster
     rec = answer.recommendation
@@ -106,8 +138,10 @@ def answer_json(answer: Answer, model_source: str) -> dict[str, Any]:
             "offload": "auto" if q.offloads is None else [str(o) for o in q.offloads],
             "checkpointing": str(q.checkpointing),
             "margin": q.margin,
+            "global_batch": q.global_batch,
         },
-        "candidates": [candidate_json(e) for e in answer.estimates],
+        "candidates": [candidate_json(e, st, d) for e, st, d
+                       in zip(answer.estimates, answer.steps, answer.ddp_steps)],
         "recommendation": None if rec is None else {
             "strategy": str(rec.candidate.strategy),
             "offload": str(rec.candidate.offload),
@@ -115,6 +149,7 @@ def answer_json(answer: Answer, model_source: str) -> dict[str, Any]:
             "reasons": list(rec.reasons),
         },
         "min_gpus": answer.min_gpus,
+        "found": found_json(found),
         "skipped": list(answer.skipped),
         "assumptions": assumptions(answer),
     }
@@ -147,7 +182,7 @@ def _label(e: Estimate) -> list[str]:
             str(c.checkpointing) if c.checkpointing is not Checkpointing.NONE else "-"]
 
 
-def table(answer: Answer, model_source: str) -> str:
+def table(answer: Answer, model_source: str, found: Found | None = None) -> str:
     from tabulate import tabulate
 
     q = answer.question
@@ -160,6 +195,9 @@ def table(answer: Answer, model_source: str) -> str:
     n_total = total_params(m)
     params = f"{n_total / 1e9:.2f}B params" + (f" ({active / 1e9:.2f}B active)" if active != n_total else "")
     lines.append(f"model     {m.name}: {params}; {shape}{assumed}")
+    if q.global_batch is not None:
+        lines.append(f"global    {q.global_batch} sequences per step requested -> grad-accum "
+                     f"{t.grad_accum} ({t.grad_accum * t.micro_batch * cl.n_gpus} sequences)")
     lines.append(f"training  seq {t.seq}, micro-batch {t.micro_batch}, grad-accum {t.grad_accum}, "
                  f"{t.precision}, {t.optimizer} ({t.optimizer_impl}), attention {t.attention}")
     lines.append(f"hardware  {cl.n_gpus} x {cl.gpu.name} ({gib(cl.gpu.memory_bytes)} GiB), "
@@ -184,6 +222,31 @@ def table(answer: Answer, model_source: str) -> str:
     lines.append("(GiB per GPU at each candidate's peak moment; runtime = CUDA context + NCCL + "
                  "cuBLAS workspace + allocator reserve)")
     lines.append("")
+    speed_rows = []
+    for e, st, ddp in zip(answer.estimates, answer.steps, answer.ddp_steps):
+        speed_rows.append(_label(e) + [
+            f"{st.step_time_s:.3g}", f"{st.tokens_per_s_per_gpu:,.0f}", f"{st.mfu:.0%}",
+            f"{st.exposed_comm_s:.3g}", f"{st.offload_s:.3g}", f"{st.slowdown_vs(ddp):.2f}x",
+            "✓" if e.fits else "✗"])
+    lines.append(tabulate(speed_rows, headers=["strategy", "offload", "ckpt", "step s",
+                                               "tokens/s/GPU", "MFU", "exposed comm s",
+                                               "offload s", "vs DDP", "fits"],
+                          tablefmt="simple", disable_numparse=True,
+                          colalign=("left", "left", "left") + ("right",) * 7))
+    lines.append(f"(one optimizer step = {t.grad_accum} micro-batch(es) of {t.micro_batch} x "
+                 f"{t.seq} tokens per GPU; vs DDP = step time over DDP's with the same "
+                 "checkpointing, whether or not DDP fits)")
+    lines.append("")
+    if found is not None:
+        what = {"min-gpus": "fewest GPUs", "max-micro-batch": "largest micro-batch",
+                "max-seq": "largest sequence length"}[found.question]
+        if found.value is None:
+            lines.append(f"found: no {what} fits (shown: the plan at the smallest value)")
+        else:
+            c = answer.recommendation.candidate if answer.recommendation else None
+            lines.append(f"found: {what} = {found.value}"
+                         + (f" (with {c.strategy}, checkpointing {c.checkpointing}, offload "
+                            f"{c.offload})" if c else ""))
     rec = answer.recommendation
     if rec is not None:
         c = rec.candidate
