@@ -172,11 +172,17 @@ def block_saved(model: ModelSpec, t: int, batch: int, seq: int, attention: Atten
         out.append(Saved("attn.k_expanded" if kvd != qd else f"attn.k{rope_note}", c * t * qd))
         out.append(Saved("attn.v_expanded" if kvd != qd else "attn.v", c * t * qd))
         out.append(Saved("attn.probs_fp32", FP32 * scores))
-        out.append(Saved("attn.probs", c * scores))
+        out.append(Saved("attn.probs", c * scores))  # dropped probs with dropout (same size)
+        if model.dropout:
+            # native_dropout keeps a bool mask (aten/src/ATen/native/Dropout.cpp); the flash
+            # SDPA kernels keep only RNG state instead.
+            out.append(Saved("attn.probs_dropout_mask", scores))
         out.append(Saved("attn.o.input", c * t * qd))
     if model.norms_per_layer >= 4:
         # Gemma-2 post-attention norm on the branch output (dtype c).
         out += _norm("norm3", model, t, regime, c, c)
+    if model.dropout:
+        out.append(Saved("attn.dropout_mask", t * h))  # on attn.o's output, before the add
 
     # --- MLP branch ---------------------------------------------------------------------
     if model.parallel_block and model.norms_per_layer == 1:
@@ -217,21 +223,50 @@ def block_saved(model: ModelSpec, t: int, batch: int, seq: int, attention: Atten
         out.append(Saved("moe.expert_out", c * tokens * h))
     if model.norms_per_layer >= 4:
         out += _norm("norm4", model, t, regime, c, c)
+    if model.dropout:
+        out.append(Saved("mlp.dropout_mask", t * h))
     return out
 
 
-def _selective_dropped(saved: list[Saved], attention: Attention) -> int:
-    """Bytes that selective checkpointing recomputes instead of keeping.
+def mm_outputs(model: ModelSpec, t: int, c: int) -> list[Saved]:
+    """A block's matmul outputs in execution order (q, k, v, o, then the MLP's)."""
+    h, f = model.hidden, model.ffn_hidden
+    out = [Saved("q.out", c * t * model.q_dim), Saved("k.out", c * t * model.kv_dim),
+           Saved("v.out", c * t * model.kv_dim), Saved("o.out", c * t * h)]
+    if model.is_moe:  # the router is a matmul; experts run as bmm (not saved by the policy)
+        return out + [Saved("router.out", c * t * model.n_experts)]
+    if model.mlp.gated:
+        return out + [Saved("gate.out", c * t * f), Saved("up.out", c * t * f),
+                      Saved("down.out", c * t * h)]
+    return out + [Saved("up.out", c * t * f), Saved("down.out", c * t * h)]
 
-    Selective = the attention core (q, k, v after RoPE -> o) and the MLP's elementwise
-    activation product run under checkpoint: their inputs stay (q, k, v; gate/up outputs),
-    the tensors saved inside them are dropped (Korthikanti et al. 2022, sec. 5).
+
+def op_sac_kept(model: ModelSpec, t: int, batch: int, seq: int, attention: Attention,
+                c: int, r: int) -> list[Saved]:
+    """What selective (op-level) checkpointing keeps per block.
+
+    PyTorch's selective activation checkpointing as torchtitan configures it
+    (``torch.utils.checkpoint.create_selective_checkpoint_contexts`` with the policy in
+    torchtitan's ``parallelize_llama.py``, the default ``selective_ac_option = "op"``): inside
+    each checkpointed block, the outputs of every other ``mm`` (the 1st, 3rd, ...) and of the
+    flash/efficient SDPA kernel are saved, everything else is recomputed in backward. Kept:
+    the block input (the checkpoint's input) plus those outputs. (Megatron's "selective",
+    recompute the attention core only, is a different policy.)
     """
-    drop_names = {"sdpa.logsumexp", "attn.probs_fp32", "attn.probs", "mlp.act_out"}
+    kept = [Saved("block.input", r * t * model.hidden)]
+    kept += [s for i, s in enumerate(mm_outputs(model, t, c)) if i % 2 == 0]
     if attention is Attention.SDPA:
-        # sdpa.out is the region's output; attn.o keeps it as its input (a view), so it stays.
-        pass
-    return sum(s.nbytes for s in saved if s.name in drop_names)
+        kept += [Saved("sdpa.out", c * t * model.q_dim),
+                 Saved("sdpa.logsumexp", FP32 * batch * model.n_heads * seq)]
+    return kept
+
+
+def _sac_overlap(model: ModelSpec, saved: list[Saved], regime: AmpRegime) -> int:
+    """Bytes of block_saved that are the very tensors SAC keeps (not recomputed twice)."""
+    same = {"sdpa.v", "sdpa.out", "mlp.gate_out" if model.mlp.gated else "mlp.up_out"}
+    if model.position is not PositionKind.ROPE and regime is AmpRegime.MODULE:
+        same.add("sdpa.q")  # no RoPE: sdpa's q is q's matmul output itself
+    return sum(s.nbytes for s in saved if s.name in same)
 
 
 def root_saved(model: ModelSpec, t: int, seq: int, regime: AmpRegime, c: int, r: int) -> list[Saved]:
@@ -240,6 +275,8 @@ def root_saved(model: ModelSpec, t: int, seq: int, regime: AmpRegime, c: int, r:
     out: list[Saved] = []
     if model.embedding_norm:
         out += _norm("embed_norm", model, t, regime, c, r)
+    if model.dropout:
+        out.append(Saved("embed.dropout_mask", t * h))
     if model.position is PositionKind.ROPE:
         # cos and sin (T, head_dim), computed once per forward in the residual dtype and
         # saved by every block's RoPE multiply (shared storage).
@@ -275,8 +312,10 @@ def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Preci
         kept = r * t * h
         recompute = block_total
     elif checkpointing is Checkpointing.SELECTIVE:
-        kept = block_total - _selective_dropped(saved, attention)
-        recompute = block_total - kept
+        kept = sum(x.nbytes for x in op_sac_kept(model, t, batch, seq, attention, c, r))
+        # in backward the block is re-run: everything it saves comes back, except what the
+        # policy kept (already counted in `kept`)
+        recompute = block_total - _sac_overlap(model, saved, regime)
     else:
         kept = block_total
         recompute = 0

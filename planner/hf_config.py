@@ -32,6 +32,7 @@ Every problem raises ConfigError with a one-line message that starts with the co
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -261,6 +262,12 @@ def spec_from_hf_config(
     """
     if not isinstance(cfg, dict):
         raise ConfigError(f"{name}: expected a JSON object, got {type(cfg).__name__}")
+    spec = _spec_from_hf_config(cfg, name, notes)
+    p = _dropout(cfg, name)
+    return dataclasses.replace(spec, dropout=p) if p else spec
+
+
+def _spec_from_hf_config(cfg: dict[str, Any], name: str, notes: list[str] | None) -> ModelSpec:
     raw_type = cfg.get("model_type")
     if raw_type is not None and not isinstance(raw_type, str):
         raise ConfigError(f"{name}: model_type must be a string, got {_show(raw_type)}")
@@ -304,6 +311,24 @@ def spec_from_hf_config(
         raise
     except ValueError as exc:  # ModelSpec's own checks (head counts that do not divide, ...)
         raise ConfigError(f"{name}: {exc}") from exc
+
+
+_DROPOUT_KEYS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "resid_pdrop",
+                 "embd_pdrop", "attn_pdrop", "hidden_dropout", "attention_dropout",
+                 "dropout")
+
+
+def _dropout(cfg: dict[str, Any], name: str) -> float:
+    """The largest dropout probability the config trains with (0 when none is set)."""
+    values = []
+    for key in _DROPOUT_KEYS:
+        v = cfg.get(key)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
+            raise ConfigError(f"{name}: {key} must be a probability in [0, 1), got {_show(v)}")
+        values.append(float(v))
+    return max(values, default=0.0)
 
 
 def load_hf_config(path: str | os.PathLike[str]) -> ModelSpec:

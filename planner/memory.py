@@ -328,19 +328,26 @@ def estimate(model: ModelSpec, training: TrainingSpec, cluster: Cluster, candida
         else:  # SHARD_GRAD_OP, NO_SHARD: kept unsharded from forward until post-backward
             blocks_fwd = model.n_layers * Pb * c
             blocks_bwd = model.n_layers * Pb * c
-        # post-backward: unsharded grads (param dtype of the unsharded params) copied into an
-        # fp32 reduce-scatter input, plus its 1/S output.
+        # post-backward: unsharded grads (param dtype of the unsharded params) copied into the
+        # reduce-scatter input, plus its 1/S output, in reduce_dtype: fp32 under the
+        # mixed-precision policy (reduce_dtype=float32), else the params' own dtype.
+        rs_b = FP32 if prec.amp else pb
         unit_grad = Pb * c
-        rs_unit = Pb * FP32 + _div(Pb, S) * FP32
-        rs_root = Pr * FP32 + _div(Pr, S) * FP32
+        rs_unit = Pb * rs_b + _div(Pb, S) * rs_b
+        rs_root = Pr * rs_b + _div(Pr, S) * rs_b
         root_grad_bwd = lm_head_elems * c
         if offload is Offload.PARAMS_AND_OPTIMIZER:
             notes.append("CPU offload: sharded params/grads/optimizer state in pinned host RAM")
     else:  # ZeRO
         cache = 0
         if strat is Strategy.ZERO3:
+            # DeepSpeed gathers each submodule's params just before use and prefetches up to
+            # stage3_prefetch_bucket_size elements ahead (zero/partitioned_param_coordinator.py):
+            # the working set is the largest submodule (a linear or the vocabulary table) plus
+            # the prefetch bucket. Params under param_persistence_threshold (1e5: norms) stay
+            # gathered; they are negligible.
             root_w = 0
-            working = 2 * max(Pb, Pr) * c + ov.zero3_prefetch_bucket_elems * c
+            working = (counts.largest_tensor + ov.zero3_prefetch_bucket_elems) * c
             blocks_fwd, blocks_bwd = working, working
         else:
             root_w = blocks_fwd = blocks_bwd = 0
@@ -395,7 +402,14 @@ def estimate(model: ModelSpec, training: TrainingSpec, cluster: Cluster, candida
     peak_phase = max(phases, key=lambda k: phases[k].total)
     peak = phases[peak_phase]
     allocated = peak.total
-    frag = int(allocated * ov.allocator_fragmentation)
+    # Reserved over allocated (the caching allocator, c10/cuda/CUDACachingAllocator.cpp):
+    # (1) a fraction lost to block rounding and splitting; (2) when the peak comes before the
+    # step, the segments the previous step's gradients and optimizer temporaries were freed
+    # from stay cached, and blocks of the activations' (other) sizes cannot reuse them.
+    step_leftover = 0
+    if peak_phase not in ("optimizer", "bwd_end"):
+        step_leftover = grads_bwd_end + opt_temp + zero_step_extra
+    frag = int(allocated * ov.allocator_fragmentation) + step_leftover
     n_comms = 0 if single else (2 if strat is Strategy.HYBRID_SHARD and S < n else 1)
     nccl = n_comms * ov.nccl_bytes_per_communicator
     capacity = cluster.gpu.memory_bytes

@@ -41,6 +41,7 @@ def _gpt2(name: str, n_layers: int, hidden: int, n_heads: int) -> ModelSpec:
         name=name, n_layers=n_layers, hidden=hidden, n_heads=n_heads, n_kv_heads=n_heads,
         ffn_hidden=4 * hidden, vocab=50257, tied_embeddings=True, mlp=MlpKind.GELU,
         norm=NormKind.LAYERNORM, position=PositionKind.LEARNED, max_positions=1024, bias=True,
+        dropout=0.1,  # resid_pdrop = embd_pdrop = attn_pdrop = 0.1
     )  # fmt: skip
 
 
@@ -52,6 +53,7 @@ def _bert(name: str, n_layers: int, hidden: int, n_heads: int) -> ModelSpec:
         ffn_hidden=4 * hidden, vocab=30522, tied_embeddings=True, mlp=MlpKind.GELU,
         norm=NormKind.LAYERNORM, position=PositionKind.LEARNED, max_positions=512, bias=True,
         type_vocab=2, embedding_norm=True, encoder_head=True,
+        dropout=0.1,  # hidden_dropout_prob = attention_probs_dropout_prob = 0.1
     )  # fmt: skip
 
 

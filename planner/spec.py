@@ -151,6 +151,10 @@ class ModelSpec:
     """A norm right after the embeddings (BERT, BLOOM)."""
     encoder_head: bool = False
     """BERT masked-LM head: dense + norm before the (tied) decoder, plus pooler."""
+    dropout: float = 0.0
+    """Dropout probability of the residual branches, attention probabilities and embeddings
+    (GPT-2 and BERT train with 0.1; Llama-style models with 0). Each dropout keeps a 1-byte
+    mask per element for backward."""
     shape_assumed: bool = False
     """True when the shape was derived from --params by the scaling rule, not given."""
 
@@ -173,6 +177,8 @@ class ModelSpec:
                 f"experts_per_token ({self.experts_per_token}) must be <= n_experts"
                 f" ({self.n_experts})"
             )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
         if self.position is PositionKind.LEARNED and self.max_positions <= 0:
             raise ValueError("max_positions must be positive for learned positions")
 

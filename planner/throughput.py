@@ -20,8 +20,9 @@ Conventions
   with theirs; it also stands in for the flash-attention kernel's lower efficiency.
 * Recompute (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
   Models", sec. 4 / 5): FULL checkpointing re-runs each block's forward (``2 * N_blocks +
-  4 * L * seq * q_dim`` per token; the head is outside the checkpointed blocks); SELECTIVE
-  re-runs only the attention core (``4 * L * seq * q_dim``: QK^T and AV).
+  4 * L * seq * q_dim`` per token; the head is outside the checkpointed blocks); SELECTIVE is
+  PyTorch's op-level selective checkpointing as torchtitan configures it (every other matmul
+  output saved, the SDPA output saved): about half the block matmuls re-run, no attention.
 * MFU is measured against model FLOPs *without* recompute (PaLM appendix B definition), so
   checkpointing lowers MFU.
 """
@@ -169,7 +170,9 @@ def training_flops_per_token(model: ModelSpec, seq: int, checkpointing: Checkpoi
 # (recompute block matmuls, recompute attention core) per checkpointing mode
 _CKPT_COEF: dict[Checkpointing, tuple[float, float]] = {
     Checkpointing.NONE: (0.0, 0.0),
-    Checkpointing.SELECTIVE: (0.0, 1.0),
+    # op-level SAC (torchtitan's policy, planner/activations.py op_sac_kept): every other
+    # matmul is recomputed (about half the block's matmul FLOPs), the SDPA output is saved.
+    Checkpointing.SELECTIVE: (0.5, 0.0),
     Checkpointing.FULL: (1.0, 1.0),
 }
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from planner.activations import plan_activations
@@ -247,3 +249,31 @@ def test_hybrid_shard_shards_within_a_node():
                  Candidate(strategy=Strategy.HYBRID_SHARD, checkpointing=Checkpointing.FULL))
     assert e.shard_degree == 8
     assert e.nccl_bytes == 2 * Overheads().nccl_bytes_per_communicator  # shard + replicate
+
+
+def test_dropout_keeps_one_byte_masks():
+    # GPT-2 small trains with dropout 0.1 on the attention output, the MLP output and the
+    # attention probabilities: bool masks of t*h, t*h and heads*T^2 bytes (B=1, T=1024).
+    t, h = 1024, 768
+    plain = plan_activations(GPT2, batch=1, seq=1024, precision=Precision.BF16_AMP,
+                             attention=Attention.EAGER, checkpointing=Checkpointing.NONE,
+                             uses_autocast=False)
+    drop = plan_activations(dataclasses.replace(GPT2, dropout=0.1), batch=1, seq=1024,
+                            precision=Precision.BF16_AMP, attention=Attention.EAGER,
+                            checkpointing=Checkpointing.NONE, uses_autocast=False)
+    assert drop.block_bytes - plain.block_bytes == 2 * t * h + 12 * 1024 * 1024
+    assert drop.root_bytes - plain.root_bytes == t * h  # the embeddings' dropout
+
+
+def test_selective_is_op_level_sac():
+    # torchtitan's policy: in each block save every other mm output (1st, 3rd, 5th, 7th: q, v,
+    # gate, down) and the SDPA output + logsumexp; keep the block input. Llama-3.1-8B shape
+    # (h 4096, 32 heads, 8 kv heads -> kv 1024, ffn 14336), B=2, T=8192, bf16 module:
+    m = ModelSpec(name="l3", n_layers=32, hidden=4096, n_heads=32, n_kv_heads=8,
+                  ffn_hidden=14336, vocab=128256)
+    t = 2 * 8192
+    kept = 2 * t * (4096 + 4096 + 1024 + 14336 + 4096 + 4096) + 4 * 2 * 32 * 8192
+    plan = plan_activations(m, batch=2, seq=8192, precision=Precision.BF16_AMP,
+                            attention=Attention.SDPA, checkpointing=Checkpointing.SELECTIVE,
+                            uses_autocast=False)
+    assert plan.block_kept == kept == 1_042_284_544

@@ -81,8 +81,9 @@ def test_recompute_flops_by_hand():
     # FULL: one more block forward: 2 * (2 * 36864) = 147456 plus attention forward
     #       4 * L * seq * q_dim = 4 * 2 * 32 * 64 = 16384 (the head is not re-run)
     assert training_flops_per_token(TOY, 32, Checkpointing.FULL) == 529920 + 147456 + 16384
-    # SELECTIVE (Korthikanti et al.): the attention core forward only
-    assert training_flops_per_token(TOY, 32, Checkpointing.SELECTIVE) == 529920 + 16384
+    # SELECTIVE (op-level SAC, torchtitan's policy): every other matmul is re-run, about half
+    # the block matmul forward: 0.5 * 147456 = 73728; the SDPA output is kept (no attention)
+    assert training_flops_per_token(TOY, 32, Checkpointing.SELECTIVE) == 529920 + 73728
     assert training_flops_per_token(TOY, 32, Checkpointing.NONE) == 529920
 
 
