@@ -405,9 +405,15 @@ def estimate(model: ModelSpec, training: TrainingSpec, cluster: Cluster, candida
     # Reserved over allocated (the caching allocator, c10/cuda/CUDACachingAllocator.cpp):
     # (1) a fraction lost to block rounding and splitting; (2) when the peak comes before the
     # step, the segments the previous step's gradients and optimizer temporaries were freed
-    # from stay cached, and blocks of the activations' (other) sizes cannot reuse them.
+    # from stay cached. The allocator splits a cached block to serve a smaller request but
+    # never merges blocks across segments, so they are reused only if the activations' blocks
+    # are not larger than them; otherwise the activations take new segments on top.
+    # FSDP2's sharded grads are views of one reduce-scatter output per unit; elsewhere each
+    # parameter has its own gradient (a block's largest tensor is the typical block).
+    freed_block = (_div(Pb, S) if fsdp else counts.largest_block_tensor) * grad_b
+    act_block = c * training.micro_batch * training.seq * max(model.ffn_hidden, model.hidden)
     step_leftover = 0
-    if peak_phase not in ("optimizer", "bwd_end"):
+    if peak_phase not in ("optimizer", "bwd_end") and act_block > freed_block:
         step_leftover = grads_bwd_end + opt_temp + zero_step_extra
     frag = int(allocated * ov.allocator_fragmentation) + step_leftover
     n_comms = 0 if single else (2 if strat is Strategy.HYBRID_SHARD and S < n else 1)

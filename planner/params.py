@@ -116,6 +116,8 @@ class ParamCounts:
     """The input embedding table alone (vocab x hidden)."""
     largest_tensor: int
     """Elements of the largest single parameter tensor (single-tensor optimizer temporaries)."""
+    largest_block_tensor: int
+    """Elements of the largest tensor inside a block (the typical per-parameter gradient)."""
     per_block_active: int
     """Per-block parameters a token actually multiplies (MoE: router + experts_per_token)."""
 
@@ -135,6 +137,7 @@ def count(model: ModelSpec) -> ParamCounts:
         root=sum(root),
         embedding=model.vocab * model.hidden,
         largest_tensor=max(block + root),
+        largest_block_tensor=max(block),
         per_block_active=per_block_active,
     )
 
