@@ -189,13 +189,48 @@ def _list_models(ctx: click.Context, _param: click.Parameter, value: bool) -> No
     ctx.exit(0)
 
 
+# Subcommands imported only when named, so `fitcheck --params ...` never loads them (torch for
+# trace/probe, pandas for report, http.server for serve).
+LAZY_COMMANDS = {
+    "trace": ("probes.cli", "trace_cmd", "Measure one step's memory with fake tensors (needs torch)."),
+    "gate": ("planner.gate_cli", "gate_cmd", "Admit or reject a job spec (scheduler gating)."),
+    "serve": ("planner.gate_cli", "serve_cmd", "Kubernetes validating admission webhook."),
+    "report": ("planner.report_cli", "report_cmd", "Capacity-planning sweep: CSV, Markdown, HTML."),
+    "probe": ("probes.cuda_cli", "probe_cmd", "CUDA probe runs under torchrun and calibration."),
+}
+
+
 class FitcheckGroup(click.Group):
     """`fitcheck OPTIONS` runs `plan`; errors become one line and an exit code."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        lazy = [name for name, (mod, _, _) in LAZY_COMMANDS.items() if _module_exists(mod)]
+        return sorted(set(super().list_commands(ctx)) | set(lazy))
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in self.commands:
+            return self.commands[name]
+        if name in LAZY_COMMANDS and _module_exists(LAZY_COMMANDS[name][0]):
+            import importlib
+
+            module, attr, _ = LAZY_COMMANDS[name]
+            cmd = getattr(importlib.import_module(module), attr)
+            self.add_command(cmd, name)
+            return cmd
+        return None
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [("plan", "Predict per-GPU memory and speed per strategy (the default).")]
+        rows += [(name, LAZY_COMMANDS[name][2]) for name in self.list_commands(ctx)
+                 if name in LAZY_COMMANDS]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if not args:
             args = ["--help"]
-        elif args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
+        elif (args[0] not in self.commands and args[0] not in LAZY_COMMANDS
+              and args[0] not in ("--help", "-h", "--version")):
             args = ["plan", *args]
         return super().parse_args(ctx, args)
 
@@ -273,6 +308,15 @@ def plan_cmd(as_json: bool, find: str | None, **kw: Any) -> int:
     if found is not None and found.value is None:
         return EXIT_NOTHING_FITS
     return EXIT_FITS if answer.any_fits else EXIT_NOTHING_FITS
+
+
+def _module_exists(name: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
 
 
 def main() -> None:
