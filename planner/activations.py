@@ -172,11 +172,13 @@ def block_saved(model: ModelSpec, t: int, batch: int, seq: int, attention: Atten
         out.append(Saved("attn.k_expanded" if kvd != qd else f"attn.k{rope_note}", c * t * qd))
         out.append(Saved("attn.v_expanded" if kvd != qd else "attn.v", c * t * qd))
         out.append(Saved("attn.probs_fp32", FP32 * scores))
-        out.append(Saved("attn.probs", c * scores))  # dropped probs with dropout (same size)
         if model.dropout:
-            # native_dropout keeps a bool mask (aten/src/ATen/native/Dropout.cpp); the flash
-            # SDPA kernels keep only RNG state instead.
+            # dropout(probs): p @ v saves the dropped copy; native_dropout keeps a bool mask
+            # (aten/src/ATen/native/Dropout.cpp). Flash SDPA kernels keep only RNG state.
+            out.append(Saved("attn.probs", c * scores))
             out.append(Saved("attn.probs_dropout_mask", scores))
+        elif c != FP32:
+            out.append(Saved("attn.probs", c * scores))  # the cast p @ v saves (none in fp32)
         out.append(Saved("attn.o.input", c * t * qd))
     if model.norms_per_layer >= 4:
         # Gemma-2 post-attention norm on the branch output (dtype c).
@@ -322,7 +324,7 @@ def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Preci
     logits = c * t * v
     # Forward at the loss: bf16 logits (alive until forward returns), their fp32 copy and
     # log_softmax's fp32 output (counted in root_saved).
-    loss_fwd = logits + FP32 * t * v
+    loss_fwd = logits + (FP32 * t * v if c != FP32 else 0)  # .float() copies unless fp32
     # Backward at the loss: nll_loss's dense fp32 grad, log_softmax_backward's fp32 output
     # (the saved output is still alive), then the cast to c for lm_head's backward.
     loss_bwd = 2 * FP32 * t * v

@@ -212,7 +212,7 @@ def optimizer_state_bytes(model: ModelSpec, optimizer: OptimizerKind, state_byte
 
 
 def optimizer_temp_bytes(counts: ParamCounts, local_elems: int, training: TrainingSpec,
-                         state_bytes: int, zero: bool) -> int:
+                         state_bytes: int, zero: bool, shard: int = 1) -> int:
     """Transient device memory of optimizer.step()."""
     opt, impl = training.optimizer, training.optimizer_impl
     if zero or opt in (OptimizerKind.SGD, OptimizerKind.SGD_MOMENTUM, OptimizerKind.ADAMW_8BIT):
@@ -227,7 +227,7 @@ def optimizer_temp_bytes(counts: ParamCounts, local_elems: int, training: Traini
         return local_elems * state_bytes
     # Single-tensor loops (and Lion / Adafactor updates): sqrt(v) then its quotient, two
     # temporaries the size of the largest tensor (torch/optim/adam.py _single_tensor_adam).
-    return 2 * counts.largest_tensor * state_bytes
+    return 2 * _div(counts.largest_tensor, shard) * state_bytes
 
 
 def _matmul_weight_elems(model: ModelSpec) -> int:
@@ -288,7 +288,7 @@ def estimate(model: ModelSpec, training: TrainingSpec, cluster: Cluster, candida
     grads_full = _div(P, g_shard) * grad_b
     opt_states = optimizer_state_bytes(model, training.optimizer, state_b, o_shard) \
         + _div(P, o_shard) * master_b
-    opt_temp = optimizer_temp_bytes(counts, _div(P, o_shard), training, state_b, zero)
+    opt_temp = optimizer_temp_bytes(counts, _div(P, o_shard), training, state_b, zero, o_shard)
 
     host_per_rank = 0
     if offload is Offload.OPTIMIZER:
@@ -374,16 +374,23 @@ def estimate(model: ModelSpec, training: TrainingSpec, cluster: Cluster, candida
         # ZeRO-Offload moves each reduced gradient partition to the host as it is produced.
         grads_bwd_end = 0 if strat is not Strategy.ZERO1 else grads_full
     base = dict(params=params_res, optimizer_states=opt_states, cublas_workspace=cublas)
+    # With gradient accumulation the second and later micro-batches run forward and backward
+    # on top of the gradients accumulated so far (every GPU's own copy, or its shard).
+    accum = grads_bwd_end if training.grad_accum > 1 else 0
     phases: dict[str, Breakdown] = {}
     phases["forward"] = Breakdown(
         **base, gathered_params=cache + root_w + blocks_fwd, activations=act_all,
-        transients=acts.loss_forward_transient, comm_buffers=buckets)
+        gradients=accum, transients=acts.loss_forward_transient, comm_buffers=buckets)
     phases["loss_bwd"] = Breakdown(
         **base, gathered_params=cache + root_w + blocks_fwd, activations=act_all,
-        transients=acts.loss_backward_transient, comm_buffers=buckets)
+        gradients=accum, transients=acts.loss_backward_transient, comm_buffers=buckets)
     # Last block's backward: the loss's tensors are gone (log_softmax output freed), the
-    # lm_head gradient exists, one block is being differentiated (and recomputed).
-    grads_so_far = root_grad_bwd
+    # lm_head gradient exists, one block is being differentiated (and recomputed). Full-size
+    # accumulated grads already hold the lm_head's; FSDP's unsharded root grad is separate.
+    if fsdp or g_shard > 1:
+        grads_so_far = accum + root_grad_bwd
+    else:
+        grads_so_far = max(accum, root_grad_bwd)
     phases["block_bwd"] = Breakdown(
         **base, gathered_params=cache + root_w + blocks_bwd,
         activations=act_blocks + root_acts - acts.root_saved[-1].nbytes,

@@ -277,3 +277,13 @@ def test_selective_is_op_level_sac():
                             attention=Attention.SDPA, checkpointing=Checkpointing.SELECTIVE,
                             uses_autocast=False)
     assert plan.block_kept == kept == 1_042_284_544
+
+
+def test_grad_accumulation_keeps_gradients_through_later_forwards():
+    # grad_accum = 2: the 2nd micro-batch's forward runs with the 1st one's gradients alive:
+    # DDP keeps every fp32 grad (4 x P13 bytes), FULL_SHARD over 8 its shard (4 x P13 / 8).
+    for strategy, grads in ((Strategy.DDP, 4 * P13), (Strategy.FULL_SHARD, 4 * P13 // 8)):
+        one = estimate(LLAMA2_13B, TrainingSpec(), cluster(8), Candidate(strategy=strategy))
+        two = estimate(LLAMA2_13B, TrainingSpec(grad_accum=2), cluster(8),
+                       Candidate(strategy=strategy))
+        assert two.phases["forward"] - one.phases["forward"] == grads, strategy
