@@ -75,6 +75,8 @@ class ActivationPlan:
     block_backward_transient: int
     """Gradient tensors alive inside one block's backward (input grads, not weight grads)."""
     n_layers: int
+    residual_bytes: int = FP32
+    """Bytes per element of the residual stream (r): the gradient reaching the embeddings."""
 
     @property
     def block_bytes(self) -> int:
@@ -341,6 +343,7 @@ def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Preci
         loss_backward_transient=loss_bwd,
         block_backward_transient=block_bwd,
         n_layers=model.n_layers,
+        residual_bytes=r,
     )
 
 

@@ -8,12 +8,10 @@ validating admission webhook of planner.webhook.
 from __future__ import annotations
 
 import os
-import sys
-from typing import Any
 
 import click
 
-from planner.errors import EXIT_USAGE, FitcheckError, UsageError
+from planner.errors import FitcheckError, UsageError
 
 ON_ERROR = click.Choice(["admit", "reject"], case_sensitive=False)
 
@@ -135,18 +133,3 @@ def serve_cmd(host: str, port: int, tls_cert: str | None, tls_key: str | None,
     finally:
         server.server_close()
     return 0
-
-
-def main(argv: list[str] | None = None) -> Any:  # `python -m planner.gate_cli SPEC`
-    try:
-        return gate_cmd.main(argv, prog_name="fitcheck gate", standalone_mode=False)
-    except click.ClickException as exc:
-        click.echo(f"fitcheck: error: {exc.format_message()}", err=True)
-        return EXIT_USAGE
-    except FitcheckError as exc:
-        click.echo(f"fitcheck: error: {exc}", err=True)
-        return exc.exit_code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -314,8 +314,7 @@ def estimate(model: ModelSpec, training: TrainingSpec, cluster: Cluster, candida
             buckets = P * grad_b
         elif strat is Strategy.DDP and not single:
             notes.append("gradient_as_bucket_view=True: grads are views into the buckets")
-        root_w = blocks_fwd = blocks_bwd = 0
-        unit_grad = 0
+        root_w = blocks_fwd = blocks_loss = blocks_bwd = 0
         rs_unit = 0
         rs_root = 0
         root_grad_bwd = lm_head_elems * grad_b
@@ -323,18 +322,22 @@ def estimate(model: ModelSpec, training: TrainingSpec, cluster: Cluster, candida
         cache = 0
         root_w = Pr * c
         if strat is Strategy.FULL_SHARD or strat is Strategy.HYBRID_SHARD:
-            blocks_fwd = 0  # resharded after forward; the last block is freed at the loss
-            blocks_bwd = 2 * Pb * c  # current block + the one prefetched for backward
+            # Resharded after forward, but at the loss one block is already gathered again
+            # for backward; in backward the current block + the one prefetched (traced).
+            blocks_fwd = blocks_loss = Pb * c
+            blocks_bwd = 2 * Pb * c
         else:  # SHARD_GRAD_OP, NO_SHARD: kept unsharded from forward until post-backward
-            blocks_fwd = model.n_layers * Pb * c
-            blocks_bwd = model.n_layers * Pb * c
+            blocks_fwd = blocks_loss = blocks_bwd = model.n_layers * Pb * c
+            if S > 1:  # the last block's all-gather output lingers until backward (traced)
+                blocks_fwd += Pb * c
         # post-backward: unsharded grads (param dtype of the unsharded params) copied into the
         # reduce-scatter input, plus its 1/S output, in reduce_dtype: fp32 under the
         # mixed-precision policy (reduce_dtype=float32), else the params' own dtype.
+        # Its output is the new sharded gradient (counted as gradients). A shard group of 1
+        # (NO_SHARD) still copies into the reduce buffer (traced).
         rs_b = FP32 if prec.amp else pb
-        unit_grad = Pb * c
-        rs_unit = Pb * rs_b + _div(Pb, S) * rs_b
-        rs_root = Pr * rs_b + _div(Pr, S) * rs_b
+        rs_unit = Pb * rs_b
+        rs_root = Pr * rs_b
         root_grad_bwd = lm_head_elems * c
         if offload is Offload.PARAMS_AND_OPTIMIZER:
             notes.append("CPU offload: sharded params/grads/optimizer state in pinned host RAM")
@@ -348,10 +351,9 @@ def estimate(model: ModelSpec, training: TrainingSpec, cluster: Cluster, candida
             # gathered; they are negligible.
             root_w = 0
             working = (counts.largest_tensor + ov.zero3_prefetch_bucket_elems) * c
-            blocks_fwd, blocks_bwd = working, working
+            blocks_fwd = blocks_loss = blocks_bwd = working
         else:
-            root_w = blocks_fwd = blocks_bwd = 0
-        unit_grad = 0
+            root_w = blocks_fwd = blocks_loss = blocks_bwd = 0
         rs_unit = rs_root = 0
         root_grad_bwd = lm_head_elems * grad_b if strat is Strategy.ZERO1 else 0
         if strat in (Strategy.ZERO2, Strategy.ZERO3):
@@ -382,7 +384,7 @@ def estimate(model: ModelSpec, training: TrainingSpec, cluster: Cluster, candida
         **base, gathered_params=cache + root_w + blocks_fwd, activations=act_all,
         gradients=accum, transients=acts.loss_forward_transient, comm_buffers=buckets)
     phases["loss_bwd"] = Breakdown(
-        **base, gathered_params=cache + root_w + blocks_fwd, activations=act_all,
+        **base, gathered_params=cache + root_w + blocks_loss, activations=act_all,
         gradients=accum, transients=acts.loss_backward_transient, comm_buffers=buckets)
     # Last block's backward: the loss's tensors are gone (log_softmax output freed), the
     # lm_head gradient exists, one block is being differentiated (and recomputed). Full-size
@@ -391,17 +393,43 @@ def estimate(model: ModelSpec, training: TrainingSpec, cluster: Cluster, candida
         grads_so_far = accum + root_grad_bwd
     else:
         grads_so_far = max(accum, root_grad_bwd)
-    phases["block_bwd"] = Breakdown(
+    last = Breakdown(
         **base, gathered_params=cache + root_w + blocks_bwd,
         activations=act_blocks + root_acts - acts.root_saved[-1].nbytes,
-        gradients=grads_so_far + unit_grad,
+        gradients=grads_so_far,
         transients=acts.block_backward_transient + acts.recompute,
-        comm_buffers=buckets + rs_unit)
+        comm_buffers=buckets)
+    # The block before it: one block's activations are gone, its gradient exists (sharded
+    # under FSDP, whose reduce-scatter input stays alive until the next reduce-scatter), and
+    # its gathered copy is freed (SHARD_GRAD_OP / autocast cache). The peak is the larger.
+    block_grad = 0 if accum else _div(Pb, g_shard) * grad_b
+    if offload is not Offload.NONE:
+        block_grad = 0
+    prev = dataclasses.replace(
+        last,
+        activations=last.activations - acts.block_kept,
+        gradients=last.gradients + block_grad,
+        gathered_params=last.gathered_params - (Pb * c if (cache or blocks_bwd > 2 * Pb * c) else 0),
+        comm_buffers=last.comm_buffers + rs_unit)
+    phases["block_bwd"] = max(last, prev, key=lambda b: b.total) if model.n_layers > 1 else last
     # End of backward: every gradient; FSDP reduces the root's (embedding) gradients last.
-    phases["bwd_end"] = Breakdown(
-        **base, gathered_params=root_w,
-        gradients=grads_bwd_end + (Pr * c if fsdp else 0),
-        comm_buffers=buckets + rs_root)
+    # End of backward. The embeddings' backward (their input gradient arriving) and, under
+    # FSDP, the root's reduce-scatter after it: the root's unsharded gradients (lm_head's and
+    # the embedding's) are alive through both; during the embeddings' backward the last block's
+    # reduce-scatter input still is, at the root's reduce-scatter its own input replaces it.
+    grad_in = acts.residual_bytes * training.tokens_per_micro_batch * model.hidden
+    if fsdp:
+        block_grads = 0 if offload is Offload.PARAMS_AND_OPTIMIZER else \
+            model.n_layers * _div(Pb, S) * grad_b
+        root_grads = accum and _div(Pr, S) * grad_b
+        emb = Breakdown(**base, gathered_params=root_w,
+                        gradients=block_grads + root_grads + Pr * c, transients=grad_in,
+                        comm_buffers=rs_unit)
+        root_rs = dataclasses.replace(emb, transients=0, comm_buffers=rs_root)
+        phases["bwd_end"] = max(emb, root_rs, key=lambda b: b.total)
+    else:
+        phases["bwd_end"] = Breakdown(**base, gathered_params=root_w, gradients=grads_bwd_end,
+                                      transients=grad_in, comm_buffers=buckets)
     phases["optimizer"] = Breakdown(
         **base, gradients=grads_bwd_end, comm_buffers=buckets,
         optimizer_temporaries=opt_temp + zero_step_extra)

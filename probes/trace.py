@@ -193,6 +193,21 @@ def _tracker_class(base: type) -> type:
             self.peak_total = 0
             self.peak_phase = ""
             self.peak_module = ""
+            # Peak per moment of the step, the planner's five (planner/memory.py): forward,
+            # loss_bwd (backward before any block), block_bwd, bwd_end (backward in the root
+            # after the blocks: embeddings), optimizer (step + zero_grad).
+            self.moment_peaks: dict[str, int] = {}
+            self.moment_snaps: dict[str, dict] = {}
+            self.seen_block_bwd = False
+
+        def _moment(self) -> str:
+            phase = self.phase
+            if phase == "backward":
+                if any(".blocks." in p for p in self._mod_tracker.parents):
+                    self.seen_block_bwd = True
+                    return "block_bwd"
+                return "bwd_end" if self.seen_block_bwd else "loss_bwd"
+            return "optimizer" if phase in ("optimizer", "zero_grad") else phase
 
         def _update_peak_stats(self, peak_state: Any) -> None:
             # Replaces the base method, which also walks every tracked module's weak
@@ -209,6 +224,10 @@ def _tracker_class(base: type) -> type:
                     self._peak_mem[dev] = dev_total
                     self._peak_mem_snap[dev] = dict(dev_snap)
                 total += dev_total
+            moment = self._moment()
+            if total > self.moment_peaks.get(moment, -1):
+                self.moment_peaks[moment] = total
+                self.moment_snaps[moment] = {d: dict(v) for d, v in self._curr_mem_snap.items()}
             if total > self.peak_total:
                 self.peak_total = total
                 self.peak_phase = self.phase
@@ -226,6 +245,8 @@ def _tracker_class(base: type) -> type:
             self.peak_total = sum(s.get("Total", 0) for s in snap.values())
             self.peak_phase = self.phase
             self.peak_module = ""
+            self.moment_peaks = {}
+            self.moment_snaps = {}
 
     _Tracker.__name__ = base.__name__
     return _Tracker
@@ -408,6 +429,7 @@ def _trace_step(
                 # forward without this); the global counters are untouched.
                 tracker.reset_mod_stats()
                 tracker.phase = "forward"
+                tracker.seen_block_bwd = False
                 ctx = CudaAutocastEmulation(low) if emulate_autocast else nullcontext()
                 with ctx:
                     loss = net(ids, targets)
@@ -452,6 +474,8 @@ def _trace_step(
         "peak_module": _module_name(tracker.peak_module, type(net).__name__),
         "at_peak": at_peak,
         "max_by_category": _cat_max(tracker.cat_max),
+        "moments": {k: {"peak_bytes": int(v), "at_peak": _categories(tracker.moment_snaps[k])}
+                    for k, v in tracker.moment_peaks.items() if k != "idle"},
         "end_of_step": _categories(end),
         "tracker": type(tracker).__name__,
         "strategy": strategy.value,
