@@ -303,9 +303,9 @@ def estimate(model: ModelSpec, training: TrainingSpec, cluster: Cluster, candida
         params_res, grads_full, opt_states, opt_temp = 0, 0, 0, 0
 
     # ---- working copies and communication buffers -------------------------------------
-    lm_head_elems = 0 if model.tied_embeddings else model.vocab * model.hidden
-    if model.encoder_head and not model.tied_embeddings:
-        lm_head_elems = model.vocab * model.hidden
+    # The head's weight gradient exists from the loss's backward on (tied or not: a tied
+    # table gets its first gradient from the head, the embedding's is accumulated into it).
+    lm_head_elems = model.vocab * model.hidden
     buckets = 0
     zero_step_extra = 0
     if uses_autocast:
@@ -418,6 +418,10 @@ def estimate(model: ModelSpec, training: TrainingSpec, cluster: Cluster, candida
     # the embedding's) are alive through both; during the embeddings' backward the last block's
     # reduce-scatter input still is, at the root's reduce-scatter its own input replaces it.
     grad_in = acts.residual_bytes * training.tokens_per_micro_batch * model.hidden
+    if model.tied_embeddings:
+        # the embedding's backward makes a new table-sized gradient, then accumulates it into
+        # the head's (torch/csrc/autograd/functions/accumulate_grad.h: out-of-place add)
+        grad_in += model.vocab * model.hidden * (c if fsdp else grad_b)
     if fsdp:
         block_grads = 0 if offload is Offload.PARAMS_AND_OPTIMIZER else \
             model.n_layers * _div(Pb, S) * grad_b

@@ -61,6 +61,7 @@ DEFAULT_FORMATS = ("csv", "md", "html", "png")
 PLOT_KINDS = ("memory", "min_gpus", "throughput", "train_time_cost")
 OFFLOAD_MODES = ("auto", "none", "all")
 MATPLOTLIB_MISSING = "plots need matplotlib: pip install 'fitcheck[plots]'"
+PANDAS_MISSING = "fitcheck report needs pandas: pip install 'fitcheck[reports]'"
 
 COLUMNS = (
     "model", "gpu", "n", "nodes", "seq", "micro_batch", "grad_accum", "precision",
@@ -1079,7 +1080,12 @@ def parse_formats(text: str | Iterable[str]) -> tuple[str, ...]:
 
 
 def check_formats(formats: Sequence[str]) -> None:
-    """Plots asked for without matplotlib: one line, exit 2, before any work."""
+    """pandas missing, or plots asked for without matplotlib: one line, exit 2, before any
+    work."""
+    try:
+        import pandas  # noqa: F401
+    except ImportError:
+        raise UsageError(PANDAS_MISSING) from None
     if PLOT_FORMATS.intersection(formats) and not have_matplotlib():
         raise UsageError(MATPLOTLIB_MISSING)
 
