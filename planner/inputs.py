@@ -107,6 +107,8 @@ def resolve_model(*, params: str | None = None, preset: str | None = None,
             raise UsageError(f"model shape: {exc}") from None
         return spec, "explicit"
     if ov:
+        if "n_heads" in ov and "n_kv_heads" not in ov and spec.n_kv_heads == spec.n_heads:
+            ov["n_kv_heads"] = ov["n_heads"]  # multi-head attention stays multi-head
         try:
             spec = dataclasses.replace(spec, **ov, name=f"{spec.name}+overrides")
         except ValueError as exc:

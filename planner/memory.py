@@ -111,6 +111,8 @@ class Estimate:
     """At the peak: breakdown.total == peak_allocated_bytes."""
     phases: dict[str, int]
     """Allocated bytes at each moment of the step."""
+    phase_breakdowns: dict[str, Breakdown] = field(default_factory=dict)
+    """The same moments term by term (what the trace comparison reads)."""
     allocator_overhead_bytes: int
     cuda_context_bytes: int
     nccl_bytes: int
@@ -466,6 +468,7 @@ def estimate(model: ModelSpec, training: TrainingSpec, cluster: Cluster, candida
         peak_phase=peak_phase,
         breakdown=peak,
         phases={k: v.total for k, v in phases.items()},
+        phase_breakdowns=phases,
         allocator_overhead_bytes=frag,
         cuda_context_bytes=cluster.gpu.cuda_context_bytes,
         nccl_bytes=nccl,
