@@ -26,6 +26,7 @@ kvd = n_kv_heads · head_dim, V = vocab, c = compute-dtype bytes, r = residual-s
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
 
 from planner.spec import (
@@ -301,6 +302,7 @@ def root_saved(model: ModelSpec, t: int, seq: int, regime: AmpRegime, c: int, r:
     return out
 
 
+@functools.lru_cache(maxsize=4096)
 def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Precision,
                      attention: Attention, checkpointing: Checkpointing,
                      uses_autocast: bool) -> ActivationPlan:

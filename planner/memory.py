@@ -96,7 +96,9 @@ class Breakdown:
 
     @property
     def total(self) -> int:
-        return sum(getattr(self, f.name) for f in dataclasses.fields(self))
+        return (self.params + self.gradients + self.optimizer_states + self.gathered_params
+                + self.activations + self.transients + self.comm_buffers
+                + self.optimizer_temporaries + self.cublas_workspace)
 
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -249,6 +251,12 @@ def _matmul_weight_elems(model: ModelSpec) -> int:
     return total
 
 
+def _norm_elems(model: ModelSpec) -> int:
+    """Norm weights (and biases) in one block: not matmul weights, never autocast."""
+    per_norm = model.hidden * (2 if model.norm is NormKind.LAYERNORM else 1)
+    return model.norms_per_layer * per_norm
+
+
 def estimate(model: ModelSpec, training: TrainingSpec, cluster: Cluster, candidate: Candidate,
              *, margin: float = 0.05, overheads: Overheads | None = None) -> Estimate:
     ov = overheads or Overheads()
@@ -311,7 +319,17 @@ def estimate(model: ModelSpec, training: TrainingSpec, cluster: Cluster, candida
     buckets = 0
     zero_step_extra = 0
     if uses_autocast:
+        # autocast caches the bf16 cast of every matmul weight for the autocast region
+        # (forward + loss); the graph keeps them for backward. Under checkpointing the
+        # blocks' casts are not saved (recompute casts again, one block at a time), so after
+        # the region exits only the head's cast (outside the blocks) is still held.
         cache = _matmul_weight_elems(model) * c if prec.amp else 0
+        if cache and candidate.checkpointing is not Checkpointing.NONE:
+            block_cast = (counts.per_block - _norm_elems(model)) * c
+            cache_bwd = cache - model.n_layers * block_cast
+            cache_recompute = block_cast
+        else:
+            cache_bwd, cache_recompute = cache, 0
         if strat is Strategy.DDP and not single and not ov.ddp_bucket_view:
             buckets = P * grad_b
         elif strat is Strategy.DDP and not single:
@@ -321,7 +339,7 @@ def estimate(model: ModelSpec, training: TrainingSpec, cluster: Cluster, candida
         rs_root = 0
         root_grad_bwd = lm_head_elems * grad_b
     elif fsdp:
-        cache = 0
+        cache = cache_bwd = cache_recompute = 0
         root_w = Pr * c
         if strat is Strategy.FULL_SHARD or strat is Strategy.HYBRID_SHARD:
             # Resharded after forward, but at the loss one block is already gathered again
@@ -344,7 +362,7 @@ def estimate(model: ModelSpec, training: TrainingSpec, cluster: Cluster, candida
         if offload is Offload.PARAMS_AND_OPTIMIZER:
             notes.append("CPU offload: sharded params/grads/optimizer state in pinned host RAM")
     else:  # ZeRO
-        cache = 0
+        cache = cache_bwd = cache_recompute = 0
         if strat is Strategy.ZERO3:
             # DeepSpeed gathers each submodule's params just before use and prefetches up to
             # stage3_prefetch_bucket_size elements ahead (zero/partitioned_param_coordinator.py):
@@ -386,7 +404,7 @@ def estimate(model: ModelSpec, training: TrainingSpec, cluster: Cluster, candida
         **base, gathered_params=cache + root_w + blocks_fwd, activations=act_all,
         gradients=accum, transients=acts.loss_forward_transient, comm_buffers=buckets)
     phases["loss_bwd"] = Breakdown(
-        **base, gathered_params=cache + root_w + blocks_loss, activations=act_all,
+        **base, gathered_params=cache_bwd + root_w + blocks_loss, activations=act_all,
         gradients=accum, transients=acts.loss_backward_transient, comm_buffers=buckets)
     # Last block's backward: the loss's tensors are gone (log_softmax output freed), the
     # lm_head gradient exists, one block is being differentiated (and recomputed). Full-size
@@ -396,7 +414,7 @@ def estimate(model: ModelSpec, training: TrainingSpec, cluster: Cluster, candida
     else:
         grads_so_far = max(accum, root_grad_bwd)
     last = Breakdown(
-        **base, gathered_params=cache + root_w + blocks_bwd,
+        **base, gathered_params=cache_bwd + cache_recompute + root_w + blocks_bwd,
         activations=act_blocks + root_acts - acts.root_saved[-1].nbytes,
         gradients=grads_so_far,
         transients=acts.block_backward_transient + acts.recompute,
@@ -411,7 +429,8 @@ def estimate(model: ModelSpec, training: TrainingSpec, cluster: Cluster, candida
         last,
         activations=last.activations - acts.block_kept,
         gradients=last.gradients + block_grad,
-        gathered_params=last.gathered_params - (Pb * c if (cache or blocks_bwd > 2 * Pb * c) else 0),
+        gathered_params=last.gathered_params - (Pb * c if ((cache_bwd and not cache_recompute)
+                                                            or blocks_bwd > 2 * Pb * c) else 0),
         comm_buffers=last.comm_buffers + rs_unit)
     phases["block_bwd"] = max(last, prev, key=lambda b: b.total) if model.n_layers > 1 else last
     # End of backward: every gradient; FSDP reduces the root's (embedding) gradients last.
@@ -431,7 +450,10 @@ def estimate(model: ModelSpec, training: TrainingSpec, cluster: Cluster, candida
         emb = Breakdown(**base, gathered_params=root_w,
                         gradients=block_grads + root_grads + Pr * c, transients=grad_in,
                         comm_buffers=rs_unit)
-        root_rs = dataclasses.replace(emb, transients=0, comm_buffers=rs_root)
+        # FSDP2's post-backward reshards the unit before reducing its gradients
+        # (_fsdp_param_group.py post_backward): the root's gathered params are gone by then.
+        root_rs = dataclasses.replace(emb, transients=0, comm_buffers=rs_root,
+                                      gathered_params=0)
         phases["bwd_end"] = max(emb, root_rs, key=lambda b: b.total)
     else:
         phases["bwd_end"] = Breakdown(**base, gathered_params=root_w, gradients=grads_bwd_end,

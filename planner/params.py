@@ -9,6 +9,7 @@ Shapes are (out_features, in_features) as nn.Linear stores them.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -91,12 +92,13 @@ def param_tensors(model: ModelSpec) -> list[tuple[str, Shape]]:
     return out
 
 
-def tensor_groups(model: ModelSpec) -> list[tuple[str, Shape, int]]:
+@functools.lru_cache(maxsize=1024)
+def tensor_groups(model: ModelSpec) -> tuple[tuple[str, Shape, int], ...]:
     """(name, shape, how many) with every block's tensors listed once: the fast path for
     sums over all parameters (param_tensors lists n_layers copies)."""
     out = [(n, s, model.n_layers) for n, s in block_tensors(model)]
     out += [(n, s, 1) for n, s in root_tensors(model)]
-    return out
+    return tuple(out)
 
 
 def numel(shape: Shape) -> int:
@@ -122,6 +124,7 @@ class ParamCounts:
     """Per-block parameters a token actually multiplies (MoE: router + experts_per_token)."""
 
 
+@functools.lru_cache(maxsize=1024)
 def count(model: ModelSpec) -> ParamCounts:
     block = [numel(s) for _, s in block_tensors(model)]
     root = [numel(s) for _, s in root_tensors(model)]

@@ -16,8 +16,6 @@ outputs.
 from __future__ import annotations
 
 import base64
-import contextlib
-import functools
 import html
 import math
 import os
@@ -450,31 +448,6 @@ def _fit_first(c: Candidate) -> tuple[int, int, int]:
             _SHARDING[c.strategy])
 
 
-@contextlib.contextmanager
-def memoized_model_helpers() -> Iterator[None]:
-    """Memoize the planner's per-model helpers while a sweep runs.
-
-    ``planner.params.count`` / ``tensor_groups`` (a walk over every parameter tensor) and
-    ``planner.activations.plan_activations`` (a walk over every saved tensor) depend only on
-    the (frozen, hashable) model and training values, which a sweep repeats thousands of
-    times. The same functions are called, once per distinct argument set; results are
-    identical. The module attributes are restored afterwards.
-    """
-    import planner.memory as memory_mod
-    import planner.params as params_mod
-
-    names = ((memory_mod, "count"), (memory_mod, "tensor_groups"),
-             (memory_mod, "plan_activations"), (params_mod, "count"))
-    saved = [(mod, name, getattr(mod, name)) for mod, name in names]
-    try:
-        for mod, name, fn in saved:
-            setattr(mod, name, functools.lru_cache(maxsize=4096)(fn))
-        yield
-    finally:
-        for mod, name, fn in saved:
-            setattr(mod, name, fn)
-
-
 @dataclass(slots=True, kw_only=True)
 class Report:
     request: ReportRequest
@@ -495,8 +468,7 @@ def _training(req: ReportRequest, seq: int, mb: int) -> TrainingSpec:
 
 def run_sweep(req: ReportRequest, progress: bool = False, stream: Any = None) -> Report:
     """Evaluate every configuration of the request with the planner's functions."""
-    with memoized_model_helpers():
-        return _run_sweep(req, progress, stream)
+    return _run_sweep(req, progress, stream)
 
 
 def _run_sweep(req: ReportRequest, progress: bool, stream: Any) -> Report:
@@ -793,11 +765,14 @@ def _hide_unused(axes: Any, used: int, ncols: int) -> None:
 def plot_memory(report: Report) -> Any:
     """Device memory per GPU vs GPU count, one line per strategy (no offload, the lightest
     requested checkpointing), one panel per model x GPU type, capacity and usable lines."""
+    from matplotlib.lines import Line2D
+
     req, rows = report.request, report.rows
     seq, mb = _first(req)
-    ck = req.checkpointings[0]
-    d = rows[(rows.seq == seq) & (rows.micro_batch == mb) & (rows.offload == "none")
-             & (rows.checkpointing == str(ck))]
+    ck, ck_heavy = req.checkpointings[0], req.checkpointings[-1]
+    d_all = rows[(rows.seq == seq) & (rows.micro_batch == mb) & (rows.offload == "none")]
+    d = d_all[d_all.checkpointing == str(ck)]
+    d_heavy = d_all[d_all.checkpointing == str(ck_heavy)] if ck_heavy is not ck else None
     nm, ng = len(req.models), len(req.gpus)
     lay = _Layout(nm, ng, 3.0, 2.3, wgap=0.3, hgap=0.65, sharey="row")
     axes = lay.axes
@@ -807,11 +782,19 @@ def plot_memory(report: Report) -> Any:
         for j, g in enumerate(req.gpus):
             ax = axes[i][j]
             sel = d[(d.model == m) & (d.gpu == g.id)]
+            heavy = (d_heavy[(d_heavy.model == m) & (d_heavy.gpu == g.id)]
+                     if d_heavy is not None else None)
             for s in req.strategies:
                 ss = sel[sel.strategy == str(s)].sort_values("n")
                 if not len(ss):
                     continue
                 color, ls, marker = _STRATEGY_STYLE[s]
+                if heavy is not None:  # the same strategy with the heaviest checkpointing
+                    hh = heavy[heavy.strategy == str(s)].sort_values("n")
+                    yh = hh.device_used_bytes / GiB
+                    if len(hh):
+                        lo = min(lo, float(yh.min()))
+                        ax.plot(hh.n, yh, color=color, ls=ls, lw=0.9, alpha=0.35)
                 y = ss.device_used_bytes / GiB
                 lo, hi = min(lo, float(y.min())), max(hi, float(y.max()))
                 (h,) = ax.plot(ss.n, y, color=color, ls=ls, marker=marker, ms=3.5, lw=1.3,
@@ -832,10 +815,14 @@ def plot_memory(report: Report) -> Any:
             axes[i][0].set_ylim(lo / 1.4, hi * 1.4)
         axes[i][0].set_ylabel("GiB per GPU (log scale)", fontsize=9)
         axes[i][0].tick_params(axis="y", labelsize=8)
-    title = (f"Device memory per GPU vs GPU count ({_plot_setting(req)}, checkpointing {ck}, "
-             "no offload); shaded: over capacity")
+    if d_heavy is not None:
+        handles[f"{ck_heavy} checkpointing"] = Line2D(
+            [], [], color="gray", lw=0.9, alpha=0.5, label=f"faint: {ck_heavy} checkpointing")
+    faint = f", faint: {ck_heavy}" if d_heavy is not None else ""
+    title = (f"Device memory per GPU vs GPU count ({_plot_setting(req)}, no offload; "
+             f"checkpointing {ck}{faint}); shaded: over capacity")
     hs = list(handles.values())
-    return lay.finish(title, hs, [h.get_label() for h in hs], min(len(hs), 6))
+    return lay.finish(title, hs, [h.get_label() for h in hs], min(len(hs), 7))
 
 
 def plot_min_gpus(report: Report) -> Any:
@@ -965,9 +952,9 @@ def plot_train_time_cost(report: Report) -> Any:
         for dr in range(per_model):
             axes[(k // ncols) * per_model + dr][k % ncols].set_visible(False)
     what = "Time and cost" if req.prices else "Time"
-    price = "" if req.prices else " (no $ per GPU-hour given)"
+    price = "" if req.prices else "; no $ per GPU-hour given"
     return lay.finish(f"{what} to train {_fmt_count(req.tokens)} tokens with the recommended "
-                      f"strategy ({_plot_setting(req)}){price}",
+                      f"strategy ({_plot_setting(req)}{price})",
                       *axes[0][0].get_legend_handles_labels(), len(req.gpus))
 
 

@@ -1,0 +1,421 @@
+"""``fitcheck probe``: real training steps under torchrun, measured per rank, and calibration.
+
+The command parses flags, writes the worker's configuration, and launches::
+
+    python -m torch.distributed.run --standalone --nproc-per-node N \
+        -m probes.cuda_probe --config OUT.config.json --out OUT
+
+in its own process session with a timeout. On a timeout or a crash every process of the run
+(torchrun and its workers, which torchrun starts in sessions of their own) is killed; they are
+found by a marker in their environment (``FITCHECK_PROBE_RUN_ID``), so none is left behind
+even after torchrun itself is gone. The records measured until then stay in OUT, followed by a
+``failure`` record with the reason. ``--calibrate CAL.json`` fits the planner's free terms on
+the records (probes/calibrate.py). Multi-node: ``--torchrun-args`` replaces ``--standalone``
+with your own rendezvous flags, or ``--print-srun`` prints a Slurm command line.
+
+Exit codes (docs/cli.md): 0 the probe ran (OOM candidates are results), 1 the probe failed
+(crash, timeout), 2 usage error, 4 bad data (records that cannot be calibrated).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import click
+
+from planner.cli import _strategies, model_options, training_options
+from planner.errors import EXIT_CRASH, EXIT_FITS, FitcheckError, InputDataError, UsageError
+from planner.spec import (
+    Attention,
+    Candidate,
+    Checkpointing,
+    Offload,
+    OptimizerImpl,
+    OptimizerKind,
+    Precision,
+    Strategy,
+    TrainingSpec,
+)
+
+__all__ = ["ProbeRun", "expand_candidates", "launch", "probe_cmd", "run_processes"]
+
+_REPO_ROOT = Path(__file__).resolve().parent.parent
+MARKER = "FITCHECK_PROBE_RUN_ID"
+PROBED = (Strategy.DDP, Strategy.NO_SHARD, Strategy.SHARD_GRAD_OP, Strategy.FULL_SHARD,
+          Strategy.HYBRID_SHARD)
+
+
+class ProbeFailed(FitcheckError):
+    """The probe run crashed or timed out (exit code 1)."""
+
+    exit_code = EXIT_CRASH
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def run_processes(marker: str) -> list[int]:
+    """PIDs of live processes whose environment carries ``FITCHECK_PROBE_RUN_ID=marker``."""
+    needle = f"{MARKER}={marker}".encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read()
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != b"Z" and needle in env.split(b"\0"):
+            found.append(pid)
+    return found
+
+
+def _kill_run(proc: subprocess.Popen, marker: str, grace_s: float = 3.0) -> None:
+    """SIGTERM the launcher's group and every marked process, then SIGKILL what is left."""
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        pids = set(run_processes(marker))
+        if proc.poll() is None:
+            pids.add(proc.pid)
+        if not pids:
+            return
+        for pid in pids:
+            for kill in (lambda p: os.killpg(os.getpgid(p), sig), lambda p: os.kill(p, sig)):
+                try:
+                    kill(pid)
+                except (ProcessLookupError, PermissionError, OSError):
+                    pass
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            proc.poll()
+            if not run_processes(marker) and proc.poll() is not None:
+                return
+            time.sleep(0.05)
+
+
+@dataclasses.dataclass
+class ProbeRun:
+    ok: bool
+    reason: str = ""
+    returncode: int | None = None
+    records: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    wall_s: float = 0.0
+    stderr_tail: str = ""
+    run_id: str = ""
+    command: list[str] = dataclasses.field(default_factory=list)
+
+
+def read_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    out = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise InputDataError(f"{path}: line {n}: not JSON ({exc.msg})") from None
+                if not isinstance(rec, dict):
+                    raise InputDataError(f"{path}: line {n}: not a JSON object")
+                out.append(rec)
+    except FileNotFoundError:
+        return []
+    return out
+
+
+def _append_failure(out: str, record: dict[str, Any]) -> None:
+    records = [r for r in read_records(out) if r.get("record") != "failure"]
+    records.append(record)
+    tmp = f"{out}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps(r, sort_keys=True) + "\n")
+    os.replace(tmp, out)
+
+
+def worker_command(config_path: str, out: str, nproc: int, torchrun_args: list[str] | None,
+                   python: str | None = None) -> list[str]:
+    rdzv = torchrun_args if torchrun_args else ["--standalone"]
+    return [python or sys.executable, "-m", "torch.distributed.run", *rdzv,
+            "--nproc-per-node", str(nproc), "-m", "probes.cuda_probe",
+            "--config", config_path, "--out", out]
+
+
+def launch(config: dict[str, Any], *, nproc: int, out: str, timeout_s: float = 900.0,
+           torchrun_args: list[str] | None = None, env: dict[str, str] | None = None,
+           echo: bool = True) -> ProbeRun:
+    """Run the worker under torchrun; never raises for a failed probe, never leaves a
+    process behind. The records (also on failure: those measured before it) are read back
+    from ``out``."""
+    out = os.path.abspath(out)
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    run_id = config.get("run_id") or uuid.uuid4().hex
+    config = {**config, "run_id": run_id}
+    config_path = out + ".config.json"
+    with open(config_path, "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=1)
+    if os.path.exists(out):
+        os.remove(out)
+    cmd = worker_command(config_path, out, nproc, torchrun_args)
+    child_env = dict(os.environ)
+    pp = child_env.get("PYTHONPATH", "")
+    child_env["PYTHONPATH"] = str(_REPO_ROOT) + (os.pathsep + pp if pp else "")
+    child_env.setdefault("OMP_NUM_THREADS", "1")
+    child_env.setdefault("PYTHONUNBUFFERED", "1")
+    child_env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    if env:
+        child_env.update(env)
+    child_env[MARKER] = run_id
+    tail = bytearray()
+
+    def pump(stream: Any) -> None:
+        for line in iter(stream.readline, b""):
+            tail.extend(line)
+            if len(tail) > 16384:
+                del tail[:-16384]
+            if echo:
+                sys.stderr.write(line.decode(errors="replace"))
+                sys.stderr.flush()
+        stream.close()
+
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, env=child_env, cwd=str(_REPO_ROOT),
+                                start_new_session=True)
+    except OSError as exc:
+        return ProbeRun(ok=False, reason=f"could not start torchrun: {exc}", run_id=run_id,
+                        command=cmd)
+    reader = threading.Thread(target=pump, args=(proc.stdout,), daemon=True)
+    reader.start()
+    timed_out = False
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    except KeyboardInterrupt:
+        _kill_run(proc, run_id)
+        raise
+    finally:
+        if timed_out or proc.poll() is None:
+            _kill_run(proc, run_id)
+        # torchrun stops its workers when it exits; make sure, whatever happened.
+        if run_processes(run_id):
+            _kill_run(proc, run_id, grace_s=1.0)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+    reader.join(timeout=5)
+    wall = time.monotonic() - t0
+    rc = proc.returncode
+    text = tail.decode(errors="replace")
+    records = read_records(out)
+    run = ProbeRun(ok=False, returncode=rc, records=records, wall_s=round(wall, 3),
+                   stderr_tail=text[-4000:], run_id=run_id, command=cmd)
+    if timed_out:
+        run.reason = f"timeout after {timeout_s:g} s (every process of the run killed)"
+    elif rc != 0:
+        lines = [ln for ln in text.splitlines() if ln.strip() and "Traceback" not in ln]
+        fatal = [ln.split("FATAL ", 1)[1] for ln in lines if "[probe] FATAL " in ln]
+        errors = [ln for ln in lines if "Error" in ln and "elastic/errors.html" not in ln]
+        last = (fatal[:1] or errors[-1:] or lines[-1:] or [""])[0].strip()
+        run.reason = f"torchrun exited with status {rc}" + (f": {last[:300]}" if last else "")
+    else:
+        run.ok = True
+    if not run.ok:
+        _append_failure(out, {"schema": "fitcheck-probe/1", "record": "failure",
+                              "run_id": run_id, "reason": run.reason, "returncode": rc,
+                              "wall_s": run.wall_s,
+                              "date": _dt.datetime.now(_dt.timezone.utc).isoformat(
+                                  timespec="seconds")})
+        run.records = read_records(out)
+    return run
+
+
+# --------------------------------------------------------------------------- candidates
+
+
+def expand_candidates(strategies: tuple[str, ...], offload: str, checkpointing: str,
+                      n_gpus: int) -> tuple[list[Candidate], list[str]]:
+    """The probe's candidate list and what was skipped. Defaults differ from ``plan``:
+    no strategy given = the five probed (no ZeRO: DeepSpeed is not run); checkpointing auto =
+    none and full; offload auto = none."""
+    from planner.memory import UnsupportedCandidate, check_supported
+
+    asked = _strategies(strategies) if strategies else PROBED
+    not_probed = [s for s in asked if s not in PROBED]
+    if strategies and not_probed:
+        raise UsageError(f"--strategy: {', '.join(str(s) for s in not_probed)} not probed "
+                         f"(choose from {', '.join(str(s) for s in PROBED)})")
+    offloads = (Offload.NONE,) if offload == "auto" else (Offload(offload),)
+    ckpts = ((Checkpointing.NONE, Checkpointing.FULL) if checkpointing == "auto"
+             else (Checkpointing(checkpointing),))
+    out, skipped = [], []
+    for s in asked:
+        for o in offloads:
+            for c in ckpts:
+                cand = Candidate(strategy=s, offload=o, checkpointing=c)
+                try:
+                    check_supported(cand, n_gpus)
+                except UnsupportedCandidate as exc:
+                    skipped.append(f"{s} offload={o} ckpt={c}: {exc}")
+                    continue
+                out.append(cand)
+    if not out:
+        raise UsageError("no probe candidate left: " + "; ".join(skipped))
+    return out, skipped
+
+
+def _srun_command(config_path: str, out: str, nproc: int) -> str:
+    worker = ("python -m torch.distributed.run --nnodes \"$SLURM_NNODES\" "
+              f"--nproc-per-node {nproc} --rdzv-backend c10d "
+              "--rdzv-endpoint \"$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n1)"
+              ":29500\" --rdzv-id \"$SLURM_JOB_ID\" "
+              f"-m probes.cuda_probe --config {shlex.quote(config_path)} --out "
+              f"{shlex.quote(out)}")
+    return (f"srun --ntasks-per-node=1 --gpus-per-node={nproc} "
+            f"bash -c {shlex.quote(worker)}")
+
+
+# --------------------------------------------------------------------------- the command
+
+
+@click.command("probe")
+@model_options
+@training_options
+@click.option("--gpu", metavar="PROFILE", help="The hardware profile id this machine's GPUs "
+              "correspond to (stored in the records; required with --calibrate).")
+@click.option("--nproc", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Processes (GPUs) per node.")
+@click.option("--gpus-per-node", type=click.IntRange(min=1),
+              help="GPUs per node for hybrid_shard's mesh (default: --nproc).")
+@click.option("--strategy", "strategies", multiple=True, metavar="NAME[,NAME]",
+              help="Candidates: " + ", ".join(str(s) for s in PROBED) + ". Default: all five.")
+@click.option("--offload", type=click.Choice(["auto"] + [str(o) for o in Offload],
+                                            case_sensitive=False), default="auto",
+              show_default=True, help="auto: none; params_and_optimizer: FSDP2 CPUOffloadPolicy.")
+@click.option("--checkpointing", type=click.Choice(["auto"] + [str(c) for c in Checkpointing
+                                                               if c is not Checkpointing.AUTO],
+                                                  case_sensitive=False),
+              default="auto", show_default=True, help="auto: none and full.")
+@click.option("--out", "out", required=True, metavar="FILE",
+              help="JSONL records (rewritten atomically after every candidate).")
+@click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True,
+              help="cpu: gloo backend, memory fields null (CUDA falls back to it when absent).")
+@click.option("--steps", type=click.IntRange(min=1), default=5, show_default=True,
+              help="Measured steps per candidate.")
+@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True,
+              help="Warm-up steps per candidate (not measured).")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=900.0,
+              show_default=True, help="Seconds for the whole run; then every process is killed.")
+@click.option("--proxy-layers", type=click.IntRange(min=1), help="Build a depth-reduced proxy "
+              "(same width, K layers). Default: the full model unless its states alone would "
+              "exceed 80 % of the device.")
+@click.option("--no-bandwidth", is_flag=True, help="Skip the collective bandwidth sweep.")
+@click.option("--torchrun-args", metavar="ARGS", help="Rendezvous flags for torchrun instead of "
+              "--standalone (multi-node: '--nnodes 2 --rdzv-backend c10d --rdzv-endpoint "
+              "HOST:29500 --rdzv-id JOB'); run the same command on every node.")
+@click.option("--print-srun", is_flag=True, help="Write the worker configuration next to --out "
+              "and print a Slurm srun command that runs it, instead of launching.")
+@click.option("--calibrate", "calibrate_out", metavar="OUT.json",
+              help="Fit a calibration file on the records (needs --gpu).")
+def probe_cmd(gpu: str | None, nproc: int, gpus_per_node: int | None,
+              strategies: tuple[str, ...], offload: str, checkpointing: str, out: str,
+              device: str, steps: int, warmup: int, timeout_s: float, proxy_layers: int | None,
+              no_bandwidth: bool, torchrun_args: str | None, print_srun: bool,
+              calibrate_out: str | None, **kw: Any) -> int:
+    """Measure real training steps per candidate on this machine's GPUs (torchrun).
+
+    Records: JSONL in --out (docs/calibration.md). Exit codes: 0 the probe ran (an OOM
+    candidate is a result), 1 it crashed or timed out, 2 usage error, 4 bad data.
+    """
+    from planner.inputs import resolve_gpu, resolve_model
+    from probes.runner import spec_to_dict
+
+    overrides = {k: kw[k] for k in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab",
+                                    "tied_embeddings", "mlp", "experts", "experts_per_token")}
+    model, _source = resolve_model(params=kw["params"], preset=kw["preset"],
+                                   config=kw["config"], overrides=overrides)
+    training = TrainingSpec(
+        seq=kw["seq"], micro_batch=kw["micro_batch"], grad_accum=kw["grad_accum"],
+        precision=Precision(kw["precision"].lower()),
+        optimizer=OptimizerKind(kw["optimizer"].lower()),
+        optimizer_impl=OptimizerImpl(kw["optimizer_impl"].lower()),
+        attention=Attention(kw["attention"].lower()))
+    if training.optimizer in (OptimizerKind.LION, OptimizerKind.ADAMW_8BIT):
+        raise UsageError(f"--optimizer: {training.optimizer} is not in torch.optim (not probed)")
+    profile = resolve_gpu(gpu) if gpu else None
+    if calibrate_out and profile is None:
+        raise UsageError("--calibrate: needs --gpu (the profile the calibration is for)")
+    nnodes = 1
+    extra = shlex.split(torchrun_args) if torchrun_args else None
+    if extra:
+        for i, a in enumerate(extra):
+            if a in ("--nnodes", "--nnodes=") and i + 1 < len(extra):
+                nnodes = int(extra[i + 1].split(":")[-1]) if extra[i + 1].split(":")[-1].isdigit() else 1
+            elif a.startswith("--nnodes="):
+                v = a.split("=", 1)[1].split(":")[-1]
+                nnodes = int(v) if v.isdigit() else 1
+    cands, skipped = expand_candidates(strategies, offload.lower(), checkpointing.lower(),
+                                       nproc * nnodes)
+    for s in skipped:
+        click.echo(f"fitcheck probe: skipped {s}", err=True)
+    config = {
+        "model": spec_to_dict(model), "training": spec_to_dict(training),
+        "candidates": [spec_to_dict(c) for c in cands],
+        "gpu_profile": profile.id if profile else None,
+        "gpus_per_node": gpus_per_node or nproc, "device": device, "steps": steps,
+        "warmup": warmup, "proxy_layers": proxy_layers, "bandwidth": not no_bandwidth,
+        "collective_timeout_s": max(60.0, timeout_s),
+        "run_id": uuid.uuid4().hex,
+    }
+    if print_srun:
+        cfg_path = os.path.abspath(out) + ".config.json"
+        os.makedirs(os.path.dirname(cfg_path), exist_ok=True)
+        with open(cfg_path, "w", encoding="utf-8") as f:
+            json.dump(config, f, indent=1)
+        click.echo(_srun_command(cfg_path, os.path.abspath(out), nproc))
+        return EXIT_FITS
+    run = launch(config, nproc=nproc, out=out, timeout_s=timeout_s, torchrun_args=extra)
+    steps_recs = [r for r in run.records if r.get("record") == "step"]
+    n_oom = sum(1 for r in steps_recs if r.get("oom"))
+    click.echo(f"fitcheck probe: {len(steps_recs)} candidate records ({n_oom} OOM) in "
+               f"{run.wall_s:.1f} s -> {out}", err=True)
+    if not run.ok:
+        raise ProbeFailed(f"probe failed: {run.reason}")
+    if calibrate_out:
+        from probes.calibrate import fit_records, write_calibration
+
+        doc = fit_records(run.records, profile)
+        write_calibration(doc, calibrate_out)
+        click.echo(f"fitcheck probe: calibration {doc['id']} -> {calibrate_out}", err=True)
+    return EXIT_FITS
+
+
+def main() -> None:
+    """``python -m probes.cuda_cli ARGS`` = ``fitcheck probe ARGS`` (no console script)."""
+    from planner.cli import cli
+
+    cli.main(["probe", *sys.argv[1:]])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""fitcheck-sbatch: #SBATCH/#FITCHECK parsing, and the wrapper end to end with a fake sbatch."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SLURM = ROOT / "integrations" / "slurm"
+DATA = Path(__file__).parent / "data" / "gate"
+sys.path.insert(0, str(SLURM))
+
+import fitcheck_slurm as fs  # noqa: E402
+
+GATE = f"{shlex.quote(sys.executable)} -c 'from planner.cli import main; main()'"
+
+
+def hw(*args: str) -> dict:
+    opts, _ = fs.split_options(list(args), stop_at_positional=False)
+    return fs.hardware_from_options(opts)[0]
+
+
+@pytest.mark.parametrize("args, expected", [
+    (("--nodes=2", "--gres=gpu:8"), {"n": 16, "gpus_per_node": 8}),
+    (("-N", "4", "--gres=gpu:a100:8"), {"n": 32, "gpus_per_node": 8}),
+    (("-N4", "--gres", "gpu:h100:4(S:0-1),shard:2"), {"n": 16, "gpus_per_node": 4}),
+    (("--nodes=2-4", "--gpus-per-node=h100:8"), {"n": 16, "gpus_per_node": 8}),
+    (("--gres=gres/gpu:2",), {"n": 2, "gpus_per_node": 2}),
+    (("--nodes=2", "--gpus=16"), {"n": 16, "gpus_per_node": 8}),
+    (("-G", "4"), {"n": 4, "gpus_per_node": 4}),
+    (("--nodes=2", "--ntasks-per-node=4", "--gpus-per-task=1"), {"n": 8, "gpus_per_node": 4}),
+    (("--nodes=3", "--ntasks-per-node=8"), {"n": 24, "gpus_per_node": 8}),
+    (("--nodes=2", "--gres=gpu:8", "--nodes=1"), {"n": 8, "gpus_per_node": 8}),  # later wins
+    (("--time=1:00:00", "--exclusive", "--mem=0"), {}),
+])
+def test_hardware_from_sbatch_options(args, expected):
+    assert hw(*args) == expected
+
+
+def test_bad_counts_are_spec_errors():
+    with pytest.raises(fs.SlurmSpecError, match="--nodes"):
+        hw("--nodes=many", "--gres=gpu:8")
+    with pytest.raises(fs.SlurmSpecError, match="--gpus"):
+        hw("--gpus=a100:x")
+
+
+def test_header_stops_at_first_command_fitcheck_anywhere():
+    text = (DATA / "train-2node.sbatch").read_text()
+    sbatch, fitcheck = fs.read_header(text)
+    assert "--nodes=64" not in sbatch and "--nodes=2" in sbatch
+    assert "--gres=gpu:h100:8" in sbatch  # the trailing comment is dropped
+    assert fitcheck == ["spec=llama8b-8xh100.json", "strategy=full_shard"]
+
+
+def test_build_spec_merges_file_fields_and_allocation():
+    text = (DATA / "train-2node.sbatch").read_text()
+    spec, notes = fs.build_spec(text, str(DATA), [])
+    assert spec["model"] == {"preset": "llama3-8b"}
+    assert spec["strategy"] == "full_shard"
+    assert spec["training"]["seq"] == 4096
+    assert spec["hardware"] == {"gpu": "h100-80", "n": 16, "gpus_per_node": 8}
+    assert any("checking 16" in n for n in notes)
+    # sbatch's command line wins over the script's header
+    cli, _ = fs.split_options(["--nodes", "4"])
+    spec, _ = fs.build_spec(text, str(DATA), cli)
+    assert spec["hardware"]["n"] == 32
+
+
+def test_fitcheck_fields_shorthand_and_types():
+    spec, _ = fs.build_spec("#FITCHECK model=llama3-8b gpu=h100-80 seq=4096 margin=0.1 "
+                            "tied_embeddings=false params=8B\n#SBATCH -N 1\n", "/tmp", [])
+    assert spec == {"model": {"preset": "llama3-8b", "tied_embeddings": False, "params": "8B"},
+                    "hardware": {"gpu": "h100-80"}, "training": {"seq": 4096}, "margin": 0.1}
+    with pytest.raises(fs.SlurmSpecError, match="unknown key 'colour'"):
+        fs.build_spec("#FITCHECK colour=blue\n", "/tmp", [])
+    with pytest.raises(fs.SlurmSpecError, match="no job spec"):
+        fs.build_spec("#SBATCH --gpus=4\n", "/tmp", [])
+    spec, _ = fs.build_spec("#FITCHECK model.config=cfg/config.json gpu=./my.toml\n",
+                            "/jobs", [])
+    assert spec["model"]["config"] == "/jobs/cfg/config.json"
+    assert spec["hardware"]["gpu"] == "/jobs/./my.toml"
+
+
+def test_argv_split_keeps_sbatch_arguments_in_order():
+    w = fs.parse_argv(["--sbatch", "/bin/echo", "-N", "2", "--fitcheck-set", "seq=8",
+                       "--exclusive", "-p", "gpu", "job.sh", "--fitcheck-skip", "x"])
+    assert w["sbatch"] == "/bin/echo" and w["sets"] == ["seq=8"] and not w["skip"]
+    assert w["passthrough"] == ["-N", "2", "--exclusive", "-p", "gpu", "job.sh",
+                                "--fitcheck-skip", "x"]
+
+
+def wrapper(*args: str, cwd: Path = DATA, env: dict | None = None):
+    return subprocess.run([sys.executable, str(SLURM / "fitcheck-sbatch"), "--fitcheck", GATE,
+                           "--sbatch", "/bin/echo SUBMITTED", *args], capture_output=True,
+                          text=True, cwd=cwd, env={**os.environ, **(env or {})}, timeout=60)
+
+
+def test_wrapper_admits_and_execs_sbatch_with_the_original_arguments():
+    p = wrapper("-p", "gpu", "train-2node.sbatch", "--lr", "3e-4")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "SUBMITTED -p gpu train-2node.sbatch --lr 3e-4"
+    assert "admitted: pinned full_shard" in p.stderr
+
+
+def test_wrapper_rejects_without_submitting():
+    p = wrapper("train-70b-1node.sbatch")
+    assert p.returncode == 3
+    assert "SUBMITTED" not in p.stdout
+    assert "rejected: pinned ddp does not fit on 8 x h100-80" in p.stderr
+
+
+def test_wrapper_bad_spec_and_usage():
+    p = wrapper("train-nospec.sbatch")
+    assert p.returncode == 4 and "no job spec" in p.stderr and "SUBMITTED" not in p.stdout
+    p = wrapper("--fitcheck-set", "model=nope", "--fitcheck-set", "gpu=h100-80",
+                "train-nospec.sbatch")
+    assert p.returncode == 4 and "model.preset" in p.stderr, p.stderr
+    p = wrapper("missing.sbatch")
+    assert p.returncode == 2
+    p = wrapper("--fitcheck-on-error", "maybe", "train-2node.sbatch")
+    assert p.returncode == 2
+
+
+def test_wrapper_dry_run_and_wrap(tmp_path):
+    p = wrapper("--fitcheck-dry-run", "-N", "1", "--gpus-per-node=8", "--wrap", "python x.py",
+                "--fitcheck-set", "model=gpt2", "--fitcheck-set", "gpu=h100-80")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["verdict"]["verdict"] == "admit"
+    assert doc["spec"]["hardware"] == {"gpu": "h100-80", "n": 8, "gpus_per_node": 8}
+    assert doc["submit"][-2:] == ["--wrap", "python x.py"]
+
+
+@pytest.mark.parametrize("on_error, code", [("admit", 0), ("reject", 3)])
+def test_wrapper_gate_failure_follows_on_error(on_error, code):
+    p = subprocess.run([sys.executable, str(SLURM / "fitcheck-sbatch"), "--fitcheck", "/bin/false",
+                        "--sbatch", "/bin/echo SUBMITTED", "--fitcheck-on-error", on_error,
+                        "train-2node.sbatch"], capture_output=True, text=True, cwd=DATA,
+                       timeout=60)
+    assert p.returncode == code, p.stderr
+    assert ("SUBMITTED" in p.stdout) is (code == 0)
+    assert "gate failed" in p.stderr
+
+
+def test_skip_submits_unchecked():
+    p = wrapper("train-nospec.sbatch", env={"FITCHECK_SKIP": "1"})
+    assert p.returncode == 0 and "SUBMITTED train-nospec.sbatch" in p.stdout
