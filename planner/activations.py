@@ -25,6 +25,7 @@ kvd = n_kv_heads · head_dim, V = vocab, c = compute-dtype bytes, r = residual-s
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 from dataclasses import dataclass
@@ -78,6 +79,18 @@ class ActivationPlan:
     n_layers: int
     residual_bytes: int = FP32
     """Bytes per element of the residual stream (r): the gradient reaching the embeddings."""
+
+    def scaled(self, k: float) -> ActivationPlan:
+        """Every activation term times k (a calibration's correction)."""
+        return dataclasses.replace(
+            self,
+            block_saved=tuple(Saved(s.name, int(s.nbytes * k)) for s in self.block_saved),
+            block_kept=int(self.block_kept * k),
+            root_saved=tuple(Saved(s.name, int(s.nbytes * k)) for s in self.root_saved),
+            recompute=int(self.recompute * k),
+            loss_forward_transient=int(self.loss_forward_transient * k),
+            loss_backward_transient=int(self.loss_backward_transient * k),
+            block_backward_transient=int(self.block_backward_transient * k))
 
     @property
     def block_bytes(self) -> int:

@@ -111,6 +111,9 @@ def candidate_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="Fraction of GPU memory kept free."),
         click.option("--global-batch", type=POS, help="Sequences per optimizer step over all "
                      "GPUs: sets --grad-accum to ceil(global / (micro-batch x n))."),
+        click.option("--calibration", default="auto", show_default=True, metavar="FILE|auto|none",
+                     help="Fitted runtime terms (docs/calibration.md): a calibration file, auto "
+                     "(the one for this GPU and torch version, if any), or none (raw model)."),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -148,8 +151,16 @@ def build_question(kw: dict[str, Any]):  # -> (Question, model_source)
     margin = kw["margin"]
     if not math.isfinite(margin) or not 0 <= margin < 1:
         raise UsageError(f"--margin: must be a fraction in [0, 1), got {margin}")
-    cluster = resolve_cluster(resolve_gpu(kw["gpu"]), kw["n_gpus"], kw["gpus_per_node"],
-                              kw["host_ram_gib"])
+    gpu = resolve_gpu(kw["gpu"])
+    overheads, assumptions, calibration = None, None, None
+    if kw.get("calibration", "none") != "none":
+        from planner.inputs import resolve_calibration
+
+        overheads, gpu, assumptions, calibration = resolve_calibration(kw["calibration"], gpu,
+                                                                       model)
+        if calibration and calibration.get("stale"):
+            click.echo(f"fitcheck: warning: {calibration['stale']}", err=True)
+    cluster = resolve_cluster(gpu, kw["n_gpus"], kw["gpus_per_node"], kw["host_ram_gib"])
     training = TrainingSpec(
         seq=kw["seq"], micro_batch=kw["micro_batch"], grad_accum=kw["grad_accum"],
         precision=Precision(kw["precision"].lower()), optimizer=OptimizerKind(kw["optimizer"].lower()),
@@ -161,7 +172,9 @@ def build_question(kw: dict[str, Any]):  # -> (Question, model_source)
         strategies=_strategies(kw["strategies"]),
         offloads=None if offload == "auto" else (Offload(offload),),
         checkpointing=Checkpointing(kw["checkpointing"].lower()), margin=margin,
-        global_batch=kw["global_batch"])
+        global_batch=kw["global_batch"], calibration=calibration,
+        **({"overheads": overheads} if overheads else {}),
+        **({"assumptions": assumptions} if assumptions else {}))
     return question, source
 
 

@@ -145,3 +145,28 @@ def resolve_cluster(gpu: GpuProfile, n: int, gpus_per_node: int | None,
     else:
         host = gpu.host_ram_bytes_per_node
     return Cluster(gpu=gpu, n_gpus=n, gpus_per_node=gpn, host_ram_bytes_per_node=host)
+
+
+def resolve_calibration(choice: str, gpu: GpuProfile, model: ModelSpec):
+    """--calibration FILE|auto: (overheads, gpu, throughput assumptions, description) or
+    Nones when auto finds nothing. A bad file is InputDataError (exit 4)."""
+    import os as _os
+
+    from planner import calibration as cal_mod
+    from planner.memory import Overheads
+    from planner.throughput import DEFAULT_ASSUMPTIONS
+
+    torch_version = cal_mod.installed_torch_version()
+    if choice == "auto":
+        cal = cal_mod.find_calibration(gpu.id, torch_version)
+        if cal is None:
+            return None, gpu, None, None
+    else:
+        if not _os.path.isfile(choice):
+            raise UsageError(f"--calibration: no such file: {choice!r} (or use auto / none)")
+        cal = cal_mod.load_calibration(choice)
+    overheads, gpu = cal_mod.apply(cal, Overheads(), gpu, model=model)
+    assumptions = cal_mod.apply_throughput(cal, DEFAULT_ASSUMPTIONS)
+    info = {"id": cal.id, "source": cal.path or choice,
+            "stale": cal_mod.is_stale(cal, torch_version)}
+    return overheads, gpu, assumptions, info

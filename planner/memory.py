@@ -72,6 +72,9 @@ class Overheads:
     """DeepSpeed allgather_bucket_size default (stages 1 and 2)."""
     zero3_prefetch_bucket_elems: int = 50_000_000
     """DeepSpeed stage3_prefetch_bucket_size default."""
+    activation_scale: float = 1.0
+    """Calibrated correction of the activation terms per architecture family (1.0: the
+    tensor-by-tensor count as is; planner/calibration.py sets it from GPU measurements)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -279,6 +282,8 @@ def estimate(model: ModelSpec, training: TrainingSpec, cluster: Cluster, candida
     acts = plan_activations(model, batch=training.micro_batch, seq=training.seq,
                             precision=prec, attention=training.attention,
                             checkpointing=candidate.checkpointing, uses_autocast=uses_autocast)
+    if ov.activation_scale != 1.0:
+        acts = acts.scaled(ov.activation_scale)
     offload = candidate.offload
 
     # ---- resident states -------------------------------------------------------------
@@ -432,7 +437,22 @@ def estimate(model: ModelSpec, training: TrainingSpec, cluster: Cluster, candida
         gathered_params=last.gathered_params - (Pb * c if ((cache_bwd and not cache_recompute)
                                                             or blocks_bwd > 2 * Pb * c) else 0),
         comm_buffers=last.comm_buffers + rs_unit)
-    phases["block_bwd"] = max(last, prev, key=lambda b: b.total) if model.n_layers > 1 else last
+    # The first block (the last one differentiated): every other block's gradient exists
+    # and its activations are gone. The peak is here when a block's gradient (shard)
+    # outweighs what it kept, e.g. full checkpointing on few ranks (traced: Llama-2-7B, 8
+    # ranks, seq 8192). Only this block and the root are still gathered.
+    if cache and not cache_recompute:
+        first_cache = cache - (model.n_layers - 1) * (counts.per_block - _norm_elems(model)) * c
+    else:
+        first_cache = cache_bwd + cache_recompute
+    first = dataclasses.replace(
+        last,
+        activations=root_acts - acts.root_saved[-1].nbytes + acts.block_kept,
+        gradients=last.gradients + (model.n_layers - 1) * block_grad,
+        gathered_params=first_cache + root_w + (Pb * c if fsdp else blocks_bwd),
+        comm_buffers=last.comm_buffers + rs_unit)
+    phases["block_bwd"] = (max(last, prev, first, key=lambda b: b.total) if model.n_layers > 1
+                           else last)
     # End of backward: every gradient; FSDP reduces the root's (embedding) gradients last.
     # End of backward. The embeddings' backward (their input gradient arriving) and, under
     # FSDP, the root's reduce-scatter after it: the root's unsharded gradients (lm_head's and

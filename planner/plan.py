@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from planner.memory import Estimate, Overheads, UnsupportedCandidate, check_supported, estimate
-from planner.throughput import StepEstimate, estimate_step
+from planner.throughput import DEFAULT_ASSUMPTIONS, StepEstimate, ThroughputAssumptions, estimate_step
 from planner.spec import (
     Candidate,
     Checkpointing,
@@ -61,6 +61,10 @@ class Question:
     overheads: Overheads = dataclasses.field(default_factory=Overheads)
     global_batch: int | None = None
     """Sequences per optimizer step over all GPUs; sets grad_accum (pure data parallel)."""
+    assumptions: ThroughputAssumptions = DEFAULT_ASSUMPTIONS
+    """The step-time model's free terms (defaults, or a calibration's)."""
+    calibration: dict[str, object] | None = None
+    """Which calibration the overheads, profile and assumptions came from: id, source, stale."""
 
     def resolved(self) -> Question:
         """grad_accum from global_batch: ceil(global_batch / (micro_batch x n_gpus))."""
@@ -244,13 +248,15 @@ def plan(q: Question, rank: str = "throughput") -> Answer:
     if q.offloads is None and not any(e.fits for e in estimates):
         more, _ = _expand(q, OFFLOAD_ORDER[1:])  # combinations that don't exist: silently
         estimates += more
-    steps = tuple(estimate_step(q.model, q.training, q.cluster, e.candidate) for e in estimates)
+    steps = tuple(estimate_step(q.model, q.training, q.cluster, e.candidate, q.assumptions)
+                  for e in estimates)
     ddp = {}
     for e in estimates:
         ck = e.candidate.checkpointing
         if ck not in ddp:
             ddp[ck] = estimate_step(q.model, q.training, q.cluster,
-                                    Candidate(strategy=Strategy.DDP, checkpointing=ck))
+                                    Candidate(strategy=Strategy.DDP, checkpointing=ck),
+                                    q.assumptions)
     multi_node = q.cluster.n_nodes > 1
     rec = recommend(estimates, steps, multi_node, rank)
     need = None if rec is not None else min_gpus(q)

@@ -148,6 +148,7 @@ def answer_json(answer: Answer, model_source: str, found: Found | None = None) -
             "checkpointing": str(rec.candidate.checkpointing),
             "reasons": list(rec.reasons),
         },
+        "calibration": q.calibration,
         "min_gpus": answer.min_gpus,
         "found": found_json(found),
         "skipped": list(answer.skipped),
@@ -163,6 +164,10 @@ def assumptions(answer: Answer) -> list[str]:
         out.append(f"shape assumed from the parameter count ({q.model.n_layers} layers x "
                    f"{q.model.hidden} hidden, vocab {q.model.vocab}); pass --model, --config or "
                    "shape flags for a real one")
+    cal = q.calibration
+    out.append("calibration: none (raw analytic model; defaults below)" if cal is None else
+               f"calibration {cal['id']} from {cal['source']}"
+               + (f" (STALE: {cal['stale']})" if cal.get("stale") else ""))
     out += [
         "bf16/fp16-amp: torch.autocast over fp32 params for DDP and 1 GPU; FSDP2 "
         "MixedPrecisionPolicy(param_dtype=low, reduce_dtype=fp32); DeepSpeed bf16 module + fp32 master for ZeRO",

@@ -182,7 +182,7 @@ def test_cli_surface_is_frozen():
         "--experts-per-token", "--seq", "--micro-batch", "--grad-accum", "--precision",
         "--optimizer", "--optimizer-impl", "--attention", "--gpu", "--n", "--gpus-per-node",
         "--host-ram-gib", "--strategy", "--offload", "--checkpointing", "--margin", "--json",
-        "--list-gpus", "--list-models"}
+        "--list-gpus", "--list-models", "--calibration", "--global-batch", "--find"}
     assert expected <= names, expected - names
 
 
@@ -206,3 +206,46 @@ def test_planner_path_imports_no_torch_or_pandas():
             "print('IMPORTED', bad, file=sys.stderr)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "IMPORTED []" in r.stderr
+
+
+def _calibration(tmp_path, torch_version: str, **values) -> str:
+    doc = {"schema_version": 1, "id": "h100-test", "gpu": {"profile": "h100-80", "name": "H100",
+                                                           "memory_bytes": 85520809984},
+           "versions": {"torch": torch_version, "cuda": "12.4", "driver": "550.54.15",
+                        "nccl": "2.21.5"},
+           "date": "2026-11-01", "values": {k: {"value": v} for k, v in values.items()}}
+    p = tmp_path / "cal.json"
+    p.write_text(json.dumps(doc))
+    return str(p)
+
+
+def test_calibration_file_replaces_the_runtime_terms(tmp_path):
+    args = ("--model", "llama2-7b", "--gpu", "h100-80", "--n", "8", "--strategy", "full_shard",
+            "--checkpointing", "full", "--json")
+    raw = json.loads(run(*args, "--calibration", "none").stdout)
+    assert raw["calibration"] is None
+    # a context of exactly 1 GiB and reserved = 1.25 x allocated (no other allocator term here:
+    # full checkpointing peaks at the optimizer step, where no step leftover applies)
+    path = _calibration(tmp_path, "2.13.0", cuda_context_bytes=2**30, allocator_fragmentation=0.25)
+    cal = json.loads(run(*args, "--calibration", path).stdout)
+    assert cal["calibration"]["id"] == "h100-test"
+    c = cal["candidates"][0]
+    assert c["breakdown_bytes"]["cuda_context"] == 2**30
+    assert c["breakdown_bytes"]["allocator_overhead"] == int(c["peak_allocated_bytes"] * 0.25)
+    assert c["peak_allocated_bytes"] == raw["candidates"][0]["peak_allocated_bytes"]
+
+
+def test_stale_calibration_warns_on_stderr(tmp_path):
+    path = _calibration(tmp_path, "2.0.0", allocator_fragmentation=0.1)
+    r = run("--model", "gpt2", "--gpu", "h100-80", "--calibration", path, "--json")
+    assert r.exit_code == 0
+    assert "stale" in r.stderr and "torch 2.0.0 (calibrated)" in r.stderr
+    assert "stale" in json.loads(r.stdout)["calibration"]["stale"]
+
+
+def test_bad_calibration_is_bad_data(tmp_path):
+    p = tmp_path / "cal.json"
+    p.write_text('{"schema_version": 1}')
+    one_line_error(run("--model", "gpt2", "--gpu", "h100-80", "--calibration", str(p)), 4)
+    one_line_error(run("--model", "gpt2", "--gpu", "h100-80", "--calibration", "nope.json"), 2,
+                   "--calibration")
