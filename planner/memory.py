@@ -445,12 +445,11 @@ def estimate(model: ModelSpec, training: TrainingSpec, cluster: Cluster, candida
         first_cache = cache - (model.n_layers - 1) * (counts.per_block - _norm_elems(model)) * c
     else:
         first_cache = cache_bwd + cache_recompute
-    first_gathered = Pb * c if blocks_bwd > 2 * Pb * c else blocks_bwd  # SGO: resharded
     first = dataclasses.replace(
         last,
         activations=root_acts - acts.root_saved[-1].nbytes + acts.block_kept,
         gradients=last.gradients + (model.n_layers - 1) * block_grad,
-        gathered_params=first_cache + root_w + (first_gathered if fsdp else blocks_bwd),
+        gathered_params=first_cache + root_w + (Pb * c if fsdp else blocks_bwd),
         comm_buffers=last.comm_buffers + rs_unit)
     subs = [last, prev, first] if model.n_layers > 1 else [last]
     if fsdp:
@@ -458,11 +457,15 @@ def estimate(model: ModelSpec, training: TrainingSpec, cluster: Cluster, candida
         # reduce-scatter input is allocated and filled; its activations are gone. For large
         # blocks (a 70B block is 1.6 GiB of bf16 gradients + 3.2 GiB of fp32 reduce input)
         # this beats the moments inside the block's compute (traced).
+        # At the first block's post-backward its all-gather output is still allocated too
+        # (FULL_SHARD / HYBRID_SHARD: nothing is prefetched after it to replace it; traced).
         unsharded_grads = Pb * c
+        lingering = Pb * c if blocks_bwd == 2 * Pb * c else 0
         subs += [dataclasses.replace(b, activations=b.activations - acts.block_kept,
                                      transients=0, gradients=b.gradients + unsharded_grads,
+                                     gathered_params=b.gathered_params + extra,
                                      comm_buffers=buckets + rs_unit)
-                 for b in (last, first)]
+                 for b, extra in ((last, 0), (first, lingering))]
     phases["block_bwd"] = max(subs, key=lambda b: b.total)
     # End of backward: every gradient; FSDP reduces the root's (embedding) gradients last.
     # End of backward. The embeddings' backward (their input gradient arriving) and, under
