@@ -1,6 +1,7 @@
-"""The planner against the fake-tensor trace on real model sizes; writes docs/accuracy-trace.md.
+"""The planner against the fake-tensor trace on real model sizes; writes its section of
+docs/accuracy.md (between the trace-accuracy markers).
 
-    python benchmarks/trace_accuracy.py [--quick] [--out docs/accuracy-trace.md]
+    python benchmarks/trace_accuracy.py [--quick] [--out docs/accuracy.md]
 
 Rows: Llama-2-7B, Llama-3-8B (128k vocabulary), Llama-2-13B, Llama-2-70B x 8 and 64 ranks x
 sequence 2048 and 8192 x no / full checkpointing, FULL_SHARD, bf16-amp AdamW (foreach),
@@ -31,10 +32,27 @@ CKPTS = (Checkpointing.NONE, Checkpointing.FULL)
 GiB = 2**30
 
 
+BEGIN, END = "<!-- trace-accuracy:begin -->", "<!-- trace-accuracy:end -->"
+
+
+def write_section(path: str, body: str) -> str:
+    """The file's text with the marked section replaced by body (markers appended if absent)."""
+    try:
+        with open(path) as fh:
+            old = fh.read()
+    except FileNotFoundError:
+        old = ""
+    block = f"{BEGIN}\n{body}\n{END}"
+    if BEGIN in old and END in old:
+        head, rest = old.split(BEGIN, 1)
+        return head + block + rest.split(END, 1)[1]
+    return old + ("\n" if old and not old.endswith("\n") else "") + block + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="world 8, seq 2048 only")
-    ap.add_argument("--out", default="docs/accuracy-trace.md")
+    ap.add_argument("--out", default="docs/accuracy.md")
     ap.add_argument("--timeout", type=float, default=300.0)
     args = ap.parse_args()
     gpu = load_profile("h100-80")
@@ -66,8 +84,6 @@ def main() -> None:
     ok = [c for *_, c in rows if c.ok]
     errs = [abs(c.peak.rel_error) for c in ok]
     lines = [
-        "# Planner vs trace on real model sizes",
-        "",
         "Made by `python benchmarks/trace_accuracy.py` "
         f"({time.strftime('%Y-%m-%d')}, {platform.machine()}, {os.cpu_count()} cores, "
         f"Python {platform.python_version()}).",
@@ -103,7 +119,7 @@ def main() -> None:
             if walls:
                 lines.append(f"- {name} at 8 ranks: probe wall {min(walls):.1f}-{max(walls):.1f} s, "
                              f"peak RSS up to {max(rss) / 2**20:.0f} MiB.")
-    text = "\n".join(lines) + "\n"
+    text = write_section(args.out, "\n".join(lines))
     d = os.path.dirname(os.path.abspath(args.out))
     fd, tmp = tempfile.mkstemp(dir=d, prefix=".accuracy-", suffix=".md")
     with os.fdopen(fd, "w") as fh:

@@ -10,7 +10,7 @@ offload. ``plan(..., rank="memory")`` ranks by that order alone.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from planner.memory import Estimate, Overheads, UnsupportedCandidate, check_supported, estimate
@@ -216,29 +216,43 @@ def _fits_with(q: Question, n: int) -> bool:
 MAX_GPUS_SEARCHED = 1 << 16
 
 
-def min_gpus(q: Question) -> int | None:
-    """Fewest GPUs of this type for which some candidate fits (full nodes past one node).
+def smallest_n(fits: Callable[[int], bool], gpus_per_node: int,
+               limit: int = MAX_GPUS_SEARCHED) -> int | None:
+    """Fewest GPUs n with fits(n): any count up to one node, whole nodes past it.
 
-    Sharding divides the model states by n while activations stay per GPU, so fitting is
-    monotone in n; a doubling search then bisection finds the boundary.
+    Sharding divides the model states by n while activations stay per GPU, so from 2 GPUs on
+    fitting is monotone in n (n = 1 differs: no NCCL, no DDP buckets). So: 1, then a
+    bisection inside the node if a full node fits, else doubling whole nodes and bisecting.
     """
-    gpn = q.cluster.gpus_per_node
-    sizes = list(range(1, gpn + 1))
-    for n in sizes:
-        if _fits_with(q, n):
-            return n
+    if fits(1):
+        return 1
+    gpn = gpus_per_node
+    if gpn > 1 and fits(gpn):
+        lo, hi = 1, gpn
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if fits(mid):
+                hi = mid
+            else:
+                lo = mid
+        return hi
     lo, hi = 1, 2  # in nodes
-    while not _fits_with(q, hi * gpn):
+    while not fits(hi * gpn):
         lo, hi = hi, hi * 2
-        if hi * gpn > MAX_GPUS_SEARCHED:
+        if hi * gpn > limit:
             return None
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if _fits_with(q, mid * gpn):
+        if fits(mid * gpn):
             hi = mid
         else:
             lo = mid
     return hi * gpn
+
+
+def min_gpus(q: Question) -> int | None:
+    """Fewest GPUs of this type for which some candidate (offload included) fits."""
+    return smallest_n(lambda n: _fits_with(q, n), q.cluster.gpus_per_node)
 
 
 def plan(q: Question, rank: str = "throughput") -> Answer:

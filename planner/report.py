@@ -35,6 +35,7 @@ from planner.plan import (
     OFFLOAD_ORDER,
     label,
     recommend,
+    smallest_n,
 )
 from planner.spec import (
     Attention,
@@ -409,32 +410,7 @@ class _Planner:
         def fits(n: int) -> bool:
             return self.fits_any(mi, gi, n, training, offloads)
 
-        # n = 1 is special (no NCCL, no DDP buckets); from 2 on fitting is monotone in n
-        # (planner.plan.min_gpus's premise), so when a full node does not fit, no smaller
-        # count does and the scan up to a node is skipped.
-        if fits(1):
-            return 1
-        if gpn > 1 and fits(gpn):
-            lo_n, hi_n = 1, gpn  # fits(hi_n); bisect the counts in between
-            while hi_n - lo_n > 1:
-                mid = (lo_n + hi_n) // 2
-                if fits(mid):
-                    hi_n = mid
-                else:
-                    lo_n = mid
-            return hi_n
-        lo, hi = 1, 2
-        while not fits(hi * gpn):
-            lo, hi = hi, hi * 2
-            if hi * gpn > MAX_GPUS_SEARCHED:
-                return None
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if fits(mid * gpn):
-                hi = mid
-            else:
-                lo = mid
-        return hi * gpn
+        return smallest_n(fits, gpn)
 
 
 _SHARDING = {s: i for i, s in enumerate(
