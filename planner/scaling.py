@@ -105,6 +105,14 @@ def _root(hidden: int) -> int:
     return 2 * VOCAB * hidden + hidden
 
 
+def _short(n: float) -> str:
+    """13e9 -> '13B', 1.5e12 -> '1.5T', 7e7 -> '70M'."""
+    for scale, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M")):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return f"{n:.3g}"
+
+
 def shape_from_params(n_params: float) -> ModelSpec:
     """The Llama-style shape (``shape_assumed=True``) whose parameter count is closest to
     ``n_params`` under the rule in this module's docstring."""
@@ -154,7 +162,7 @@ def shape_from_params(n_params: float) -> ModelSpec:
     hidden, n_layers = best
     n_heads = hidden // _head_dim(hidden)
     return ModelSpec(
-        name=f"assumed-{n_params:.3g}",
+        name=f"assumed-{_short(n_params)}",
         n_layers=n_layers,
         hidden=hidden,
         n_heads=n_heads,
