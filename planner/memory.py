@@ -475,8 +475,9 @@ def estimate(model: ModelSpec, training: TrainingSpec, cluster: Cluster, candida
     grad_in = acts.residual_bytes * training.tokens_per_micro_batch * model.hidden
     if model.tied_embeddings:
         # the embedding's backward makes a new table-sized gradient, then accumulates it into
-        # the head's (torch/csrc/autograd/functions/accumulate_grad.h: out-of-place add)
-        grad_in += model.vocab * model.hidden * (c if fsdp else grad_b)
+        # the head's out of place (torch/csrc/autograd/functions/accumulate_grad.h): the new
+        # gradient and the sum are alive together with the head's (traced)
+        grad_in += 2 * model.vocab * model.hidden * (c if fsdp else grad_b)
     if fsdp:
         block_grads = 0 if offload is Offload.PARAMS_AND_OPTIMIZER else \
             model.n_layers * _div(Pb, S) * grad_b
