@@ -126,6 +126,15 @@ def serve_cmd(host: str, port: int, tls_cert: str | None, tls_key: str | None,
     bound_host, bound_port = server.server_address[:2]
     click.echo(f"fitcheck serve: listening on {scheme}://{bound_host}:{bound_port} "
                "(POST /validate, GET /healthz)", err=True)
+    import signal
+
+    def _stop(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt  # unwinds serve_forever in the main thread
+
+    # SIGTERM is how Kubernetes stops a pod; SIGINT is set explicitly because a process
+    # started in the background by a non-interactive shell inherits it as ignored.
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

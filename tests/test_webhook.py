@@ -298,6 +298,6 @@ def test_serve_command_starts_answers_and_stops():
         _, doc = post(port, review(pytorchjob(SPEC_8B)))
         assert doc["response"]["allowed"] is True
     finally:
-        p.send_signal(signal.SIGINT)
+        p.send_signal(signal.SIGTERM)  # how Kubernetes stops the pod
         assert p.wait(10) == 0
         p.stderr.close()
