@@ -56,11 +56,7 @@ __all__ = [
 
 SCHEMA_VERSION = 1
 
-_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CALIBRATION_DIRS: tuple[str, ...] = (os.path.join(_REPO_ROOT, "calibrations"),)
-"""Directories searched by :func:`find_calibration` after ``$FITCHECK_CALIBRATION_PATH``
-(``os.pathsep``-separated). The default files live in ``calibrations/`` at the repository
-root (next to ``planner/``)."""
+from planner.calibration_paths import CALIBRATION_DIRS, calibration_dirs  # noqa: E402
 
 INT_VALUES = ("cuda_context_bytes", "nccl_bytes_per_communicator")
 """Byte counts: non-negative integers below the GPU's memory."""
@@ -291,11 +287,6 @@ def load_calibration(path: str | os.PathLike[str]) -> Calibration:
 
 
 # --------------------------------------------------------------------------- finding
-
-
-def calibration_dirs() -> list[str]:
-    env = os.environ.get("FITCHECK_CALIBRATION_PATH", "")
-    return [d for d in env.split(os.pathsep) if d] + list(CALIBRATION_DIRS)
 
 
 def _public(version: str | None) -> str | None:

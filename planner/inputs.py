@@ -152,6 +152,10 @@ def resolve_calibration(choice: str, gpu: GpuProfile, model: ModelSpec):
     Nones when auto finds nothing. A bad file is InputDataError (exit 4)."""
     import os as _os
 
+    from planner.calibration_paths import any_calibration_files
+
+    if choice == "auto" and not any_calibration_files():
+        return None, gpu, None, None
     from planner import calibration as cal_mod
     from planner.memory import Overheads
     from planner.throughput import DEFAULT_ASSUMPTIONS

@@ -187,9 +187,22 @@ def _label(e: Estimate) -> list[str]:
             str(c.checkpointing) if c.checkpointing is not Checkpointing.NONE else "-"]
 
 
-def table(answer: Answer, model_source: str, found: Found | None = None) -> str:
-    from tabulate import tabulate
+def columns(rows: list[list[str]], headers: list[str], left: int) -> str:
+    """A plain fixed-width table (tabulate's "simple" layout): the first `left` columns
+    left-aligned, the rest right-aligned. Written here rather than imported because
+    tabulate >= 0.10 reads its version through importlib.metadata at import, about 30 ms,
+    which the planning fast path (benchmarks/startup.py) cannot afford."""
+    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
 
+    def line(cells: list[str]) -> str:
+        out = [str(c).ljust(w) if i < left else str(c).rjust(w)
+               for i, (c, w) in enumerate(zip(cells, widths))]
+        return "  ".join(out).rstrip()
+
+    return "\n".join([line(headers), "  ".join("-" * w for w in widths)] + [line(r) for r in rows])
+
+
+def table(answer: Answer, model_source: str, found: Found | None = None) -> str:
     q = answer.question
     m, t, cl = q.model, q.training, q.cluster
     lines = []
@@ -222,8 +235,7 @@ def table(answer: Answer, model_source: str, found: Found | None = None) -> str:
             gib(b.gathered_params), gib(b.activations), gib(b.transients), gib(b.comm_buffers),
             gib(runtime), gib(e.device_used_bytes), gib(e.usable_bytes), fits,
             gib(e.headroom_bytes)])
-    lines.append(tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True,
-                          colalign=("left", "left", "left") + ("right",) * 12))
+    lines.append(columns(rows, headers, left=3))
     lines.append("(GiB per GPU at each candidate's peak moment; runtime = CUDA context + NCCL + "
                  "cuBLAS workspace + allocator reserve)")
     lines.append("")
@@ -233,11 +245,9 @@ def table(answer: Answer, model_source: str, found: Found | None = None) -> str:
             f"{st.step_time_s:.3g}", f"{st.tokens_per_s_per_gpu:,.0f}", f"{st.mfu:.0%}",
             f"{st.exposed_comm_s:.3g}", f"{st.offload_s:.3g}", f"{st.slowdown_vs(ddp):.2f}x",
             "✓" if e.fits else "✗"])
-    lines.append(tabulate(speed_rows, headers=["strategy", "offload", "ckpt", "step s",
-                                               "tokens/s/GPU", "MFU", "exposed comm s",
-                                               "offload s", "vs DDP", "fits"],
-                          tablefmt="simple", disable_numparse=True,
-                          colalign=("left", "left", "left") + ("right",) * 7))
+    lines.append(columns(speed_rows, ["strategy", "offload", "ckpt", "step s", "tokens/s/GPU",
+                                      "MFU", "exposed comm s", "offload s", "vs DDP", "fits"],
+                         left=3))
     lines.append(f"(one optimizer step = {t.grad_accum} micro-batch(es) of {t.micro_batch} x "
                  f"{t.seq} tokens per GPU; vs DDP = step time over DDP's with the same "
                  "checkpointing, whether or not DDP fits)")
