@@ -355,11 +355,11 @@ def estimate(model: ModelSpec, training: TrainingSpec, cluster: Cluster, candida
             blocks_fwd = blocks_loss = blocks_bwd = model.n_layers * Pb * c
             if S > 1:  # the last block's all-gather output lingers until backward (traced)
                 blocks_fwd += Pb * c
-        # post-backward: unsharded grads (param dtype of the unsharded params) copied into the
-        # reduce-scatter input, plus its 1/S output, in reduce_dtype: fp32 under the
-        # mixed-precision policy (reduce_dtype=float32), else the params' own dtype.
-        # Its output is the new sharded gradient (counted as gradients). A shard group of 1
-        # (NO_SHARD) still copies into the reduce buffer (traced).
+        # post-backward: the unsharded grads (the unsharded params' dtype) are copied into
+        # the reduce-scatter input, in reduce_dtype: fp32 under the mixed-precision policy
+        # (reduce_dtype=float32), else the params' own dtype. Its output is the new sharded
+        # gradient (counted as gradients). A shard group of 1 (NO_SHARD) still copies into
+        # the reduce buffer (traced).
         rs_b = FP32 if prec.amp else pb
         rs_unit = Pb * rs_b
         rs_root = Pr * rs_b
@@ -467,7 +467,6 @@ def estimate(model: ModelSpec, training: TrainingSpec, cluster: Cluster, candida
                                      comm_buffers=buckets + rs_unit)
                  for b, extra in ((last, 0), (first, lingering))]
     phases["block_bwd"] = max(subs, key=lambda b: b.total)
-    # End of backward: every gradient; FSDP reduces the root's (embedding) gradients last.
     # End of backward. The embeddings' backward (their input gradient arriving) and, under
     # FSDP, the root's reduce-scatter after it: the root's unsharded gradients (lm_head's and
     # the embedding's) are alive through both; during the embeddings' backward the last block's
@@ -481,7 +480,7 @@ def estimate(model: ModelSpec, training: TrainingSpec, cluster: Cluster, candida
     if fsdp:
         block_grads = 0 if offload is Offload.PARAMS_AND_OPTIMIZER else \
             model.n_layers * _div(Pb, S) * grad_b
-        root_grads = accum and _div(Pr, S) * grad_b
+        root_grads = _div(Pr, S) * grad_b if accum else 0  # the root's accumulated shard
         emb = Breakdown(**base, gathered_params=root_w,
                         gradients=block_grads + root_grads + Pr * c, transients=grad_in,
                         comm_buffers=rs_unit)

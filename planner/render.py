@@ -66,9 +66,11 @@ def step_json(st: StepEstimate, ddp: StepEstimate) -> dict[str, Any]:
 
 
 def candidate_json(e: Estimate, st: StepEstimate | None = None,
-                   ddp: StepEstimate | None = None) -> dict[str, Any]:
+                   ddp: StepEstimate | None = None, grad_accum: int | None = None) -> dict[str, Any]:
     c = e.candidate
     speed = step_json(st, ddp) if st is not None and ddp is not None else {}
+    if grad_accum is not None:
+        speed["grad_accum"] = grad_accum  # what --global-batch needs with this candidate
     return {
         "strategy": str(c.strategy),
         "offload": str(c.offload),
@@ -140,7 +142,7 @@ def answer_json(answer: Answer, model_source: str, found: Found | None = None) -
             "margin": q.margin,
             "global_batch": q.global_batch,
         },
-        "candidates": [candidate_json(e, st, d) for e, st, d
+        "candidates": [candidate_json(e, st, d, t.grad_accum) for e, st, d
                        in zip(answer.estimates, answer.steps, answer.ddp_steps)],
         "recommendation": None if rec is None else {
             "strategy": str(rec.candidate.strategy),
