@@ -81,7 +81,7 @@ def acts_bytes(m: ModelSpec, strategy: str, *, precision: str = PRECISION, ckpt:
     """Saved activations at the end of forward (all blocks + embeddings/head/loss)."""
     training = TrainingSpec(seq=seq, micro_batch=mb, precision=Precision(precision))
     cand = Candidate(strategy=Strategy(strategy), checkpointing=Checkpointing(ckpt))
-    return activation_plan(m, training, cand, N_GPUS).saved_total
+    return activation_plan(m, training, cand).saved_total
 
 
 def gb(x: float) -> str:
@@ -432,7 +432,6 @@ def article_000() -> None:
     e70_fs = run(m70, "h100-80", 8, "full_shard", ckpt="full")
     n70 = min_gpus(m70, "h100-80", "full_shard", "full")
     e70_off = run(m70, "h100-80", 8, "full_shard", ckpt="full", offload="params_and_optimizer")
-    e70_z3off = run(m70, "h100-80", 8, "zero3", ckpt="full", offload="params_and_optimizer")
     CLAIMS.append(Claim(
         id="000-8", article="000", title="70B: not under DDP; FULL_SHARD + checkpointing is the only viable option",
         quote="The 70B parameter models common in LLM training cannot fit under DDP on any "
@@ -602,7 +601,7 @@ def article_002() -> None:
               "gradients, add 280 GB for Adam states. You're at 560 GB per GPU",
         assumption="FP32 weights, grads and two Adam states; DDP replica per GPU.",
         arithmetic=["Its own formula is weights × 4 (weights + grads + 2 Adam states): with the "
-                    f"correct fp32 size, 280 GB × 4 = 1,120 GB (70e9 × 16 B), not 560 GB.",
+                    "correct fp32 size, 280 GB × 4 = 1,120 GB (70e9 × 16 B), not 560 GB.",
                     "With `llama3-70b`'s count: " + f"{P / 1e9:.2f}e9 × 16 B = {gb(P * 16)}."],
         fitcheck=[setting(m, "a100-80", 8, "ddp", precision="fp32", ckpt="full") + ": "
                   + describe(e_ddp32) + "."],
@@ -643,7 +642,7 @@ def article_002() -> None:
         arithmetic=["70/8 + 70/8 + 140/8 = 8.75 + 8.75 + 17.5 = **35.0 GB**, not 35.75; and it halves "
                     "its own 140 GB model to 70 GB for params and grads. With 140 GB (16-bit) "
                     "params and grads and 8 B/param Adam: (140 + 140 + 560) / 8 = 105 GB. Mixed "
-                    f"precision with fp32 master/params: 70e9 × 16 B / 8 = 140 GB."],
+                    "precision with fp32 master/params: 70e9 × 16 B / 8 = 140 GB."],
         fitcheck=[
             setting(m, "a100-80", 8, "full_shard") + ": " + describe(e_fs) + ".",
             setting(m, "a100-80", 8, "full_shard", ckpt="full") + ": " + describe(e_fs_ck) + ".",
@@ -917,7 +916,7 @@ def article_002() -> None:
 
     OUT_OF_SCOPE.append(
         "002: \"A 140 GB checkpoint on 8 GPUs means 280 GB of data to write (full model + optimizer "
-        f"state)\" — disk, not GPU memory. Weights + fp32 Adam state for 70B: 70e9 × (4 + 8) B = "
+        "state)\" — disk, not GPU memory. Weights + fp32 Adam state for 70B: 70e9 × (4 + 8) B = "
         "840 GB (fp32 weights) or 70e9 × (2 + 4 + 8) B = 980 GB (bf16 weights + fp32 master + m, v); "
         "280 GB is 3–3.5× low.")
     OUT_OF_SCOPE.append(

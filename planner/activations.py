@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from planner.spec import (
     Attention,
     Checkpointing,
-    MlpKind,
     ModelSpec,
     NormKind,
     PositionKind,
@@ -132,17 +131,6 @@ def _norm(prefix: str, model: ModelSpec, t: int, regime: AmpRegime, c: int, r: i
         Saved(f"{prefix}.input", in_bytes * t * h),
         Saved(f"{prefix}.mean_rstd", 2 * STAT * t),
     ]
-
-
-def _linear_input(name: str, t: int, width: int, regime: AmpRegime, c: int, in_bytes: int) -> Saved | None:
-    """The input a linear saves for its weight gradient.
-
-    Under autocast an input of another dtype is cast and the cast is saved (one per linear);
-    otherwise the input tensor itself is saved, and the caller dedups shared inputs.
-    """
-    if regime is AmpRegime.AUTOCAST and in_bytes != c:
-        return Saved(name, c * t * width)
-    return None
 
 
 def block_saved(model: ModelSpec, t: int, batch: int, seq: int, attention: Attention,
@@ -362,4 +350,4 @@ def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Preci
     )
 
 
-__all__ = ["AmpRegime", "ActivationPlan", "Saved", "plan_activations", "regime_for", "MlpKind"]
+__all__ = ["AmpRegime", "ActivationPlan", "Saved", "plan_activations", "regime_for"]

@@ -41,7 +41,6 @@ from planner.spec import (
     Offload,
     OptimizerImpl,
     OptimizerKind,
-    Precision,
     Strategy,
     TrainingSpec,
 )
@@ -169,7 +168,7 @@ def shard_degree(strategy: Strategy, cluster: Cluster) -> int:
     return cluster.n_gpus
 
 
-def check_supported(candidate: Candidate, n_gpus: int) -> None:
+def check_supported(candidate: Candidate) -> None:
     s, o = candidate.strategy, candidate.offload
     if o is Offload.OPTIMIZER and not s.is_zero:
         raise UnsupportedCandidate(
@@ -263,7 +262,7 @@ def _norm_elems(model: ModelSpec) -> int:
 def estimate(model: ModelSpec, training: TrainingSpec, cluster: Cluster, candidate: Candidate,
              *, margin: float = 0.05, overheads: Overheads | None = None) -> Estimate:
     ov = overheads or Overheads()
-    check_supported(candidate, cluster.n_gpus)
+    check_supported(candidate)
     strat = candidate.strategy
     prec = training.precision
     n = cluster.n_gpus
@@ -278,7 +277,7 @@ def estimate(model: ModelSpec, training: TrainingSpec, cluster: Cluster, candida
 
     zero = strat.is_zero
     fsdp = strat.is_fsdp
-    uses_autocast = not fsdp and not zero  # DDP / single GPU: torch.autocast over fp32 params
+    uses_autocast = uses_autocast_amp(strat)
     acts = plan_activations(model, batch=training.micro_batch, seq=training.seq,
                             precision=prec, attention=training.attention,
                             checkpointing=candidate.checkpointing, uses_autocast=uses_autocast)
@@ -536,15 +535,20 @@ def estimate(model: ModelSpec, training: TrainingSpec, cluster: Cluster, candida
     )
 
 
-def activation_plan(model: ModelSpec, training: TrainingSpec, candidate: Candidate,
-                    n_gpus: int) -> ActivationPlan:
-    """The activation count the estimate uses (for reports and tests)."""
-    fsdp = candidate.strategy.is_fsdp
+def uses_autocast_amp(strategy: Strategy) -> bool:
+    """DDP and single-GPU scripts run -amp precisions as torch.autocast over fp32 params; FSDP
+    (MixedPrecisionPolicy) and DeepSpeed (a bf16 module) compute in the low dtype itself."""
+    return not strategy.is_fsdp and not strategy.is_zero
+
+
+def activation_plan(model: ModelSpec, training: TrainingSpec,
+                    candidate: Candidate) -> ActivationPlan:
+    """The activation count estimate() uses for this candidate (for reports and tests)."""
     return plan_activations(model, batch=training.micro_batch, seq=training.seq,
                             precision=training.precision, attention=training.attention,
                             checkpointing=candidate.checkpointing,
-                            uses_autocast=not fsdp and not candidate.strategy.is_zero)
+                            uses_autocast=uses_autocast_amp(candidate.strategy))
 
 
 __all__ = ["Breakdown", "Estimate", "Overheads", "UnsupportedCandidate", "estimate",
-           "shard_degree", "optimizer_state_bytes", "NormKind"]
+           "shard_degree", "optimizer_state_bytes"]

@@ -114,8 +114,6 @@ class ParamCounts:
 
     per_block: int
     root: int
-    embedding: int
-    """The input embedding table alone (vocab x hidden)."""
     largest_tensor: int
     """Elements of the largest single parameter tensor (single-tensor optimizer temporaries)."""
     largest_block_tensor: int
@@ -138,7 +136,6 @@ def count(model: ModelSpec) -> ParamCounts:
     return ParamCounts(
         per_block=per_block,
         root=sum(root),
-        embedding=model.vocab * model.hidden,
         largest_tensor=max(block + root),
         largest_block_tensor=max(block),
         per_block_active=per_block_active,

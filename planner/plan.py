@@ -127,7 +127,7 @@ def _expand(q: Question, offloads: Iterable[Offload]) -> tuple[list[Estimate], l
             for ck in ckpts:
                 cand = Candidate(strategy=strategy, offload=offload, checkpointing=ck)
                 try:
-                    check_supported(cand, q.cluster.n_gpus)
+                    check_supported(cand)
                 except UnsupportedCandidate as exc:
                     skipped.append(f"{strategy}+{offload}: {exc}")
                     break

@@ -22,7 +22,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -309,7 +309,7 @@ def _candidates(req: ReportRequest, offloads: Sequence[Offload], single: bool) -
             for ck in req.checkpointings:
                 cand = Candidate(strategy=strategy, offload=offload, checkpointing=ck)
                 try:
-                    check_supported(cand, 2 if not single else 1)
+                    check_supported(cand)
                 except UnsupportedCandidate:
                     break
                 out.append(cand)

@@ -19,7 +19,6 @@ Categories compared (planner term <-> trace category), each at the moment named:
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 

@@ -274,7 +274,7 @@ def expand_candidates(strategies: tuple[str, ...], offload: str, checkpointing: 
             for c in ckpts:
                 cand = Candidate(strategy=s, offload=o, checkpointing=c)
                 try:
-                    check_supported(cand, n_gpus)
+                    check_supported(cand)
                 except UnsupportedCandidate as exc:
                     skipped.append(f"{s} offload={o} ckpt={c}: {exc}")
                     continue

@@ -69,7 +69,6 @@ import torch.distributed as dist
 
 from planner.spec import (
     Candidate,
-    Checkpointing,
     ModelSpec,
     Offload,
     Precision,
@@ -530,9 +529,9 @@ def bandwidth_sweep(ctx: Ctx) -> list[dict[str, Any]]:
         full = torch.ones(elems, device=ctx.device)
         part = torch.ones(elems // n, device=ctx.device)
         ops = {
-            "all_reduce": (lambda: dist.all_reduce(full), 2.0 * (n - 1) / n),
-            "all_gather": (lambda: ag(full, part), (n - 1) / n),
-            "reduce_scatter": (lambda: rs(part, full), (n - 1) / n),
+            "all_reduce": (lambda f=full: dist.all_reduce(f), 2.0 * (n - 1) / n),
+            "all_gather": (lambda f=full, p=part: ag(f, p), (n - 1) / n),
+            "reduce_scatter": (lambda f=full, p=part: rs(p, f), (n - 1) / n),
         }
         for name, (fn, factor) in ops.items():
             fn()  # warm-up (and algorithm selection)
