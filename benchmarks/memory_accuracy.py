@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from hardware_profiles import load_profile  # noqa: E402
+from planner.hardware import load_gpu as load_profile  # noqa: E402
 from planner.memory import Estimate, estimate  # noqa: E402
 from planner.presets import get_preset  # noqa: E402
 from planner.spec import (  # noqa: E402

@@ -150,7 +150,7 @@ def choose(res: dict) -> tuple[str, str]:
 
 
 def calibration_doc(gpu_id: str, obs: list[dict], res: dict, model: str, csv_rel: str) -> dict:
-    from hardware_profiles import load_profile
+    from planner.hardware import load_gpu as load_profile
 
     prof = load_profile(gpu_id)
     r = res["models"][model]

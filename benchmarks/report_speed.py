@@ -27,7 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from planner.report import build_request, have_matplotlib, write_report  # noqa: E402
+from planner.report import build_request, write_report  # noqa: E402
+from planner.report.plots import have_matplotlib  # noqa: E402
 
 ARGS = dict(
     models="llama3-8b,llama2-13b,llama3-70b,llama3.1-405b",

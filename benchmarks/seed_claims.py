@@ -24,7 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from planner.inputs import resolve_cluster, resolve_gpu, resolve_model  # noqa: E402
+from planner.hardware import load_gpu  # noqa: E402
+from planner.presets import get_preset  # noqa: E402
+from planner.request import resolve_cluster  # noqa: E402
 from planner.memory import Estimate, activation_plan, estimate  # noqa: E402
 from planner.params import total_params  # noqa: E402
 from planner.scaling import shape_from_params  # noqa: E402
@@ -62,13 +64,13 @@ GPU_WORDS = {
 
 
 def model(preset: str) -> ModelSpec:
-    return resolve_model(preset=preset)[0]
+    return get_preset(preset)
 
 
 def run(m: ModelSpec, gpu: str, n: int, strategy: str, *, precision: str = PRECISION,
         ckpt: str = "none", offload: str = "none", seq: int = SEQ, mb: int = MICRO_BATCH,
         optimizer: str = "adamw", impl: str = "foreach") -> Estimate:
-    cluster = resolve_cluster(resolve_gpu(gpu), n, None, None)
+    cluster = resolve_cluster(load_gpu(gpu), n, None, None)
     training = TrainingSpec(seq=seq, micro_batch=mb, precision=Precision(precision),
                             optimizer=OptimizerKind(optimizer), optimizer_impl=OptimizerImpl(impl))
     cand = Candidate(strategy=Strategy(strategy), offload=Offload(offload),
@@ -267,7 +269,7 @@ def article_000() -> None:
         fitcheck=[
             setting(m, "h100-80", 8, "ddp") + ":",
             describe(e_ddp) + ".",
-            f"Forward moment: {gb(e_ddp.phases['forward'])} allocated, of which the autocast "
+            f"Forward moment: {gb(e_ddp.phases['forward'].total)} allocated, of which the autocast "
             f"cache of bf16 weight copies is {gb(P * 2)} (fp32 params are cast once per forward "
             f"and cached).",
         ],
@@ -398,7 +400,7 @@ def article_000() -> None:
             f"{gb(construct)} > {gb(e_ddp.usable_bytes)} usable: the OOM comes at `DDP(...)`, "
             "before the first forward.",
             f"For a model just over the line the peak moment is `{e_ddp.peak_phase}` "
-            f"(phases, allocated: " + ", ".join(f"{k} {gb(v)}" for k, v in e_ddp.phases.items())
+            f"(phases, allocated: " + ", ".join(f"{k} {gb(v.total)}" for k, v in e_ddp.phases.items())
             + "), i.e. the first `optimizer.step()`, when Adam lazily allocates m, v and the "
               "foreach temporary.",
         ],

@@ -33,7 +33,7 @@ from planner.spec import (  # noqa: E402
     Strategy,
     TrainingSpec,
 )
-from hardware_profiles import load_profile  # noqa: E402
+from planner.hardware import load_gpu as load_profile  # noqa: E402
 from planner.throughput import default_compute_efficiency, estimate_step  # noqa: E402
 
 GIB = 2**30

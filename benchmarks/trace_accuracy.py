@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 
-from hardware_profiles import load_profile
+from planner.hardware import load_gpu as load_profile
 from planner.presets import get_preset
 from planner.spec import Candidate, Checkpointing, Cluster, Precision, Strategy, TrainingSpec
 from probes.compare import compare

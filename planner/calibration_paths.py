@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import os
 
-_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CALIBRATION_DIRS: tuple[str, ...] = (os.path.join(_REPO_ROOT, "calibrations"),)
+from hardware_profiles import CALIBRATION_DIR
+
+CALIBRATION_DIRS: tuple[str, ...] = (CALIBRATION_DIR,)
 """Searched after ``$FITCHECK_CALIBRATION_PATH`` (``os.pathsep``-separated)."""
 
 

@@ -1,189 +1,113 @@
 """The ``fitcheck`` command: parse, call the planner, render. No arithmetic here.
 
-``fitcheck [plan] OPTIONS`` plans (the default command); ``fitcheck trace OPTIONS`` measures
-with the fake-tensor probes. Errors are one line on stderr with the exit codes of
-planner.errors (docs/cli.md); a crash prints one line too (FITCHECK_DEBUG=1 for the traceback).
+``fitcheck [plan] OPTIONS`` plans (the default command); ``fitcheck trace|gate|serve|report|
+probe`` are loaded only when named. The plan's options are generated from the field registry
+(planner/fields.py), which gate specs and job configs share. Errors are one line on stderr
+with the exit codes of planner.errors (docs/cli.md); a crash prints one line too
+(FITCHECK_DEBUG=1 for the traceback).
 """
 
 from __future__ import annotations
 
-import math
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import click
 
 from planner import __version__
-from planner.errors import EXIT_CRASH, EXIT_FITS, EXIT_NOTHING_FITS, EXIT_USAGE, FitcheckError, UsageError
-from planner.spec import (
-    Attention,
-    Checkpointing,
-    MlpKind,
-    Offload,
-    OptimizerImpl,
-    OptimizerKind,
-    Precision,
-    Strategy,
-    TrainingSpec,
-)
+from planner.errors import EXIT_CRASH, EXIT_FITS, EXIT_NOTHING_FITS, EXIT_USAGE, FitcheckError
+from planner.fields import FIELDS, Field
+
+# ---------------------------------------------------------------------------------------------
+# Options from the field registry
 
 
-def _choice(enum_cls: type) -> click.Choice:
-    return click.Choice([str(e) for e in enum_cls], case_sensitive=False)
+def _complete_gpus(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[str]:
+    from hardware_profiles import list_profiles
+
+    return [g for g in list_profiles() if g.startswith(incomplete.lower())]
 
 
-POS = click.IntRange(min=1)
+def _complete_presets(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[str]:
+    from planner.presets import list_presets
+
+    return [p for p in list_presets() if p.startswith(incomplete.lower())]
 
 
-def model_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    opts = [
-        click.option("--params", metavar="N", help="Total parameters (13e9, 13B): a Llama-style "
-                     "shape is derived by a documented scaling rule and marked as assumed."),
-        click.option("--model", "preset", metavar="PRESET", help="A preset id (see --list-models)."),
-        click.option("--config", metavar="PATH", help="A local Hugging Face config.json."),
-        click.option("--layers", type=POS, help="Transformer blocks (overrides)."),
-        click.option("--hidden", type=POS, help="Hidden size (overrides)."),
-        click.option("--heads", type=POS, help="Attention heads (overrides)."),
-        click.option("--kv-heads", type=POS, help="Key/value heads: < heads for GQA (overrides)."),
-        click.option("--ffn", type=POS, help="MLP inner width, per expert (overrides)."),
-        click.option("--vocab", type=POS, help="Vocabulary size (overrides)."),
-        click.option("--tied-embeddings/--untied-embeddings", default=None,
-                     help="Output head shares the embedding table (overrides)."),
-        click.option("--mlp", type=_choice(MlpKind), help="MLP type (overrides)."),
-        click.option("--experts", type=POS, help="MoE experts per layer (overrides)."),
-        click.option("--experts-per-token", type=POS, help="MoE experts each token uses."),
-    ]
-    for opt in reversed(opts):
-        f = opt(f)
-    return f
+COMPLETERS: dict[str, Callable[..., list[str]]] = {
+    "hardware.gpu": _complete_gpus, "model.preset": _complete_presets}
 
 
-def training_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    opts = [
-        click.option("--seq", type=POS, default=2048, show_default=True, help="Sequence length."),
-        click.option("--micro-batch", type=POS, default=1, show_default=True,
-                     help="Sequences per GPU per forward."),
-        click.option("--grad-accum", type=POS, default=1, show_default=True,
-                     help="Micro-batches per optimizer step."),
-        click.option("--precision", type=_choice(Precision), default="bf16-amp", show_default=True,
-                     help="-amp keeps fp32 master weights; bf16 is pure bf16 params, grads and state."),
-        click.option("--optimizer", type=_choice(OptimizerKind), default="adamw", show_default=True),
-        click.option("--optimizer-impl", type=_choice(OptimizerImpl), default="foreach",
-                     show_default=True, help="Step temporaries: foreach one state-sized copy, "
-                     "fused none, for-loop the largest tensor's."),
-        click.option("--attention", type=_choice(Attention), default="sdpa", show_default=True,
-                     help="sdpa: flash-style kernels; eager: materialized T x T scores."),
-    ]
-    for opt in reversed(opts):
-        f = opt(f)
-    return f
+def _option(f: Field, **override: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    kw: dict[str, Any] = {"help": f.help}
+    if f.is_flag:
+        name = f.flag.lstrip("-")
+        decls = [f"{f.flag}/--{'un' if name.startswith('tied') else 'no-'}{name}", f.dest]
+        kw["default"] = None
+    else:
+        decls = [f.flag, f.dest]
+        if f.choices and not f.multiple:
+            kw["type"] = click.Choice(f.choices, case_sensitive=False)
+        elif f.metavar:
+            kw["metavar"] = f.metavar
+        else:
+            kw["metavar"] = "N" if f.path not in ("margin", "hardware.host_ram_gib") else "X"
+        if f.multiple:
+            kw["multiple"] = True
+        if f.default is not None:
+            kw["default"] = str(f.default)
+            kw["show_default"] = True
+        if f.path in COMPLETERS:
+            kw["shell_complete"] = COMPLETERS[f.path]
+    kw.update(override)
+    return click.option(*decls, **kw)
 
 
-def hardware_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    opts = [
-        click.option("--gpu", metavar="NAME|PATH", help="GPU profile id (see --list-gpus) or a TOML "
-                     "profile file."),
-        click.option("--n", "n_gpus", type=POS, default=1, show_default=True, help="Total GPUs."),
-        click.option("--gpus-per-node", type=POS, help="Default: the profile's."),
-        click.option("--host-ram-gib", type=float, help="Host RAM per node in GiB (default: the "
-                     "profile's); checked for offload."),
-    ]
-    for opt in reversed(opts):
-        f = opt(f)
-    return f
+def field_options(paths: Iterable[str], **overrides: dict[str, Any]
+                  ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A decorator adding the options of these fields (a section name takes all of it).
+    ``overrides`` maps a field's dest to click option changes (another default, help)."""
+    wanted = list(paths)
+    chosen = [f for f in FIELDS if f.path in wanted or f.section in wanted]
+
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        for f in reversed(chosen):
+            fn = _option(f, **overrides.get(f.dest, {}))(fn)
+        return fn
+
+    return deco
 
 
-def candidate_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    opts = [
-        click.option("--strategy", "strategies", multiple=True, metavar="NAME[,NAME]",
-                     help="Candidates (repeat or comma-separate): " + ", ".join(str(s) for s in Strategy)
-                     + ". Default: all."),
-        click.option("--offload", type=click.Choice(["auto"] + [str(o) for o in Offload],
-                                                    case_sensitive=False),
-                     default="auto", show_default=True,
-                     help="auto: none, and offload candidates only when nothing else fits."),
-        click.option("--checkpointing", type=_choice(Checkpointing), default="auto",
-                     show_default=True,
-                     help="Activation checkpointing; auto: the lightest that fits, per strategy."),
-        click.option("--margin", type=float, default=0.05, show_default=True,
-                     help="Fraction of GPU memory kept free."),
-        click.option("--global-batch", type=POS, help="Sequences per optimizer step over all "
-                     "GPUs: sets --grad-accum to ceil(global / (micro-batch x n))."),
-        click.option("--calibration", default="auto", show_default=True, metavar="FILE|auto|none",
-                     help="Fitted runtime terms (docs/calibration.md): a calibration file, auto "
-                     "(the one for this GPU and torch version, if any), or none (raw model)."),
-    ]
-    for opt in reversed(opts):
-        f = opt(f)
-    return f
+MODEL = ("model",)
+TRAINING = ("training",)
+HARDWARE = ("hardware",)
+CANDIDATES = ("strategy", "offload", "checkpointing", "margin", "calibration")
 
 
-def _strategies(values: tuple[str, ...]) -> tuple[Strategy, ...]:
-    if not values:
-        return tuple(Strategy)
-    out: list[Strategy] = []
-    for value in values:
-        for name in filter(None, (v.strip().lower() for v in value.split(","))):
-            try:
-                s = Strategy(name)
-            except ValueError:
-                raise UsageError(f"--strategy: unknown strategy {name!r}; choose from "
-                                 + ", ".join(str(s) for s in Strategy)) from None
-            if s not in out:
-                out.append(s)
-    return tuple(out)
+def request_from_options(kw: dict[str, Any]):
+    """click's keyword arguments -> planner.request.Request (warnings go to stderr)."""
+    from planner.fields import FLAGS, cli_values
+    from planner.request import build_request
+
+    request = build_request(cli_values(kw), FLAGS)
+    for w in request.warnings:
+        if "stale" in w:
+            click.echo(f"fitcheck: warning: {w}", err=True)
+    return request
 
 
-def build_question(kw: dict[str, Any]):  # -> (Question, model_source)
-    """Flags -> planner.plan.Question (shared by plan and trace)."""
-    from planner.inputs import resolve_cluster, resolve_gpu, resolve_model
-    from planner.plan import Question
-
-    overrides = {k: kw[k] for k in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab",
-                                    "tied_embeddings", "mlp", "experts", "experts_per_token")}
-    model, source = resolve_model(params=kw["params"], preset=kw["preset"], config=kw["config"],
-                                  overrides=overrides)
-    if kw["gpu"] is None:
-        raise UsageError("--gpu: required (a profile id such as h100-80, or a TOML file; "
-                         "see --list-gpus)")
-    margin = kw["margin"]
-    if not math.isfinite(margin) or not 0 <= margin < 1:
-        raise UsageError(f"--margin: must be a fraction in [0, 1), got {margin}")
-    gpu = resolve_gpu(kw["gpu"])
-    overheads, assumptions, calibration = None, None, None
-    if kw.get("calibration", "none") != "none":
-        from planner.inputs import resolve_calibration
-
-        overheads, gpu, assumptions, calibration = resolve_calibration(kw["calibration"], gpu,
-                                                                       model)
-        if calibration and calibration.get("stale"):
-            click.echo(f"fitcheck: warning: {calibration['stale']}", err=True)
-    cluster = resolve_cluster(gpu, kw["n_gpus"], kw["gpus_per_node"], kw["host_ram_gib"])
-    training = TrainingSpec(
-        seq=kw["seq"], micro_batch=kw["micro_batch"], grad_accum=kw["grad_accum"],
-        precision=Precision(kw["precision"].lower()), optimizer=OptimizerKind(kw["optimizer"].lower()),
-        optimizer_impl=OptimizerImpl(kw["optimizer_impl"].lower()),
-        attention=Attention(kw["attention"].lower()))
-    offload = kw["offload"].lower()
-    question = Question(
-        model=model, training=training, cluster=cluster,
-        strategies=_strategies(kw["strategies"]),
-        offloads=None if offload == "auto" else (Offload(offload),),
-        checkpointing=Checkpointing(kw["checkpointing"].lower()), margin=margin,
-        global_batch=kw["global_batch"], calibration=calibration,
-        **({"overheads": overheads} if overheads else {}),
-        **({"assumptions": assumptions} if assumptions else {}))
-    return question, source
+# ---------------------------------------------------------------------------------------------
+# Eager listings
 
 
 def _list_gpus(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
     if not value or ctx.resilient_parsing:
         return
-    from hardware_profiles import load_all
+    from planner.hardware import all_gpus
 
-    for pid, p in load_all().items():
+    for pid, p in all_gpus().items():
         click.echo(f"{pid:14s} {p.memory_bytes / 2**30:7.1f} GiB  {p.name}")
     ctx.exit(0)
 
@@ -202,15 +126,27 @@ def _list_models(ctx: click.Context, _param: click.Parameter, value: bool) -> No
     ctx.exit(0)
 
 
+# ---------------------------------------------------------------------------------------------
+# The group
+
 # Subcommands imported only when named, so `fitcheck --params ...` never loads them (torch for
-# trace/probe, pandas for report, http.server for serve).
+# trace/probe, pandas for report, the server for serve).
 LAZY_COMMANDS = {
     "trace": ("probes.cli", "trace_cmd", "Measure one step's memory with fake tensors (needs torch)."),
     "gate": ("planner.gate_cli", "gate_cmd", "Admit or reject a job spec (scheduler gating)."),
     "serve": ("planner.gate_cli", "serve_cmd", "Kubernetes validating admission webhook."),
-    "report": ("planner.report_cli", "report_cmd", "Capacity-planning sweep: CSV, Markdown, HTML."),
+    "report": ("planner.report.cli", "report_cmd", "Capacity-planning sweep: CSV, Markdown, HTML."),
     "probe": ("probes.cuda_cli", "probe_cmd", "CUDA probe runs under torchrun and calibration."),
 }
+
+
+def _module_exists(name: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
 
 
 class FitcheckGroup(click.Group):
@@ -246,6 +182,13 @@ class FitcheckGroup(click.Group):
               and args[0] not in ("--help", "-h", "--version")):
             args = ["plan", *args]
         return super().parse_args(ctx, args)
+
+    def resolve_command(self, ctx: click.Context, args: list[str]):
+        # shell completion of `fitcheck --gp<TAB>`: the options are the plan command's
+        if ctx.resilient_parsing and args and args[0] not in self.commands \
+                and args[0] not in LAZY_COMMANDS:
+            args = ["plan", *args]
+        return super().resolve_command(ctx, args)
 
     def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         plan_cmd = self.commands["plan"]
@@ -287,13 +230,11 @@ def cli() -> None:
 
 
 @cli.command("plan")
-@model_options
-@training_options
-@hardware_options
-@candidate_options
+@field_options(MODEL + TRAINING + HARDWARE + CANDIDATES)
 @click.option("--find", type=click.Choice(["min-gpus", "max-micro-batch", "max-seq"]),
               help="Inverse question: the fewest GPUs of the type, or the largest micro-batch or "
-              "sequence length that fits; the plan shown is at that value.")
+              "sequence length that fits with the given strategies, offload and checkpointing; "
+              "the plan shown is at that value.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout (docs/cli.md).")
 @click.option("--list-gpus", is_flag=True, expose_value=False, is_eager=True, callback=_list_gpus,
               help="List the embedded GPU profiles and exit.")
@@ -309,27 +250,18 @@ def plan_cmd(as_json: bool, find: str | None, **kw: Any) -> int:
     from planner.plan import plan
     from planner.render import answer_json, table
 
-    question, source = build_question(kw)
-    found = find_value(question, find) if find else None
-    answer = found.answer if found else plan(question)
+    request = request_from_options(kw)
+    found = find_value(request, find) if find else None
+    answer = found.answer if found else plan(request)
     if as_json:
         import json
 
-        click.echo(json.dumps(answer_json(answer, source, found), indent=2))
+        click.echo(json.dumps(answer_json(answer, found), indent=2))
     else:
-        click.echo(table(answer, source, found))
+        click.echo(table(answer, found))
     if found is not None and found.value is None:
         return EXIT_NOTHING_FITS
     return EXIT_FITS if answer.any_fits else EXIT_NOTHING_FITS
-
-
-def _module_exists(name: str) -> bool:
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec(name) is not None
-    except ModuleNotFoundError:
-        return False
 
 
 def main() -> None:

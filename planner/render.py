@@ -79,7 +79,7 @@ def candidate_json(e: Estimate, st: StepEstimate | None = None,
         "fits_gpu": e.fits_gpu,
         "fits_host": e.fits_host,
         "shard_degree": e.shard_degree,
-        "peak_phase": e.peak_phase,
+        "peak_phase": str(e.peak_phase),
         "peak_allocated_bytes": e.peak_allocated_bytes,
         "peak_reserved_bytes": e.peak_reserved_bytes,
         "device_used_bytes": e.device_used_bytes,
@@ -87,7 +87,7 @@ def candidate_json(e: Estimate, st: StepEstimate | None = None,
         "usable_bytes": e.usable_bytes,
         "headroom_bytes": e.headroom_bytes,
         "breakdown_bytes": breakdown_json(e),
-        "phase_allocated_bytes": dict(e.phases),
+        "phase_allocated_bytes": e.phase_totals(),
         "host_bytes_per_node": e.host_bytes_per_node,
         "host_capacity_bytes": e.host_capacity_bytes,
         "notes": list(e.notes),
@@ -110,14 +110,14 @@ def found_json(found: Found | None) -> dict[str, Any] | None:
     }
 
 
-def answer_json(answer: Answer, model_source: str, found: Found | None = None) -> dict[str, Any]:
-    q = answer.question
+def answer_json(answer: Answer, found: Found | None = None) -> dict[str, Any]:
+    q = answer.request
     t, cl = q.training, q.cluster
     rec = answer.recommendation
     return {
         "schema_version": SCHEMA_VERSION,
         "inputs": {
-            "model": model_json(q.model, model_source),
+            "model": model_json(q.model, q.model_source),
             "training": {
                 "seq": t.seq,
                 "micro_batch": t.micro_batch,
@@ -136,11 +136,11 @@ def answer_json(answer: Answer, model_source: str, found: Found | None = None) -
                 "n_nodes": cl.n_nodes,
                 "host_ram_bytes_per_node": cl.host_ram_bytes_per_node,
             },
-            "strategies": [str(s) for s in q.strategies],
-            "offload": "auto" if q.offloads is None else [str(o) for o in q.offloads],
-            "checkpointing": str(q.checkpointing),
-            "margin": q.margin,
-            "global_batch": q.global_batch,
+            "strategies": [str(s) for s in q.options.strategies],
+            "offload": "auto" if q.options.offloads is None else [str(o) for o in q.options.offloads],
+            "checkpointing": str(q.options.checkpointing),
+            "margin": q.options.margin,
+            "global_batch": q.options.global_batch,
         },
         "candidates": [candidate_json(e, st, d, t.grad_accum) for e, st, d
                        in zip(answer.estimates, answer.steps, answer.ddp_steps)],
@@ -150,7 +150,7 @@ def answer_json(answer: Answer, model_source: str, found: Found | None = None) -
             "checkpointing": str(rec.candidate.checkpointing),
             "reasons": list(rec.reasons),
         },
-        "calibration": q.calibration,
+        "calibration": q.runtime.calibration,
         "min_gpus": answer.min_gpus,
         "found": found_json(found),
         "skipped": list(answer.skipped),
@@ -159,14 +159,14 @@ def answer_json(answer: Answer, model_source: str, found: Found | None = None) -
 
 
 def assumptions(answer: Answer) -> list[str]:
-    q = answer.question
-    ov = q.overheads
+    q = answer.request
+    ov = q.runtime.overheads
     out = []
     if q.model.shape_assumed:
         out.append(f"shape assumed from the parameter count ({q.model.n_layers} layers x "
                    f"{q.model.hidden} hidden, vocab {q.model.vocab}); pass --model, --config or "
                    "shape flags for a real one")
-    cal = q.calibration
+    cal = q.runtime.calibration
     out.append("calibration: none (raw analytic model; defaults below)" if cal is None else
                f"calibration {cal['id']} from {cal['source']}"
                + (f" (STALE: {cal['stale']})" if cal.get("stale") else ""))
@@ -178,7 +178,7 @@ def assumptions(answer: Answer) -> list[str]:
         f"{gib(ov.nccl_bytes_per_communicator)} GiB per communicator, cuBLAS workspace "
         f"{ov.cublas_workspace_bytes // 2**20} MiB, allocator reserved/allocated "
         f"{1 + ov.allocator_fragmentation:.2f}",
-        f"fits = device used <= capacity x (1 - margin {q.margin:g})",
+        f"fits = device used <= capacity x (1 - margin {q.options.margin:g})",
     ]
     return out
 
@@ -204,8 +204,8 @@ def columns(rows: list[list[str]], headers: list[str], left: int) -> str:
     return "\n".join([line(headers), "  ".join("-" * w for w in widths)] + [line(r) for r in rows])
 
 
-def table(answer: Answer, model_source: str, found: Found | None = None) -> str:
-    q = answer.question
+def table(answer: Answer, found: Found | None = None) -> str:
+    q = answer.request
     m, t, cl = q.model, q.training, q.cluster
     lines = []
     shape = (f"{m.n_layers} layers, hidden {m.hidden}, {m.n_heads} heads ({m.n_kv_heads} kv), "
@@ -215,8 +215,8 @@ def table(answer: Answer, model_source: str, found: Found | None = None) -> str:
     n_total = total_params(m)
     params = f"{n_total / 1e9:.2f}B params" + (f" ({active / 1e9:.2f}B active)" if active != n_total else "")
     lines.append(f"model     {m.name}: {params}; {shape}{assumed}")
-    if q.global_batch is not None:
-        lines.append(f"global    {q.global_batch} sequences per step requested -> grad-accum "
+    if q.options.global_batch is not None:
+        lines.append(f"global    {q.options.global_batch} sequences per step requested -> grad-accum "
                      f"{t.grad_accum} ({t.grad_accum * t.micro_batch * cl.n_gpus} sequences)")
     lines.append(f"training  seq {t.seq}, micro-batch {t.micro_batch}, grad-accum {t.grad_accum}, "
                  f"{t.precision}, {t.optimizer} ({t.optimizer_impl}), attention {t.attention}")

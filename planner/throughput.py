@@ -1,9 +1,9 @@
 """Step-time (throughput) model of one candidate: compute + exposed communication + offload.
 
 Pure functions of the spec objects; no torch, numpy or pandas (the planner path imports this).
-The numeric core :func:`step_core` is written once against a tiny ``ops`` namespace so that the
-vectorized sweep (``planner/sweep.py``) evaluates *the same expression* with numpy arrays and
-gets bit-identical results. The model and its sources are described in ``docs/throughput.md``.
+The numeric core :func:`step_core` is written once over ``planner.vec``'s arithmetic, so the
+report's vectorized sweep (``planner/report/sweep.py``) evaluates *the same expression* on numpy
+arrays and gets bit-identical results. The model and its sources are described in ``docs/throughput.md``.
 
 Conventions
 -----------
@@ -29,11 +29,10 @@ Conventions
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any
 
+from planner import vec
 from planner.spec import (
     Checkpointing,
     Candidate,
@@ -47,11 +46,11 @@ from planner.spec import (
 )
 
 __all__ = [
-    "CHECKPOINTING_ORDER",
-    "OFFLOAD_ORDER",
-    "PRECISION_ORDER",
-    "STRATEGY_ORDER",
+    "COLLECTIVES",
+    "OFFLOAD_TRAFFIC",
+    "RECOMPUTE",
     "StepEstimate",
+    "StepInputs",
     "ThroughputAssumptions",
     "all_gather_bytes",
     "all_reduce_bytes",
@@ -63,6 +62,7 @@ __all__ = [
     "recompute_flops_per_token",
     "reduce_scatter_bytes",
     "step_core",
+    "step_inputs",
     "training_flops_per_token",
 ]
 
@@ -113,16 +113,6 @@ class ThroughputAssumptions:
 
 DEFAULT_ASSUMPTIONS = ThroughputAssumptions()
 
-# Enum order used for integer codes in the vectorized sweep.
-STRATEGY_ORDER: tuple[Strategy, ...] = tuple(Strategy)
-CHECKPOINTING_ORDER: tuple[Checkpointing, ...] = (
-    Checkpointing.NONE,
-    Checkpointing.SELECTIVE,
-    Checkpointing.FULL,
-)
-OFFLOAD_ORDER: tuple[Offload, ...] = tuple(Offload)
-PRECISION_ORDER: tuple[Precision, ...] = tuple(Precision)
-
 
 # --------------------------------------------------------------------------------------------
 # FLOPs
@@ -157,9 +147,10 @@ def model_flops_per_token(model: ModelSpec, seq: int) -> float:
 
 def recompute_flops_per_token(model: ModelSpec, seq: int, checkpointing: Checkpointing) -> float:
     """Extra forward FLOPs per token re-run in backward (Korthikanti et al. 2022)."""
-    c_mm, c_attn = _CKPT_COEF[_ckpt(checkpointing)]
+    rc = RECOMPUTE[_ckpt(checkpointing)]
     block, _ = matmul_params(model)
-    return c_mm * 2.0 * model.n_layers * block + c_attn * 4.0 * model.n_layers * seq * model.q_dim
+    return (rc.matmul * 2.0 * model.n_layers * block
+            + rc.attention * 4.0 * model.n_layers * seq * model.q_dim)
 
 
 def training_flops_per_token(model: ModelSpec, seq: int, checkpointing: Checkpointing) -> float:
@@ -167,13 +158,22 @@ def training_flops_per_token(model: ModelSpec, seq: int, checkpointing: Checkpoi
     return model_flops_per_token(model, seq) + recompute_flops_per_token(model, seq, checkpointing)
 
 
-# (recompute block matmuls, recompute attention core) per checkpointing mode
-_CKPT_COEF: dict[Checkpointing, tuple[float, float]] = {
-    Checkpointing.NONE: (0.0, 0.0),
+@dataclass(frozen=True, slots=True)
+class Recompute:
+    """Fractions of the forward re-run in backward under a checkpointing mode."""
+
+    matmul: Any
+    """Of the block matmuls."""
+    attention: Any
+    """Of the attention core."""
+
+
+RECOMPUTE: dict[Checkpointing, Recompute] = {
+    Checkpointing.NONE: Recompute(0.0, 0.0),
     # op-level SAC (torchtitan's policy, planner/activations.py op_sac_kept): every other
     # matmul is recomputed (about half the block's matmul FLOPs), the SDPA output is saved.
-    Checkpointing.SELECTIVE: (0.5, 0.0),
-    Checkpointing.FULL: (1.0, 1.0),
+    Checkpointing.SELECTIVE: Recompute(0.5, 0.0),
+    Checkpointing.FULL: Recompute(1.0, 1.0),
 }
 
 
@@ -204,49 +204,79 @@ def reduce_scatter_bytes(n: int, buffer_bytes: float) -> float:
     return (n - 1) / n * buffer_bytes
 
 
-# Per strategy, how many collectives of which kind run (full-model buffers):
-#   ag_fwd / ag_bwd: parameter all-gathers per micro-batch in forward / backward (shard group)
-#   rs_micro: gradient reduce-scatters per micro-batch (shard group)
-#   ar_step: gradient all-reduces per optimizer step, overlapped with the last backward
-#   rs_step: gradient reduce-scatters per optimizer step, overlapped with the last backward
-#   ag_step: parameter all-gathers after the optimizer step (exposed)
-#   hybrid: 1 = shard inside a node, all-reduce the gradient shard across nodes per micro-batch
-#   per_unit: 1 = one collective per FSDP unit (L blocks + root), 0 = DDP-style buckets
-#   sharded_opt: 1 = optimizer state sharded over the (shard) group
-#   zero_grads: 1 = DeepSpeed (grads reduced in the compute dtype)
-# Sources: PyTorch FSDP paper (Zhao et al. 2023, sec. 3.2-3.3: FULL_SHARD all-gathers in
-# forward and again in backward, reduce-scatters grads; SHARD_GRAD_OP keeps params gathered
-# from forward to backward; HYBRID_SHARD shards inside a group and all-reduces across
-# replicas); DDP (Li et al. 2020, VLDB: bucketed all-reduce overlapped with backward, no_sync
-# during gradient accumulation); ZeRO (Rajbhandari et al. 2020, sec. 7: stage 1/2 = reduce-
-# scatter + all-gather of updated params = all-reduce volume; stage 3 = 1.5x all-reduce).
-_STRATEGY_COEF: dict[Strategy, tuple[float, ...]] = {
-    #                        ag_fwd ag_bwd rs_micro ar_step rs_step ag_step hybrid per_unit sharded_opt zero
-    Strategy.DDP:           (0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0),
-    Strategy.NO_SHARD:      (0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0),
-    Strategy.SHARD_GRAD_OP: (1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0),
-    Strategy.FULL_SHARD:    (1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0),
-    Strategy.HYBRID_SHARD:  (1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0),
-    Strategy.ZERO1:         (0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0),
-    Strategy.ZERO2:         (0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 1.0),
-    Strategy.ZERO3:         (1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0),
+@dataclass(frozen=True, slots=True)
+class Collectives:
+    """How many collectives of which kind a strategy runs (full-model buffers).
+
+    Sources: PyTorch FSDP paper (Zhao et al. 2023, sec. 3.2-3.3: FULL_SHARD all-gathers in
+    forward and again in backward, reduce-scatters grads; SHARD_GRAD_OP keeps params gathered
+    from forward to backward; HYBRID_SHARD shards inside a group and all-reduces across
+    replicas); DDP (Li et al. 2020, VLDB: bucketed all-reduce overlapped with backward, no_sync
+    during gradient accumulation); ZeRO (Rajbhandari et al. 2020, sec. 7: stage 1/2 = reduce-
+    scatter + all-gather of updated params = all-reduce volume; stage 3 = 1.5x all-reduce).
+    Fields may be numpy arrays (one strategy per element) in the report's sweep.
+    """
+
+    ag_fwd: Any
+    """Parameter all-gathers per micro-batch in forward (shard group)."""
+    ag_bwd: Any
+    """... and in backward."""
+    rs_micro: Any
+    """Gradient reduce-scatters per micro-batch (shard group)."""
+    ar_step: Any
+    """Gradient all-reduces per optimizer step, overlapped with the last backward."""
+    rs_step: Any
+    """Gradient reduce-scatters per optimizer step, overlapped with the last backward."""
+    ag_step: Any
+    """Parameter all-gathers after the optimizer step (exposed)."""
+    hybrid: Any
+    """1: shard inside a node, all-reduce the gradient shard across nodes per micro-batch."""
+    per_unit: Any
+    """1: one collective per FSDP unit (L blocks + root); 0: DDP-style buckets."""
+    sharded_opt: Any
+    """1: optimizer state sharded over the (shard) group."""
+
+
+COLLECTIVES: dict[Strategy, Collectives] = {
+    #                          ag_fwd ag_bwd rs_mb ar_st rs_st ag_st hybrid unit  shard_opt
+    Strategy.DDP:           Collectives(0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0),
+    Strategy.NO_SHARD:      Collectives(0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0),
+    Strategy.SHARD_GRAD_OP: Collectives(1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0),
+    Strategy.FULL_SHARD:    Collectives(1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0),
+    Strategy.HYBRID_SHARD:  Collectives(1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0),
+    Strategy.ZERO1:         Collectives(0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0),
+    Strategy.ZERO2:         Collectives(0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0),
+    Strategy.ZERO3:         Collectives(1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0),
 }  # fmt: skip
 
-# Offload traffic per mode: (grads down per micro-batch, grads down per step, params up per
-# step, params up per micro-batch (count), CPU optimizer step).
-#   OPTIMIZER (ZeRO-Offload, Ren et al. 2021): grads go to host once per step, the CPU runs the
-#     optimizer, updated compute-dtype params come back.
-#   PARAMS_AND_OPTIMIZER (FSDP CPUOffload / ZeRO-Infinity): sharded params live in host RAM and
-#     are copied up before the forward and again before the backward all-gather of every
-#     micro-batch; reduced grad shards go down every backward.
-_OFFLOAD_COEF: dict[Offload, tuple[float, ...]] = {
-    Offload.NONE: (0.0, 0.0, 0.0, 0.0, 0.0),
-    Offload.OPTIMIZER: (0.0, 1.0, 1.0, 0.0, 1.0),
-    Offload.PARAMS_AND_OPTIMIZER: (1.0, 0.0, 0.0, 2.0, 1.0),
+
+@dataclass(frozen=True, slots=True)
+class OffloadTraffic:
+    """PCIe traffic and CPU work per offload mode.
+
+    OPTIMIZER (ZeRO-Offload, Ren et al. 2021): grads go to host once per step, the CPU runs the
+    optimizer, updated compute-dtype params come back. PARAMS_AND_OPTIMIZER (FSDP CPUOffload /
+    ZeRO-Infinity): sharded params live in host RAM and are copied up before the forward and
+    again before the backward all-gather of every micro-batch; reduced grad shards go down
+    every backward.
+    """
+
+    grads_down_micro: Any
+    grads_down_step: Any
+    params_up_step: Any
+    params_up_micro: Any
+    """Copies per micro-batch."""
+    cpu_step: Any
+
+
+OFFLOAD_TRAFFIC: dict[Offload, OffloadTraffic] = {
+    Offload.NONE: OffloadTraffic(0.0, 0.0, 0.0, 0.0, 0.0),
+    Offload.OPTIMIZER: OffloadTraffic(0.0, 1.0, 1.0, 0.0, 1.0),
+    Offload.PARAMS_AND_OPTIMIZER: OffloadTraffic(1.0, 0.0, 0.0, 2.0, 1.0),
 }
 
 
-def _grad_reduce_bytes(precision: Precision, strategy: Strategy) -> int:
+def grad_reduce_bytes(precision: Precision, strategy: Strategy) -> int:
     """Element size of the reduced gradients.
 
     fp32 training: 4. Pure bf16: 2. AMP: PyTorch DDP reduces the fp32 .grad of fp32 params (4);
@@ -261,7 +291,7 @@ def _grad_reduce_bytes(precision: Precision, strategy: Strategy) -> int:
     return 2 if strategy.is_zero else 4
 
 
-def _gather_bytes(precision: Precision) -> int:
+def gather_bytes(precision: Precision) -> int:
     """Element size of all-gathered parameters: the compute dtype (FSDP ``param_dtype``)."""
     return precision.compute_bytes
 
@@ -285,120 +315,161 @@ def default_compute_efficiency(gpu: GpuProfile) -> float:
 
 
 # --------------------------------------------------------------------------------------------
-# The numeric core (shared with planner/sweep.py)
+# The numeric core (shared with the report's vectorized sweep)
 # --------------------------------------------------------------------------------------------
 
-SCALAR_OPS = SimpleNamespace(
-    maximum=max,
-    minimum=min,
-    ceil=lambda x: float(math.ceil(x)),
-    where=lambda c, a, b: a if c else b,
-)
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepInputs:
+    """The numbers the step-time formulas read, per GPU. Each may be a numpy array (one
+    configuration per element) in the report's sweep."""
+
+    n_layers: Any
+    q_dim: Any
+    seq: Any
+    mb: Any
+    """Micro-batch (sequences)."""
+    ga: Any
+    """Micro-batches per optimizer step."""
+    n: Any
+    """GPUs."""
+    gpn: Any
+    """GPUs per node."""
+    p_total: Any
+    """All parameters."""
+    p_block: Any
+    """Matmul weights per block a token multiplies."""
+    p_head: Any
+    peak: Any
+    """Dense peak FLOP/s of the precision."""
+    eff: Any
+    """Achieved fraction of peak."""
+    bw_intra: Any
+    """Bytes/s per GPU inside a node, efficiency applied."""
+    bw_inter: Any
+    lat_intra: Any
+    """Seconds per ring hop."""
+    lat_inter: Any
+    pcie: Any
+    """Host <-> device bytes/s, efficiency applied."""
+    cpu_rate: Any
+    """CPU optimizer parameters/s."""
+    bucket: Any
+    """DDP / ZeRO bucket bytes."""
+    overlap: Any
+    gather_b: Any
+    grad_b: Any
+    master_b: Any
+    """Element sizes: gathered params, reduced grads, the host master copy."""
+    comm: Collectives
+    recompute: Recompute
+    offload: OffloadTraffic
 
 
-def step_core(ops: Any, **x: Any) -> dict[str, Any]:
-    """The step-time formulas on plain numbers (or numpy arrays, with numpy ``ops``).
+@dataclass(frozen=True, slots=True)
+class StepEstimate:
+    """One optimizer step on one GPU (all GPUs are symmetric under data parallelism). Fields
+    are numpy arrays when evaluated by the report's sweep."""
 
-    Inputs (all per GPU unless stated): n_layers, q_dim, seq, mb (micro-batch), ga (grad
-    accumulation), n (GPUs), gpn (GPUs per node), p_total (all parameters), p_block (matmul
-    weights per block), p_head, peak (FLOP/s), eff, bw_intra, bw_inter (bytes/s, efficiency
-    applied), lat_intra, lat_inter (s per ring hop), pcie (bytes/s, efficiency applied),
-    cpu_rate (params/s), bucket (bytes), ov (overlap fraction), gather_b, grad_b, master_b
-    (element sizes), the strategy coefficients (ag_fwd ... zero), ckpt (c_mm, c_attn) and
-    offload coefficients (o_gd_micro, o_gd_step, o_pu_step, o_pu_micro, o_cpu).
-    """
-    L, q, seq, mb, ga = x["n_layers"], x["q_dim"], x["seq"], x["mb"], x["ga"]
-    n, gpn = x["n"], x["gpn"]
-    p_total, p_block, p_head = x["p_total"], x["p_block"], x["p_head"]
+    step_time_s: Any
+    compute_s: Any
+    """Forward + backward (+ recompute) of all grad_accum micro-batches at the assumed rate."""
+    comm_s: Any
+    """All collective time of the step, overlapped or not."""
+    exposed_comm_s: Any
+    """The part of comm_s not hidden behind compute."""
+    offload_s: Any
+    """PCIe traffic and the CPU optimizer step (offload only; not overlapped)."""
+    tokens_per_s_per_gpu: Any
+    mfu: Any
+    """Model FLOPs (no recompute) per second / peak (PaLM's MFU)."""
+    flops_per_step: Any
+    """FLOPs executed per GPU per step, recompute included."""
+
+    def slowdown_vs(self, reference: StepEstimate) -> Any:
+        """Step-time ratio to ``reference`` for the same tokens per step (>1: slower)."""
+        return self.step_time_s / reference.step_time_s
+
+
+def step_core(x: StepInputs) -> StepEstimate:
+    """The step-time formulas (docs/throughput.md), on plain numbers or numpy arrays."""
+    L, q, seq, mb, ga, n, gpn = x.n_layers, x.q_dim, x.seq, x.mb, x.ga, x.n, x.gpn
+    cm, rc, off = x.comm, x.recompute, x.offload
 
     # ---- compute (PaLM appendix B; Korthikanti et al. 2022 for recompute) -------------------
-    mm = L * p_block + p_head
+    mm = L * x.p_block + x.p_head
     attn_fwd = 4.0 * L * seq * q
     fwd_tok = 2.0 * mm + attn_fwd
     bwd_tok = 4.0 * mm + 2.0 * attn_fwd
     model_tok = fwd_tok + bwd_tok
-    recompute_tok = x["c_mm"] * 2.0 * L * p_block + x["c_attn"] * attn_fwd
+    recompute_tok = rc.matmul * 2.0 * L * x.p_block + rc.attention * attn_fwd
     tokens_micro = mb * seq
-    rate = x["peak"] * x["eff"]
+    rate = x.peak * x.eff
     fwd_s = tokens_micro * fwd_tok / rate
     bwd_s = tokens_micro * (bwd_tok + recompute_tok) / rate
     compute_s = ga * (fwd_s + bwd_s)
 
     # ---- communication ----------------------------------------------------------------------
-    hybrid = x["hybrid"]
     # shard / reduction group: a node for HYBRID_SHARD, all GPUs otherwise
-    m = ops.where(hybrid > 0, ops.minimum(n, gpn), n)
+    m = vec.where(cm.hybrid > 0, vec.minimum(n, gpn), n)
     # A ring over a group that spans nodes is bottlenecked by the network, but NCCL runs one
     # ring per NIC (channel) and each ring leaves a node once: the network carries 1/local of
     # a GPU's ring traffic, where local = group members per node. Bus bandwidth is therefore
     # min(intra, local * per-GPU NIC bandwidth) (NVIDIA: DGX-A100, 8 x 200 Gb/s IB, measures
     # 192 GB/s all-reduce busbw, NVIDIA/nccl#1576); inside one node it is the NVLink bandwidth.
     spans = m > gpn
-    local = ops.minimum(m, gpn)
-    bw = ops.where(spans, ops.minimum(x["bw_intra"], local * x["bw_inter"]), x["bw_intra"])
-    hop = ops.where(spans, x["lat_inter"], x["lat_intra"])
-    k = ops.ceil(n / gpn)  # replicas across nodes (HYBRID_SHARD)
+    local = vec.minimum(m, gpn)
+    bw = vec.where(spans, vec.minimum(x.bw_intra, local * x.bw_inter), x.bw_intra)
+    hop = vec.where(spans, x.lat_inter, x.lat_intra)
+    k = vec.ceil(n / gpn)  # replicas across nodes (HYBRID_SHARD)
     ring = (m - 1.0) / m
-    param_buf = p_total * x["gather_b"]
-    grad_buf = p_total * x["grad_b"]
+    param_buf = x.p_total * x.gather_b
+    grad_buf = x.p_total * x.grad_b
     units = L + 1.0
-    per_unit = x["per_unit"]
     # collectives per full-model pass: one per FSDP unit, or one per DDP bucket
-    calls_grad = ops.where(per_unit > 0, units, ops.maximum(1.0, ops.ceil(grad_buf / x["bucket"])))
-    calls_param = ops.where(
-        per_unit > 0, units, ops.maximum(1.0, ops.ceil(param_buf / x["bucket"]))
-    )
+    calls_grad = vec.where(cm.per_unit > 0, units,
+                           vec.maximum(1.0, vec.ceil(grad_buf / x.bucket)))
+    calls_param = vec.where(cm.per_unit > 0, units,
+                            vec.maximum(1.0, vec.ceil(param_buf / x.bucket)))
     t_ag = ring * param_buf / bw + calls_param * (m - 1.0) * hop
     t_rs = ring * grad_buf / bw + calls_grad * (m - 1.0) * hop
     t_ar = 2.0 * ring * grad_buf / bw + calls_grad * 2.0 * (m - 1.0) * hop
     # HYBRID_SHARD: all-reduce of the gradient shard (1/m of it) across the k node replicas
-    t_xar = ops.where(
-        k > 1.0,
-        2.0 * (k - 1.0) / k * (grad_buf / m) / x["bw_inter"]
-        + calls_grad * 2.0 * (k - 1.0) * x["lat_inter"],
-        0.0,
-    ) * hybrid
+    t_xar = vec.where(k > 1.0, 2.0 * (k - 1.0) / k * (grad_buf / m) / x.bw_inter
+                      + calls_grad * 2.0 * (k - 1.0) * x.lat_inter, 0.0) * cm.hybrid
 
-    f_micro = x["ag_fwd"] * t_ag  # hidden behind forward compute (prefetch)
-    b_micro = x["ag_bwd"] * t_ag + x["rs_micro"] * t_rs + t_xar  # hidden behind backward
-    b_step = x["ar_step"] * t_ar + x["rs_step"] * t_rs  # last backward only
-    e_step = x["ag_step"] * t_ag  # after the optimizer step: exposed
+    f_micro = cm.ag_fwd * t_ag  # hidden behind forward compute (prefetch)
+    b_micro = cm.ag_bwd * t_ag + cm.rs_micro * t_rs + t_xar  # hidden behind backward
+    b_step = cm.ar_step * t_ar + cm.rs_step * t_rs  # last backward only
+    e_step = cm.ag_step * t_ag  # after the optimizer step: exposed
     comm_s = ga * (f_micro + b_micro) + b_step + e_step
 
     # what cannot be hidden: the first unit's gather / last unit's reduce (1/units of the
     # traffic) or DDP's last bucket, at least; beyond that what exceeds the compute
     tail_f = 1.0 / units
-    tail_b = ops.where(per_unit > 0, 1.0 / units, ops.minimum(1.0, x["bucket"] / grad_buf))
-    ov = x["ov"]
-    exp_f = ops.maximum(f_micro * tail_f, f_micro - ov * fwd_s)
-    exp_b = ops.maximum(b_micro * tail_b, b_micro - ov * bwd_s)
+    tail_b = vec.where(cm.per_unit > 0, 1.0 / units, vec.minimum(1.0, x.bucket / grad_buf))
+    ov = x.overlap
+    exp_f = vec.maximum(f_micro * tail_f, f_micro - ov * fwd_s)
+    exp_b = vec.maximum(b_micro * tail_b, b_micro - ov * bwd_s)
     last_b = b_micro + b_step
-    exp_last = ops.maximum(last_b * tail_b, last_b - ov * bwd_s)
+    exp_last = vec.maximum(last_b * tail_b, last_b - ov * bwd_s)
     exposed_s = ga * exp_f + (ga - 1.0) * exp_b + exp_last + e_step
 
     # ---- offload over PCIe + CPU optimizer (not overlapped: an upper bound) ------------------
-    shard = ops.where(x["sharded_opt"] > 0, m, 1.0)
-    p_local = p_total / shard
-    pcie_bytes = p_local * (
-        x["o_gd_micro"] * ga * x["grad_b"]
-        + x["o_gd_step"] * x["grad_b"]
-        + x["o_pu_step"] * x["gather_b"]
-        + x["o_pu_micro"] * ga * x["master_b"]
-    )
-    offload_s = pcie_bytes / x["pcie"] + x["o_cpu"] * p_local / x["cpu_rate"]
+    p_local = x.p_total / vec.where(cm.sharded_opt > 0, m, 1.0)
+    pcie_bytes = p_local * (off.grads_down_micro * ga * x.grad_b
+                            + off.grads_down_step * x.grad_b
+                            + off.params_up_step * x.gather_b
+                            + off.params_up_micro * ga * x.master_b)
+    offload_s = pcie_bytes / x.pcie + off.cpu_step * p_local / x.cpu_rate
 
     step_s = compute_s + exposed_s + offload_s
     tokens_step = ga * tokens_micro
-    return {
-        "step_time_s": step_s,
-        "compute_s": compute_s,
-        "comm_s": comm_s,
-        "exposed_comm_s": exposed_s,
-        "offload_s": offload_s,
-        "tokens_per_s_per_gpu": tokens_step / step_s,
-        "mfu": tokens_step * model_tok / (step_s * x["peak"]),
-        "flops_per_step": tokens_step * (model_tok + recompute_tok),
-    }
+    return StepEstimate(
+        step_time_s=step_s, compute_s=compute_s, comm_s=comm_s, exposed_comm_s=exposed_s,
+        offload_s=offload_s, tokens_per_s_per_gpu=tokens_step / step_s,
+        mfu=tokens_step * model_tok / (step_s * x.peak),
+        flops_per_step=tokens_step * (model_tok + recompute_tok))
 
 
 # --------------------------------------------------------------------------------------------
@@ -406,87 +477,37 @@ def step_core(ops: Any, **x: Any) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class StepEstimate:
-    """One optimizer step on one GPU (all GPUs are symmetric under data parallelism)."""
-
-    step_time_s: float
-    compute_s: float
-    """Forward + backward (+ recompute) of all grad_accum micro-batches at the assumed rate."""
-    comm_s: float
-    """All collective time of the step, overlapped or not."""
-    exposed_comm_s: float
-    """The part of comm_s not hidden behind compute."""
-    offload_s: float
-    """PCIe traffic and the CPU optimizer step (offload only; not overlapped)."""
-    tokens_per_s_per_gpu: float
-    mfu: float
-    """Model FLOPs (no recompute) per second / peak (PaLM's MFU)."""
-    flops_per_step: float
-    """FLOPs executed per GPU per step, recompute included."""
-
-    def slowdown_vs(self, reference: StepEstimate) -> float:
-        """Step-time ratio to ``reference`` for the same tokens per step (>1: slower)."""
-        return self.step_time_s / reference.step_time_s
-
-
-def core_inputs(
-    model: ModelSpec,
-    training: TrainingSpec,
-    cluster: Cluster,
-    candidate: Candidate,
-    assumptions: ThroughputAssumptions = DEFAULT_ASSUMPTIONS,
-) -> dict[str, float]:
-    """The keyword arguments of :func:`step_core` for one configuration."""
+def step_inputs(model: ModelSpec, training: TrainingSpec, cluster: Cluster, candidate: Candidate,
+                assumptions: ThroughputAssumptions = DEFAULT_ASSUMPTIONS) -> StepInputs:
+    """The StepInputs of one configuration."""
     from planner.params import total_params
 
-    gpu = cluster.gpu
-    a = assumptions
-    strategy, precision = candidate.strategy, training.precision
+    gpu, a = cluster.gpu, assumptions
+    precision = training.precision
     p_block, p_head = matmul_params(model)
-    s = _STRATEGY_COEF[strategy]
-    c_mm, c_attn = _CKPT_COEF[_ckpt(candidate.checkpointing)]
-    o = _OFFLOAD_COEF[candidate.offload]
-    eff = a.compute_efficiency if a.compute_efficiency is not None else default_compute_efficiency(gpu)
-    return {
-        "n_layers": float(model.n_layers),
-        "q_dim": float(model.q_dim),
-        "seq": float(training.seq),
-        "mb": float(training.micro_batch),
-        "ga": float(training.grad_accum),
-        "n": float(cluster.n_gpus),
-        "gpn": float(cluster.gpus_per_node),
-        "p_total": float(total_params(model)),
-        "p_block": float(p_block),
-        "p_head": float(p_head),
-        "peak": peak_flops(gpu, precision),
-        "eff": float(eff),
-        "bw_intra": gpu.intra_node_bandwidth_bytes_per_s * a.intra_node_comm_efficiency,
-        "bw_inter": gpu.inter_node_bandwidth_bytes_per_s * a.inter_node_comm_efficiency,
-        "lat_intra": a.intra_node_hop_latency_s,
-        "lat_inter": a.inter_node_hop_latency_s,
-        "pcie": gpu.pcie_bandwidth_bytes_per_s * a.pcie_efficiency,
-        "cpu_rate": a.cpu_adam_params_per_s,
-        "bucket": float(a.ddp_bucket_bytes),
-        "ov": a.overlap_fraction,
-        "gather_b": float(_gather_bytes(precision)),
-        "grad_b": float(_grad_reduce_bytes(precision, strategy)),
-        "master_b": float(precision.param_bytes),
-        "ag_fwd": s[0], "ag_bwd": s[1], "rs_micro": s[2], "ar_step": s[3], "rs_step": s[4],
-        "ag_step": s[5], "hybrid": s[6], "per_unit": s[7], "sharded_opt": s[8], "zero": s[9],
-        "c_mm": c_mm, "c_attn": c_attn,
-        "o_gd_micro": o[0], "o_gd_step": o[1], "o_pu_step": o[2], "o_pu_micro": o[3],
-        "o_cpu": o[4],
-    }  # fmt: skip
+    eff = a.compute_efficiency if a.compute_efficiency is not None else \
+        default_compute_efficiency(gpu)
+    return StepInputs(
+        n_layers=float(model.n_layers), q_dim=float(model.q_dim), seq=float(training.seq),
+        mb=float(training.micro_batch), ga=float(training.grad_accum),
+        n=float(cluster.n_gpus), gpn=float(cluster.gpus_per_node),
+        p_total=float(total_params(model)), p_block=float(p_block), p_head=float(p_head),
+        peak=peak_flops(gpu, precision), eff=float(eff),
+        bw_intra=gpu.intra_node_bandwidth_bytes_per_s * a.intra_node_comm_efficiency,
+        bw_inter=gpu.inter_node_bandwidth_bytes_per_s * a.inter_node_comm_efficiency,
+        lat_intra=a.intra_node_hop_latency_s, lat_inter=a.inter_node_hop_latency_s,
+        pcie=gpu.pcie_bandwidth_bytes_per_s * a.pcie_efficiency,
+        cpu_rate=a.cpu_adam_params_per_s, bucket=float(a.ddp_bucket_bytes),
+        overlap=a.overlap_fraction, gather_b=float(gather_bytes(precision)),
+        grad_b=float(grad_reduce_bytes(precision, candidate.strategy)),
+        master_b=float(precision.param_bytes), comm=COLLECTIVES[candidate.strategy],
+        recompute=RECOMPUTE[_ckpt(candidate.checkpointing)],
+        offload=OFFLOAD_TRAFFIC[candidate.offload])
 
 
-def estimate_step(
-    model: ModelSpec,
-    training: TrainingSpec,
-    cluster: Cluster,
-    candidate: Candidate,
-    assumptions: ThroughputAssumptions = DEFAULT_ASSUMPTIONS,
-) -> StepEstimate:
+def estimate_step(model: ModelSpec, training: TrainingSpec, cluster: Cluster,
+                  candidate: Candidate,
+                  assumptions: ThroughputAssumptions = DEFAULT_ASSUMPTIONS) -> StepEstimate:
     """Time of one optimizer step of ``candidate`` (see the module docstring for conventions)."""
-    out = step_core(SCALAR_OPS, **core_inputs(model, training, cluster, candidate, assumptions))
-    return StepEstimate(**{k: float(v) for k, v in out.items()})
+    out = step_core(step_inputs(model, training, cluster, candidate, assumptions))
+    return StepEstimate(*(float(getattr(out, f)) for f in StepEstimate.__slots__))

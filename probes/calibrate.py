@@ -390,10 +390,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu", required=True, help="hardware profile id the records were run on")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    from planner.inputs import resolve_gpu
+    from planner.hardware import load_gpu
 
     try:
-        gpu = resolve_gpu(args.gpu)
+        gpu = load_gpu(args.gpu)
         records = [r for path in args.records for r in read_records(path)]
         doc = fit_records(records, gpu)
     except InputDataError as exc:

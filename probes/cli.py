@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from planner.cli import build_question, candidate_options, hardware_options, model_options, training_options
+from planner.cli import CANDIDATES, HARDWARE, MODEL, TRAINING, field_options, request_from_options
 from planner.errors import EXIT_FITS
 from planner.spec import Candidate, Checkpointing, Offload, Strategy
 
@@ -33,10 +33,9 @@ def _pct(x: float | None) -> str:
 
 
 @click.command("trace")
-@model_options
-@training_options
-@hardware_options
-@candidate_options
+@field_options(MODEL + TRAINING + HARDWARE + CANDIDATES,
+               gpu={"default": "h100-80", "show_default": True,
+                    "help": "GPU profile (only sets capacity, which a trace does not use)."})
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=600.0,
               show_default=True, help="Seconds per traced candidate.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
@@ -51,13 +50,12 @@ def trace_cmd(as_json: bool, timeout_s: float, **kw: Any) -> int:
     from probes.compare import compare, comparison_json
     from probes.runner import run_trace
 
-    if kw["gpu"] is None:
-        kw["gpu"] = "h100-80"
-    question, source = build_question(kw)
-    strategies = question.strategies if kw["strategies"] else TRACEABLE
-    ck = Checkpointing.NONE if question.checkpointing is Checkpointing.AUTO else question.checkpointing
-    offload = question.offloads[0] if question.offloads else Offload.NONE
-    q = question.resolved()
+    request = request_from_options(kw)
+    opts = request.options
+    strategies = opts.strategies if kw["strategy"] else TRACEABLE
+    ck = Checkpointing.NONE if opts.checkpointing is Checkpointing.AUTO else opts.checkpointing
+    offload = opts.offloads[0] if opts.offloads else Offload.NONE
+    q = request.resolved()
     results = []
     for strategy in strategies:
         cand = Candidate(strategy=strategy, offload=offload, checkpointing=ck)
@@ -68,12 +66,12 @@ def trace_cmd(as_json: bool, timeout_s: float, **kw: Any) -> int:
         data = dict(r.data) if r.ok else {"ok": False, "reason": r.reason,
                                           "unsupported": r.unsupported}
         results.append(compare(q.model, q.training, q.cluster, cand, data, wall_s=r.wall_s,
-                               max_rss_bytes=r.max_rss_bytes, overheads=q.overheads))
+                               max_rss_bytes=r.max_rss_bytes, overheads=q.runtime.overheads))
     failed = any(not c.ok for c in results)
     if as_json:
         doc = {
             "schema_version": 1,
-            "model": dataclasses.asdict(q.model) | {"source": source},
+            "model": dataclasses.asdict(q.model) | {"source": q.model_source},
             "training": {k: str(v) if not isinstance(v, int) else v
                          for k, v in dataclasses.asdict(q.training).items()},
             "world_size": q.cluster.n_gpus,

@@ -22,10 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from planner.memory import Breakdown, Estimate, Overheads, estimate
+from planner.memory import PHASES, Breakdown, Estimate, Overheads, estimate
 from planner.spec import Candidate, Cluster, ModelSpec, Strategy, TrainingSpec
 
-MOMENTS = ("forward", "loss_bwd", "block_bwd", "bwd_end", "optimizer")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,10 +83,10 @@ def compare(model: ModelSpec, training: TrainingSpec, cluster: Cluster, candidat
                           unsupported=bool(result.get("unsupported")), wall_s=wall_s,
                           max_rss_bytes=max_rss_bytes)
     e = estimate(model, training, cluster, candidate, margin=0.0, overheads=overheads)
-    pb = e.phase_breakdowns
+    pb = e.phases
     moments = result.get("moments", {})
     out_moments: dict[str, Pair] = {}
-    for m in MOMENTS:
+    for m in PHASES:
         if m not in moments or m not in pb:
             continue
         snap = moments[m]["at_peak"]
@@ -128,7 +127,8 @@ def compare(model: ModelSpec, training: TrainingSpec, cluster: Cluster, candidat
             predicted_bytes=b.gathered_params + b.comm_buffers)
     return Comparison(candidate=candidate, world_size=n, ok=True, peak=peak,
                       traced_peak_phase=str(result.get("peak_phase", "")),
-                      predicted_peak_phase=e.peak_phase, categories=cats, moments=out_moments,
+                      predicted_peak_phase=str(e.peak_phase), categories=cats,
+                      moments={str(k): v for k, v in out_moments.items()},
                       wall_s=wall_s, max_rss_bytes=max_rss_bytes)
 
 

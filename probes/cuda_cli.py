@@ -35,19 +35,9 @@ from typing import Any
 
 import click
 
-from planner.cli import _strategies, model_options, training_options
+from planner.cli import MODEL, TRAINING, field_options
 from planner.errors import EXIT_CRASH, EXIT_FITS, FitcheckError, InputDataError, UsageError
-from planner.spec import (
-    Attention,
-    Candidate,
-    Checkpointing,
-    Offload,
-    OptimizerImpl,
-    OptimizerKind,
-    Precision,
-    Strategy,
-    TrainingSpec,
-)
+from planner.spec import Candidate, Checkpointing, Offload, OptimizerKind, Strategy
 
 __all__ = ["ProbeRun", "expand_candidates", "launch", "probe_cmd", "run_processes"]
 
@@ -258,30 +248,28 @@ def expand_candidates(strategies: tuple[str, ...], offload: str, checkpointing: 
     """The probe's candidate list and what was skipped. Defaults differ from ``plan``:
     no strategy given = the five probed (no ZeRO: DeepSpeed is not run); checkpointing auto =
     none and full; offload auto = none."""
-    from planner.memory import UnsupportedCandidate, check_supported
+    from planner.candidates import expand
+    from planner.fields import parse_strategies
 
-    asked = _strategies(strategies) if strategies else PROBED
+    try:
+        asked = parse_strategies(strategies) if strategies else PROBED
+    except ValueError as exc:
+        raise UsageError(f"--strategy: {exc}") from None
     not_probed = [s for s in asked if s not in PROBED]
     if strategies and not_probed:
         raise UsageError(f"--strategy: {', '.join(str(s) for s in not_probed)} not probed "
                          f"(choose from {', '.join(str(s) for s in PROBED)})")
     offloads = (Offload.NONE,) if offload == "auto" else (Offload(offload),)
-    ckpts = ((Checkpointing.NONE, Checkpointing.FULL) if checkpointing == "auto"
-             else (Checkpointing(checkpointing),))
-    out, skipped = [], []
-    for s in asked:
-        for o in offloads:
-            for c in ckpts:
-                cand = Candidate(strategy=s, offload=o, checkpointing=c)
-                try:
-                    check_supported(cand)
-                except UnsupportedCandidate as exc:
-                    skipped.append(f"{s} offload={o} ckpt={c}: {exc}")
-                    continue
-                out.append(cand)
+    skipped: list[str] = []
+    out: list[Candidate] = []
+    for ck in ((Checkpointing.NONE, Checkpointing.FULL) if checkpointing == "auto"
+               else (Checkpointing(checkpointing),)):
+        for tries in expand(asked, offloads, ck, max(n_gpus, 2), skipped):
+            out += tries
+    out.sort(key=lambda c: (asked.index(c.strategy), c.checkpointing != Checkpointing.NONE))
     if not out:
-        raise UsageError("no probe candidate left: " + "; ".join(skipped))
-    return out, skipped
+        raise UsageError("no probe candidate left: " + "; ".join(dict.fromkeys(skipped)))
+    return out, list(dict.fromkeys(skipped))
 
 
 def _srun_command(config_path: str, out: str, nproc: int) -> str:
@@ -299,8 +287,7 @@ def _srun_command(config_path: str, out: str, nproc: int) -> str:
 
 
 @click.command("probe")
-@model_options
-@training_options
+@field_options(MODEL + TRAINING)
 @click.option("--gpu", metavar="PROFILE", help="The hardware profile id this machine's GPUs "
               "correspond to (stored in the records; required with --calibrate).")
 @click.option("--nproc", type=click.IntRange(min=1), default=1, show_default=True,
@@ -347,22 +334,16 @@ def probe_cmd(gpu: str | None, nproc: int, gpus_per_node: int | None,
     Records: JSONL in --out (docs/calibration.md). Exit codes: 0 the probe ran (an OOM
     candidate is a result), 1 it crashed or timed out, 2 usage error, 4 bad data.
     """
-    from planner.inputs import resolve_gpu, resolve_model
+    from planner.fields import FLAGS, cli_values, parse
+    from planner.request import resolve_gpu, resolve_model, training_from
     from probes.runner import spec_to_dict
 
-    overrides = {k: kw[k] for k in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab",
-                                    "tied_embeddings", "mlp", "experts", "experts_per_token")}
-    model, _source = resolve_model(params=kw["params"], preset=kw["preset"],
-                                   config=kw["config"], overrides=overrides)
-    training = TrainingSpec(
-        seq=kw["seq"], micro_batch=kw["micro_batch"], grad_accum=kw["grad_accum"],
-        precision=Precision(kw["precision"].lower()),
-        optimizer=OptimizerKind(kw["optimizer"].lower()),
-        optimizer_impl=OptimizerImpl(kw["optimizer_impl"].lower()),
-        attention=Attention(kw["attention"].lower()))
+    values = parse(cli_values(kw), FLAGS)
+    model, _source = resolve_model(values, FLAGS, allow_files=True, base_dir=None)
+    training = training_from(values)
     if training.optimizer in (OptimizerKind.LION, OptimizerKind.ADAMW_8BIT):
         raise UsageError(f"--optimizer: {training.optimizer} is not in torch.optim (not probed)")
-    profile = resolve_gpu(gpu) if gpu else None
+    profile = resolve_gpu(gpu, FLAGS, allow_files=True, base_dir=None) if gpu else None
     if calibrate_out and profile is None:
         raise UsageError("--calibrate: needs --gpu (the profile the calibration is for)")
     nnodes = 1

@@ -65,7 +65,7 @@ CASES = [Case(*c) for c in itertools.product(ARCHS, STRATEGIES, WORLD_SIZES, CHE
 
 def run_case(case: Case):
     """Trace the case in this process and compare it with the planner (probes.compare)."""
-    from hardware_profiles import load_profile
+    from planner.hardware import load_gpu
     from probes.compare import compare
     from probes.trace import trace_step
 
@@ -73,7 +73,7 @@ def run_case(case: Case):
     training = TrainingSpec(seq=SEQ, micro_batch=MICRO_BATCH, precision=Precision(case.precision))
     cand = Candidate(strategy=Strategy(case.strategy),
                      checkpointing=Checkpointing(case.checkpointing))
-    cluster = Cluster(gpu=load_profile("h100-80"), n_gpus=case.world_size,
+    cluster = Cluster(gpu=load_gpu("h100-80"), n_gpus=case.world_size,
                       gpus_per_node=GPUS_PER_NODE, host_ram_bytes_per_node=2**40)
     result = trace_step(model, training, cand, case.world_size, GPUS_PER_NODE)
     return compare(model, training, cluster, cand, result)

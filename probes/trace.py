@@ -70,6 +70,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from planner.memory import Phase
 from planner.spec import (
     Candidate,
     Checkpointing,
@@ -193,7 +194,7 @@ def _tracker_class(base: type) -> type:
             self.peak_total = 0
             self.peak_phase = ""
             self.peak_module = ""
-            # Peak per moment of the step, the planner's five (planner/memory.py): forward,
+            # Peak per moment of the step, the planner's five (planner.memory.Phase): forward,
             # loss_bwd (backward before any block), block_bwd, bwd_end (backward in the root
             # after the blocks: embeddings), optimizer (step + zero_grad).
             self.moment_peaks: dict[str, int] = {}
@@ -205,9 +206,11 @@ def _tracker_class(base: type) -> type:
             if phase == "backward":
                 if any(".blocks." in p for p in self._mod_tracker.parents):
                     self.seen_block_bwd = True
-                    return "block_bwd"
-                return "bwd_end" if self.seen_block_bwd else "loss_bwd"
-            return "optimizer" if phase in ("optimizer", "zero_grad") else phase
+                    return Phase.BLOCK_BWD
+                return Phase.BWD_END if self.seen_block_bwd else Phase.LOSS_BWD
+            if phase in ("optimizer", "zero_grad"):
+                return Phase.OPTIMIZER
+            return Phase.FORWARD if phase == "forward" else phase
 
         def _update_peak_stats(self, peak_state: Any) -> None:
             # Replaces the base method, which also walks every tracked module's weak
@@ -474,7 +477,7 @@ def _trace_step(
         "peak_module": _module_name(tracker.peak_module, type(net).__name__),
         "at_peak": at_peak,
         "max_by_category": _cat_max(tracker.cat_max),
-        "moments": {k: {"peak_bytes": int(v), "at_peak": _categories(tracker.moment_snaps[k])}
+        "moments": {str(k): {"peak_bytes": int(v), "at_peak": _categories(tracker.moment_snaps[k])}
                     for k, v in tracker.moment_peaks.items() if k != "idle"},
         "end_of_step": _categories(end),
         "tracker": type(tracker).__name__,

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from hardware_profiles import load_profile
+from planner.hardware import load_gpu
 from planner.calibration import (
     Calibration,
     CalibrationError,
@@ -45,7 +45,7 @@ from probes.calibrate import (  # noqa: E402
 from probes.runner import spec_to_dict  # noqa: E402
 
 MiB = 2**20
-H100 = load_profile("h100-80")
+H100 = load_gpu("h100-80")
 
 # The "true" runtime terms the synthetic records are generated from.
 TRUE = dict(frag=0.12, scale_swiglu=1.30, scale_gelu=0.85, ctx=600 * MiB, nccl=300 * MiB,
@@ -180,7 +180,7 @@ def test_round_trip_and_apply(fitted, tmp_path):
     assert a.inter_node_comm_efficiency == ThroughputAssumptions().inter_node_comm_efficiency
     # a calibration of another GPU is refused
     with pytest.raises(CalibrationError, match="does not match"):
-        apply(cal, Overheads(), load_profile("a100-80"))
+        apply(cal, Overheads(), load_gpu("a100-80"))
 
 
 def test_apply_sets_activation_scale_when_overheads_has_the_field():
@@ -282,7 +282,7 @@ def test_shipped_calibrations_are_valid():
                 cal = load_calibration(os.path.join(d, name))
                 assert cal.source, name
                 assert cal.gpu_profile is not None
-                load_profile(cal.gpu_profile)
+                load_gpu(cal.gpu_profile)
 
 
 def test_installed_torch_version_is_cheap_and_does_not_import_torch():

@@ -5,24 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from click.testing import CliRunner
 
+from conftest import one_line_error, run
 from planner.cli import cli
 
 BASE = ["--gpu", "h100-80"]
-
-
-def run(*args: str):
-    return CliRunner().invoke(cli, list(args))
-
-
-def one_line_error(result, exit_code: int, *needles: str) -> None:
-    assert result.exit_code == exit_code, (result.exit_code, result.output)
-    err = result.stderr.strip()
-    assert len(err.splitlines()) == 1, err
-    assert "Traceback" not in result.output
-    for needle in needles:
-        assert needle in err, (needle, err)
 
 
 def test_main_command_table_and_exit_code():

@@ -7,6 +7,8 @@ import time
 
 import pytest
 
+pytestmark = [pytest.mark.trace, pytest.mark.integration]
+
 pytest.importorskip("torch")
 
 from click.testing import CliRunner  # noqa: E402
@@ -125,7 +127,7 @@ def test_cli_crash_is_exit_1_with_one_line(tmp_path, monkeypatch):
     (["--strategy", "zero3"], "--strategy: zero3 not probed"),
     (["--calibrate", "x.json"], "--calibrate: needs --gpu"),
     (["--optimizer", "lion"], "--optimizer: lion"),
-    (["--strategy", "bogus"], "--strategy: unknown strategy"),
+    (["--strategy", "bogus"], "--strategy: unknown value 'bogus'"),
 ])
 def test_cli_usage_errors(args, needle, tmp_path):
     r = CliRunner().invoke(cli, ["probe", "--model", "gpt2", "--out", str(tmp_path / "o"),

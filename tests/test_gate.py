@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from planner.cli import cli
-from planner.gate import SpecError, gate, parse_spec_text, spec_kwargs
+from planner.gate import SpecError, gate, parse_spec_text, request_from_spec
 
 DATA = Path(__file__).parent / "data" / "gate"
 EXAMPLE = DATA / "llama8b-8xh100.json"
@@ -116,7 +116,7 @@ def test_pinned_fsdp_on_one_gpu_is_plain_training():
      "model.preset"),
     ({"model": "llama3-8b"}, "model: must be a mapping, got a string 'llama3-8b'"),
     ({"strategy": "fsdp"}, "strategy: unknown value 'fsdp'"),
-    ({"margin": 1.5}, "margin: must be a fraction in [0, 1), got 1.5"),
+    ({"margin": 1.5}, "margin: must be in [0, 1), got 1.5"),
     ({"hardware": {"gpu": "h100-80", "n": 8, "host_ram_gib": -1}}, "hardware.host_ram_gib"),
 ])
 def test_bad_spec_exit_4_one_line(bad, needle):
@@ -166,9 +166,9 @@ def test_relative_paths_resolve_against_the_spec(tmp_path):
     r = run_gate(str(d / "spec.json"))
     assert r.exit_code in (0, 3), r.output
     with pytest.raises(SpecError, match="file paths are not accepted"):
-        spec_kwargs(spec(model={"config": "config.json"}), allow_files=False)
+        request_from_spec(spec(model={"config": "config.json"}), allow_files=False)
     with pytest.raises(SpecError, match="file paths are not accepted"):
-        spec_kwargs(spec(hardware={"gpu": "/etc/passwd", "n": 1}), allow_files=False)
+        request_from_spec(spec(hardware={"gpu": "/etc/passwd", "n": 1}), allow_files=False)
 
 
 def test_usage_errors_exit_2():

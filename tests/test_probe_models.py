@@ -6,6 +6,8 @@ import math
 
 import pytest
 
+pytestmark = pytest.mark.trace
+
 torch = pytest.importorskip("torch")
 
 from planner.params import param_tensors  # noqa: E402

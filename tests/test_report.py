@@ -13,12 +13,14 @@ from click.testing import CliRunner
 
 pd = pytest.importorskip("pandas")
 
-from planner import report as R  # noqa: E402
+from conftest import cluster as _cl  # noqa: E402
 from planner.cli import cli  # noqa: E402
-from planner.inputs import resolve_cluster, resolve_gpu  # noqa: E402
+from planner.hardware import load_gpu  # noqa: E402
 from planner.memory import estimate  # noqa: E402
-from planner.plan import Question, min_gpus, plan  # noqa: E402
+from planner.plan import min_gpus, plan  # noqa: E402
 from planner.presets import get_preset  # noqa: E402
+from planner.report import plots, progress, request, sweep, write  # noqa: E402
+from planner.request import Request  # noqa: E402
 from planner.spec import (  # noqa: E402
     Candidate, Checkpointing, Offload, Precision, Strategy, TrainingSpec,
 )
@@ -55,12 +57,12 @@ def tables(tmp_path_factory):
 
 
 def _cluster(gpu: str, n: int):
-    return resolve_cluster(resolve_gpu(gpu), n, None, None)
+    return _cl(n, gpu)
 
 
 def test_csv_has_every_column_and_configuration(tables):
     _, df = tables
-    assert list(df.columns) == list(R.COLUMNS)
+    assert list(df.columns) == list(sweep.COLUMNS)
     # 2 models x 2 GPUs x 4 counts x 2 seqs; at n=1 only ddp and zero1/2/3 exist
     assert set(df.n) == {1, 8, 16, 64} and set(df.seq) == {2048, 4096}
     assert set(df.checkpointing) == {"none", "selective", "full"}
@@ -98,8 +100,8 @@ def test_csv_numbers_are_the_planners(tables):
 def test_best_flag_is_the_planners_recommendation(tables):
     _, df = tables
     for (m, g, n, seq), grp in df.groupby(["model", "gpu", "n", "seq"]):
-        answer = plan(Question(model=get_preset(m), training=TrainingSpec(seq=int(seq)),
-                               cluster=_cluster(g, int(n))))
+        answer = plan(Request(model=get_preset(m), training=TrainingSpec(seq=int(seq)),
+                              cluster=_cluster(g, int(n))))
         best = grp[grp.best]
         if answer.recommendation is None:
             assert best.empty, (m, g, n, seq)
@@ -112,19 +114,19 @@ def test_best_flag_is_the_planners_recommendation(tables):
 
 
 def test_min_gpus_match_the_planner():
-    req = R.build_request(models="llama3-8b,llama3-70b,llama3.1-405b", gpus="h100-80,a100-40",
-                          ns="8")
-    rep = R.run_sweep(req)
+    req = request.build_request(models="llama3-8b,llama3-70b,llama3.1-405b",
+                                gpus="h100-80,a100-40", ns="8")
+    rep = sweep.run_sweep(req)
     mins = rep.min_gpus
     assert len(mins) == 6
     for r in mins.itertuples(index=False):
         model, training = get_preset(r.model), TrainingSpec()
-        q = Question(model=model, training=training, cluster=_cluster(r.gpu, 8))
+        q = Request(model=model, training=training, cluster=_cluster(r.gpu, 8))
         # with offload: exactly `fitcheck --find min-gpus`
         assert r.min_gpus_offload == min_gpus(q)
         # without offload: something fits at the count, nothing at the count below
         n = int(r.min_gpus)
-        gpn = resolve_gpu(r.gpu).gpus_per_node
+        gpn = load_gpu(r.gpu).gpus_per_node
         below = n - 1 if n <= gpn else n - gpn
 
         def fits(k: int) -> bool:
@@ -156,19 +158,37 @@ def test_no_temp_files_left(tables):
     assert sorted(os.listdir(out)) == ["report.csv", "report.md"]
 
 
-def test_write_atomic_keeps_old_file_on_failure(tmp_path, monkeypatch):
-    target = tmp_path / "report.csv"
-    R.write_atomic(str(target), "old")
-    assert target.read_text() == "old"
+def test_outputs_are_all_replaced_or_none(tmp_path, monkeypatch):
+    """Write all, then move all: a failure while writing leaves every old file as it was and
+    no temporary file behind."""
+    write.write_all(str(tmp_path), {"report.csv": b"old csv", "report.md": b"old md"})
+    real_fdopen = os.fdopen
+    calls = []
 
-    def boom(src, dst):
-        raise OSError("disk full")
+    def second_write_fails(fd, *a, **k):
+        calls.append(fd)
+        if len(calls) == 2:
+            os.close(fd)
+            raise OSError(28, "No space left on device")
+        return real_fdopen(fd, *a, **k)
 
-    monkeypatch.setattr(R.os, "replace", boom)
-    with pytest.raises(OSError):
-        R.write_atomic(str(target), "new")
-    assert target.read_text() == "old"
-    assert os.listdir(tmp_path) == ["report.csv"]
+    monkeypatch.setattr(write.os, "fdopen", second_write_fails)
+    from planner.errors import UsageError
+
+    with pytest.raises(UsageError, match="--out: cannot write into .*No space left"):
+        write.write_all(str(tmp_path), {"report.csv": b"new csv", "report.md": b"new md"})
+    assert (tmp_path / "report.csv").read_bytes() == b"old csv"
+    assert (tmp_path / "report.md").read_bytes() == b"old md"
+    assert sorted(os.listdir(tmp_path)) == ["report.csv", "report.md"]
+
+
+def test_unusable_out_is_a_usage_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    one_line_error(run("--models", "llama3-8b", "--gpus", "h100-80", "--n", "8", "--out",
+                       str(blocker / "sub"), "--format", "csv"), "--out")
+    one_line_error(run("--models", "llama3-8b", "--gpus", "h100-80", "--n", "8", "--out",
+                       str(blocker), "--format", "csv"), "--out", "not a directory")
 
 
 def test_html_is_self_contained_with_one_plot_per_kind(tmp_path):
@@ -178,11 +198,11 @@ def test_html_is_self_contained_with_one_plot_per_kind(tmp_path):
             "--out", str(tmp_path), "--format", "html,png,svg")
     assert r.exit_code == 0, r.output
     page = (tmp_path / "report.html").read_text()
-    assert page.count('<img src="data:image/png;base64,') == len(R.PLOT_KINDS)
+    assert page.count('<img src="data:image/png;base64,') == len(plots.PLOTS)
     assert not re.search(r"""(src|href)=["'](?!data:|#)""", page), "external asset"
     assert "<script" not in page and "<link" not in page
     assert "Minimum GPUs" in page and "<table" in page
-    for kind in R.PLOT_KINDS:
+    for kind in plots.PLOTS:
         assert (tmp_path / f"{kind}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert "<svg" in (tmp_path / f"{kind}.svg").read_text()
     assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
@@ -231,15 +251,15 @@ def test_missing_pandas(tmp_path, monkeypatch):
 
 def test_progress_bar_only_when_asked(tmp_path):
     buf = io.StringIO()
-    bar = R.Progress(3, "x", enabled=True, stream=buf)
+    bar = progress.Progress(3, "x", enabled=True, stream=buf)
     for _ in range(3):
         bar.update()
     bar.close()
     assert "100%" in buf.getvalue() and "3/3" in buf.getvalue()
     quiet = io.StringIO()
-    R.Progress(3, "x", enabled=False, stream=quiet).update()
+    progress.Progress(3, "x", enabled=False, stream=quiet).update()
     assert quiet.getvalue() == ""
-    assert R.progress_wanted(None, io.StringIO()) is False  # not a terminal
+    assert progress.progress_wanted(None, io.StringIO()) is False  # not a terminal
     base = ["--models", "llama3-8b", "--gpus", "h100-80", "--n", "8", "--format", "csv"]
     r = run(*base, "--out", str(tmp_path / "a"))
     assert r.exit_code == 0 and "[" not in r.stderr
@@ -257,7 +277,63 @@ def test_gpu_counts_that_are_not_whole_nodes_are_skipped_with_a_note(tmp_path):
 
 
 def test_prices():
-    assert R.parse_prices("2", ["a", "b"]) == {"a": 2.0, "b": 2.0}
-    assert R.parse_prices("2,3", ["a", "b"]) == {"a": 2.0, "b": 3.0}
-    assert R.parse_prices("b=3", ["a", "b"]) == {"b": 3.0}
-    assert R.parse_prices(None, ["a"]) is None
+    assert request.parse_prices("2", ["a", "b"]) == {"a": 2.0, "b": 2.0}
+    assert request.parse_prices("2,3", ["a", "b"]) == {"a": 2.0, "b": 3.0}
+    assert request.parse_prices("b=3", ["a", "b"]) == {"b": 3.0}
+    assert request.parse_prices(None, ["a"]) is None
+
+
+def test_vectorized_sweep_equals_the_scalar_planner_on_random_samples():
+    """The report evaluates planner.memory.evaluate and throughput.step_core on arrays; every
+    element must equal the scalar estimate() / estimate_step() of its configuration, term by
+    term and moment by moment."""
+    import dataclasses
+
+    import numpy as np
+
+    from planner.memory import PHASES
+    from planner.spec import Attention, ModelSpec, OptimizerImpl, OptimizerKind
+
+    rng = np.random.default_rng(7)
+    gpus = ("h100-80", "a100-40", "rtx-4090", "mi300x")
+    for trial in range(12):
+        heads = int(rng.choice([4, 8, 16]))
+        model = ModelSpec(name="r", n_layers=int(rng.integers(1, 12)),
+                          hidden=heads * int(rng.choice([32, 64, 128])), n_heads=heads,
+                          n_kv_heads=heads // int(rng.choice([1, 2, 4])),
+                          ffn_hidden=int(rng.integers(1, 64)) * 128,
+                          vocab=int(rng.integers(100, 100_000)),
+                          tied_embeddings=bool(rng.integers(0, 2)))
+        req = dataclasses.replace(
+            request.build_request(models="gpt2", gpus=",".join(gpus), ns="1,2,8,16,64",
+                                  seqs="128,2048", micro_batches="1,3",
+                                  grad_accum=int(rng.choice([1, 4]))),
+            precision=Precision(rng.choice([p.value for p in Precision])),
+            optimizer=OptimizerKind(rng.choice([o.value for o in OptimizerKind])),
+            optimizer_impl=OptimizerImpl(rng.choice([o.value for o in OptimizerImpl])),
+            attention=Attention(rng.choice([a.value for a in Attention])))
+        grid, _ = sweep._grid(req)
+        ev = sweep.Evaluator(req, model)
+        cands = sweep.candidates(req)
+        for c in [cands[int(i)] for i in rng.choice(len(cands), 6, replace=False)]:
+            mem, st = ev.memory(grid, c), ev.step(grid, c)
+            for i in rng.choice(len(grid), 8, replace=False):
+                g = req.gpus[int(grid.gpu[i])]
+                training = TrainingSpec(seq=int(grid.seq[i]), micro_batch=int(grid.mb[i]),
+                                        grad_accum=req.grad_accum, precision=req.precision,
+                                        optimizer=req.optimizer,
+                                        optimizer_impl=req.optimizer_impl,
+                                        attention=req.attention)
+                cl = _cl(int(grid.n[i]), g)
+                e = estimate(model, training, cl, c, margin=req.margin)
+                for phase in PHASES:
+                    for k, v in e.phases[phase].as_dict().items():
+                        assert np.broadcast_to(getattr(mem.phases[phase], k),
+                                               (len(grid),))[i] == v, (trial, c, phase, k)
+                assert PHASES[int(mem.peak_phase[i])] == e.peak_phase
+                for k in ("device_used_bytes", "peak_reserved_bytes", "usable_bytes",
+                          "host_bytes_per_node", "fits"):
+                    assert np.broadcast_to(getattr(mem, k), (len(grid),))[i] == getattr(e, k)
+                s = estimate_step(model, training, cl, c)
+                for k in ("step_time_s", "exposed_comm_s", "offload_s", "mfu"):
+                    assert np.broadcast_to(getattr(st, k), (len(grid),))[i] == getattr(s, k)

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parent.parent
 SLURM = ROOT / "integrations" / "slurm"
 DATA = Path(__file__).parent / "data" / "gate"

@@ -251,67 +251,13 @@ def test_slowdown_vs():
 def test_default_efficiency_comes_from_the_profile():
     from dataclasses import replace
 
-    from hardware_profiles import load_profile
+    from planner.hardware import load_gpu
     from planner.throughput import default_compute_efficiency
 
     # the values fitted per family on benchmarks/throughput_measurements.csv (docs/throughput.md)
-    assert load_profile("a100-80").compute_efficiency == 0.60
-    assert load_profile("h100-80").compute_efficiency == 0.45
+    assert load_gpu("a100-80").compute_efficiency == 0.60
+    assert load_gpu("h100-80").compute_efficiency == 0.45
     assert default_compute_efficiency(replace(GPU, compute_efficiency=0.7)) == 0.7
-
-
-# ---- vectorized sweep ------------------------------------------------------------------------
-
-
-def test_sweep_matches_scalar_exactly_on_random_samples():
-    np = pytest.importorskip("numpy")
-    from planner.sweep import code_of, step_times
-    from planner.throughput import (
-        CHECKPOINTING_ORDER,
-        OFFLOAD_ORDER,
-        PRECISION_ORDER,
-        STRATEGY_ORDER,
-    )
-
-    rng = np.random.default_rng(1234)
-    n = 300
-    heads = rng.choice([4, 8, 16, 32], n)
-    cfg = {
-        "n_layers": rng.integers(1, 96, n),
-        "hidden": heads * rng.choice([32, 64, 128], n),
-        "n_heads": heads,
-        "n_kv_heads": heads // rng.choice([1, 2, 4], n),
-        "ffn_hidden": rng.integers(1, 64, n) * 128,
-        "vocab": rng.integers(100, 200000, n),
-        "seq": rng.choice([128, 2048, 8192], n),
-        "micro_batch": rng.integers(1, 9, n),
-        "grad_accum": rng.integers(1, 5, n),
-        "n_gpus": rng.choice([1, 3, 8, 16, 40, 512], n),
-        "strategy": rng.integers(0, len(STRATEGY_ORDER), n),
-        "checkpointing": rng.integers(0, len(CHECKPOINTING_ORDER), n),
-        "offload": rng.integers(0, len(OFFLOAD_ORDER), n),
-        "precision": rng.integers(0, len(PRECISION_ORDER), n),
-    }
-    vec = step_times(gpu=GPU, **cfg)
-    for i in range(n):
-        c = {k: int(v[i]) for k, v in cfg.items()}
-        model = ModelSpec(name="r", n_layers=c["n_layers"], hidden=c["hidden"],
-                          n_heads=c["n_heads"], n_kv_heads=c["n_kv_heads"],
-                          ffn_hidden=c["ffn_hidden"], vocab=c["vocab"])  # fmt: skip
-        training = TrainingSpec(seq=c["seq"], micro_batch=c["micro_batch"],
-                                grad_accum=c["grad_accum"],
-                                precision=PRECISION_ORDER[c["precision"]])  # fmt: skip
-        cluster = Cluster(gpu=GPU, n_gpus=c["n_gpus"], gpus_per_node=8,
-                          host_ram_bytes_per_node=2**34)  # fmt: skip
-        cand = Candidate(strategy=STRATEGY_ORDER[c["strategy"]],
-                         checkpointing=CHECKPOINTING_ORDER[c["checkpointing"]],
-                         offload=OFFLOAD_ORDER[c["offload"]])  # fmt: skip
-        est = estimate_step(model, training, cluster, cand)
-        for field in ("step_time_s", "compute_s", "comm_s", "exposed_comm_s", "offload_s",
-                      "tokens_per_s_per_gpu", "mfu", "flops_per_step"):  # fmt: skip
-            assert vec[field][i] == getattr(est, field), (i, field, c)
-    assert code_of(Strategy.HYBRID_SHARD) == STRATEGY_ORDER.index(Strategy.HYBRID_SHARD)
-    assert code_of(Offload.NONE) == 0 and code_of(Checkpointing.FULL) == 2
 
 
 def test_throughput_module_imports_without_numpy():

@@ -6,6 +6,8 @@ import time
 
 import pytest
 
+pytestmark = pytest.mark.trace
+
 torch = pytest.importorskip("torch")
 
 from planner.params import numel, param_tensors, total_params  # noqa: E402

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import pytest
 
+pytestmark = pytest.mark.trace
+
 pytest.importorskip("torch")
 
 from probes.matrix import CASES, run_case  # noqa: E402

@@ -1,6 +1,6 @@
 """``fitcheck report``: a capacity-planning sweep written as CSV, Markdown, HTML and plots.
 
-Parsing only; the sweep, tables and plots are planner/report.py (docs/reports.md). Errors are
+Parsing only; the sweep, tables and plots are the rest of planner/report/ (docs/reports.md). Errors are
 planner.errors.UsageError, printed by the ``fitcheck`` group as one line with exit code 2.
 """
 
@@ -63,11 +63,11 @@ def report_cmd(models: str, gpus: str, ns: str, seqs: str, micro_batches: str, g
 
     Exit codes: 0 written, 2 usage error (unknown model or GPU, matplotlib missing for plots).
     """
-    from planner.report import build_request, parse_formats, progress_wanted, write_report
+    from planner.report.progress import progress_wanted
+    from planner.report.request import build_request
+    from planner.report.write import check_formats, parse_formats, write_report
 
     fmts = parse_formats(formats)
-    from planner.report import check_formats
-
     check_formats(fmts)  # before the sweep: a missing matplotlib fails fast
     req = build_request(models=models, gpus=gpus, ns=ns, seqs=seqs, micro_batches=micro_batches,
                         strategies=strategies, checkpointing=checkpointing, offload=offload.lower(),

@@ -1,0 +1,281 @@
+"""Every field of a planning request, defined once: its spec path, its flag, its check, its
+default and its help.
+
+The command line (planner/cli.py builds its options from ``FIELDS``), gate specs
+(``spec_values``: the nested sections of a JSON/YAML spec) and job-config readers all produce
+the same flat mapping ``{path: raw value}``; ``parse`` checks it and
+``planner.request.build_request`` turns it into the typed request. A message about a field
+names it the way the user wrote it (``--seq`` on the command line, ``training.seq`` in a spec).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from planner import validate
+from planner.errors import FitcheckError, InputDataError, UsageError
+from planner.memory.estimator import DEFAULT_MARGIN
+from planner.spec import (
+    Attention,
+    Checkpointing,
+    MlpKind,
+    Offload,
+    OptimizerImpl,
+    OptimizerKind,
+    Precision,
+    Strategy,
+    TrainingSpec,
+)
+
+MAX_PARAMS = 1e13
+
+
+def _train_default(name: str) -> Any:
+    return TrainingSpec.__dataclass_fields__[name].default
+
+
+def _count(limit: int) -> Callable[[Any], int]:
+    return lambda raw: validate.count(raw, limit=limit)
+
+
+def _choice(enum_cls: type, extra: tuple[str, ...] = ()) -> Callable[[Any], Any]:
+    return lambda raw: validate.choice(raw, enum_cls, extra)
+
+
+def parse_strategies(raw: Any) -> tuple[Strategy, ...]:
+    """'ddp,full_shard', a list of names, or several flag values -> strategies, in order."""
+    parts = [raw] if isinstance(raw, str) else raw
+    if not isinstance(parts, (list, tuple)):
+        raise ValueError(f"must be a strategy name or a list of them, got {parts!r}")
+    out: list[Strategy] = []
+    for part in parts:
+        if not isinstance(part, str):
+            raise ValueError(f"must be strategy names, got {part!r}")
+        for name in part.split(","):
+            if name.strip():
+                s = validate.choice(name, Strategy)
+                if s not in out:
+                    out.append(s)
+    if not out:
+        raise ValueError("give at least one strategy: " + ", ".join(str(s) for s in Strategy))
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Field:
+    path: str
+    """Where it lives in a spec: 'training.seq' (section.key) or a top-level key."""
+    flag: str
+    """The command-line option: '--seq'."""
+    check: Callable[[Any], Any]
+    """Raw value -> typed value, or ValueError (validate.py)."""
+    default: Any = None
+    """The value when the user gives none (None: not given)."""
+    help: str = ""
+    metavar: str | None = None
+    choices: tuple[str, ...] = ()
+    """Shown in --help and offered by shell completion."""
+    is_flag: bool = False
+    """A --x/--no-x switch on the command line."""
+    multiple: bool = False
+    """Repeatable on the command line."""
+    files: bool = False
+    """The value may name a file (refused where files may not be read: the webhook)."""
+
+    @property
+    def section(self) -> str:
+        return self.path.split(".", 1)[0] if "." in self.path else ""
+
+    @property
+    def key(self) -> str:
+        return self.path.rsplit(".", 1)[-1]
+
+    @property
+    def dest(self) -> str:
+        """The keyword click passes: '--kv-heads' -> kv_heads."""
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+def _names(enum_cls: type) -> tuple[str, ...]:
+    return tuple(str(e.value) for e in enum_cls)
+
+
+FIELDS: tuple[Field, ...] = (
+    # ---- model -------------------------------------------------------------------------
+    Field(path="model.params", flag="--params", metavar="N",
+          check=lambda raw: validate.params(raw, limit=MAX_PARAMS),
+          help="Total parameters (13e9, 13B): a Llama-style shape is derived by a documented "
+          "scaling rule and marked as assumed."),
+    Field(path="model.preset", flag="--model", metavar="PRESET", check=validate.text,
+          help="A preset id or hub-style name (see --list-models)."),
+    Field(path="model.config", flag="--config", metavar="PATH", check=validate.text, files=True,
+          help="A local Hugging Face config.json (or its directory)."),
+    Field(path="model.layers", flag="--layers", check=_count(100_000),
+          help="Transformer blocks (overrides)."),
+    Field(path="model.hidden", flag="--hidden", check=_count(1 << 20),
+          help="Hidden size (overrides)."),
+    Field(path="model.heads", flag="--heads", check=_count(1 << 16),
+          help="Attention heads (overrides)."),
+    Field(path="model.kv_heads", flag="--kv-heads", check=_count(1 << 16),
+          help="Key/value heads: < heads for GQA (overrides)."),
+    Field(path="model.ffn", flag="--ffn", check=_count(1 << 22),
+          help="MLP inner width, per expert (overrides)."),
+    Field(path="model.vocab", flag="--vocab", check=_count(1 << 24),
+          help="Vocabulary size (overrides)."),
+    Field(path="model.tied_embeddings", flag="--tied-embeddings", check=validate.boolean,
+          is_flag=True, help="Output head shares the embedding table (overrides)."),
+    Field(path="model.mlp", flag="--mlp", check=_choice(MlpKind), choices=_names(MlpKind),
+          help="MLP type (overrides)."),
+    Field(path="model.experts", flag="--experts", check=_count(1 << 16),
+          help="MoE experts per layer (overrides)."),
+    Field(path="model.experts_per_token", flag="--experts-per-token", check=_count(1 << 16),
+          help="MoE experts each token uses."),
+    # ---- training ----------------------------------------------------------------------
+    Field(path="training.seq", flag="--seq", check=_count(1 << 24),
+          default=_train_default("seq"), help="Sequence length."),
+    Field(path="training.micro_batch", flag="--micro-batch", check=_count(1 << 20),
+          default=_train_default("micro_batch"), help="Sequences per GPU per forward."),
+    Field(path="training.grad_accum", flag="--grad-accum", check=_count(1 << 20),
+          default=_train_default("grad_accum"), help="Micro-batches per optimizer step."),
+    Field(path="training.global_batch", flag="--global-batch", check=_count(1 << 30),
+          help="Sequences per optimizer step over all GPUs: sets --grad-accum to "
+          "ceil(global / (micro-batch x n))."),
+    Field(path="training.precision", flag="--precision", check=_choice(Precision),
+          choices=_names(Precision), default=_train_default("precision"),
+          help="-amp keeps fp32 master weights; bf16 is pure bf16 params, grads and state."),
+    Field(path="training.optimizer", flag="--optimizer", check=_choice(OptimizerKind),
+          choices=_names(OptimizerKind), default=_train_default("optimizer")),
+    Field(path="training.optimizer_impl", flag="--optimizer-impl", check=_choice(OptimizerImpl),
+          choices=_names(OptimizerImpl), default=_train_default("optimizer_impl"),
+          help="Step temporaries: foreach one state-sized copy, fused none, for-loop the "
+          "largest tensor's."),
+    Field(path="training.attention", flag="--attention", check=_choice(Attention),
+          choices=_names(Attention), default=_train_default("attention"),
+          help="sdpa: flash-style kernels; eager: materialized T x T scores."),
+    # ---- hardware ----------------------------------------------------------------------
+    Field(path="hardware.gpu", flag="--gpu", metavar="NAME|PATH", check=validate.text, files=True,
+          help="GPU profile id (see --list-gpus) or a path to a TOML profile."),
+    Field(path="hardware.n", flag="--n", check=_count(1 << 20), default=1,
+          help="Total GPUs."),
+    Field(path="hardware.gpus_per_node", flag="--gpus-per-node", check=_count(4096),
+          help="Default: the profile's."),
+    Field(path="hardware.host_ram_gib", flag="--host-ram-gib",
+          check=lambda raw: validate.number(raw, low=0, high=1 << 24, low_open=True),
+          help="Host RAM per node in GiB (default: the profile's); checked for offload."),
+    # ---- candidates and options --------------------------------------------------------
+    Field(path="strategy", flag="--strategy", metavar="NAME[,NAME]", check=parse_strategies,
+          multiple=True, choices=_names(Strategy),
+          help="Candidates (repeat or comma-separate): " + ", ".join(_names(Strategy))
+          + ". Default: all."),
+    Field(path="offload", flag="--offload", check=_choice(Offload, ("auto",)),
+          choices=("auto",) + _names(Offload), default="auto",
+          help="auto: none, and offload candidates only when nothing else fits."),
+    Field(path="checkpointing", flag="--checkpointing", check=_choice(Checkpointing),
+          choices=_names(Checkpointing), default=Checkpointing.AUTO,
+          help="Activation checkpointing; auto: the lightest that fits, per strategy."),
+    Field(path="margin", flag="--margin",
+          check=lambda raw: validate.number(raw, low=0, high=1, high_open=True),
+          default=DEFAULT_MARGIN, help="Fraction of GPU memory kept free."),
+    Field(path="calibration", flag="--calibration", metavar="FILE|auto|none",
+          check=validate.text, default="auto", files=True,
+          help="Fitted runtime terms (docs/calibration.md): a calibration file, auto (the one "
+          "for this GPU and torch version, if any), or none (raw model)."),
+)
+
+BY_PATH: dict[str, Field] = {f.path: f for f in FIELDS}
+SECTIONS: dict[str, tuple[str, ...]] = {}
+for _f in FIELDS:
+    SECTIONS.setdefault(_f.section, ())
+    SECTIONS[_f.section] += (_f.key,)
+TOP_KEYS: tuple[str, ...] = tuple(s for s in SECTIONS if s) + SECTIONS[""]
+
+
+@dataclass(frozen=True, slots=True)
+class Naming:
+    """How a front end names fields in messages, and which error it raises."""
+
+    name: Callable[[str], str]
+    error: type[FitcheckError]
+
+    def fail(self, path: str, message: str) -> FitcheckError:
+        return self.error(f"{self.name(path)}: {message}")
+
+
+FLAGS = Naming(lambda path: BY_PATH[path].flag if path in BY_PATH else path, UsageError)
+"""Command line: '--seq: must be ...', exit 2."""
+
+
+class SpecError(InputDataError):
+    """A job spec is malformed: unknown keys, wrong types or values (exit 4)."""
+
+
+SPEC = Naming(lambda path: path, SpecError)
+"""Gate specs and job configs: 'training.seq: must be ...', exit 4."""
+
+
+def parse(values: Mapping[str, Any], naming: Naming) -> dict[str, Any]:
+    """{path: raw} -> {path: typed} for every field (defaults filled in, None = not given)."""
+    out: dict[str, Any] = {}
+    for f in FIELDS:
+        raw = values.get(f.path)
+        if raw is None or (f.multiple and raw in ((), [])):
+            out[f.path] = f.default
+            continue
+        try:
+            out[f.path] = f.check(raw)
+        except ValueError as exc:
+            raise naming.fail(f.path, str(exc)) from None
+    return out
+
+
+def _unknown(where: str, given: Mapping[Any, Any], allowed: tuple[str, ...]) -> None:
+    bad = [k for k in given if k not in allowed]
+    if not bad:
+        return
+    import difflib
+
+    hints = []
+    for k in bad:
+        if not isinstance(k, str):
+            continue
+        alt = k.replace("-", "_").lower()
+        if alt in allowed:
+            hints.append(f"{k!r} -> {alt!r}")
+        else:
+            close = difflib.get_close_matches(alt, allowed, n=1, cutoff=0.8)
+            if close:
+                hints.append(f"{k!r} -> {close[0]!r}?")
+    prefix = f"{where}: unknown key" if where else "spec: unknown key"
+    msg = (f"{prefix}{'s' if len(bad) > 1 else ''} {', '.join(repr(k) for k in bad)}; "
+           f"allowed: {', '.join(allowed)}")
+    if hints:
+        msg += f" (did you mean {', '.join(hints)})"
+    raise SpecError(msg)
+
+
+def spec_values(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """A nested spec ({"model": {...}, "training": {...}, "strategy": ...}) -> {path: raw}.
+    Unknown keys are a SpecError naming them (with a hint when one is close)."""
+    if not isinstance(spec, Mapping):
+        raise SpecError(f"spec: must be a mapping, got {validate._type(spec)}")
+    _unknown("", spec, TOP_KEYS)
+    out: dict[str, Any] = {}
+    for key, value in spec.items():
+        if key in SECTIONS and key:
+            if value is None:
+                continue
+            if not isinstance(value, Mapping):
+                raise SpecError(f"{key}: must be a mapping, got {validate._type(value)} "
+                                f"{validate._show(value)}")
+            _unknown(key, value, SECTIONS[key])
+            out.update({f"{key}.{k}": v for k, v in value.items()})
+        else:
+            out[key] = value
+    return out
+
+
+def cli_values(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """click's keyword arguments -> {path: raw}."""
+    return {f.path: kwargs.get(f.dest) for f in FIELDS if f.dest in kwargs}

@@ -1,0 +1,158 @@
+"""The memory model's value types: the moments of a step, a breakdown, an estimate."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from planner import vec
+from planner.spec import Candidate
+
+MiB = 2**20
+GiB = 2**30
+
+
+class Phase(enum.StrEnum):
+    """The moments of one training step the model evaluates (the peak is the largest)."""
+
+    FORWARD = "forward"
+    """At the loss, end of forward: every saved activation, the logits being reduced."""
+    LOSS_BWD = "loss_bwd"
+    """The loss's backward: the fp32 vocabulary gradients on top of all activations."""
+    BLOCK_BWD = "block_bwd"
+    """Inside the blocks' backward: gradient temporaries, recompute, FSDP's unsharded grads
+    and reduce-scatter buffers (the largest of a few sub-moments)."""
+    BWD_END = "bwd_end"
+    """End of backward: every gradient, the embedding's backward and the root's reduction."""
+    OPTIMIZER = "optimizer"
+    """The optimizer step: states, gradients and the step's temporaries."""
+
+
+PHASES: tuple[Phase, ...] = tuple(Phase)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Overheads:
+    """Runtime terms no parameter count predicts. Defaults and sources in docs/model.md §6."""
+
+    cublas_workspace_bytes: int = 32 * MiB
+    """cuBLAS + cuBLASLt workspaces through the caching allocator (CublasHandlePool.cpp:
+    4096 KiB x 8 on Hopper and newer; set per profile family)."""
+    nccl_bytes_per_communicator: int = 512 * MiB
+    """NCCL's device buffers per communicator (channels x peers x protocol buffers)."""
+    allocator_fragmentation: float = 0.08
+    """Caching allocator: peak reserved / peak allocated - 1."""
+    host_bytes_per_process: int = 4 * GiB
+    """Host RAM of one training process (Python, torch, CUDA libraries) before offload."""
+    ddp_bucket_view: bool = False
+    """DDP(gradient_as_bucket_view=...); PyTorch's default is False."""
+    zero_reduce_bucket_elems: int = 500_000_000
+    """DeepSpeed reduce_bucket_size default (zero/config.py)."""
+    zero_allgather_bucket_elems: int = 500_000_000
+    """DeepSpeed allgather_bucket_size default (stages 1 and 2)."""
+    zero3_prefetch_bucket_elems: int = 50_000_000
+    """DeepSpeed stage3_prefetch_bucket_size default."""
+    activation_scale: float = 1.0
+    """Calibrated correction of the activation terms per architecture family (1.0: the
+    tensor-by-tensor count as is; planner/calibration.py sets it from GPU measurements)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Breakdown:
+    """Allocated bytes on one GPU at one moment, by what holds them."""
+
+    params: Any = 0
+    """Resident parameter storage (sharded or not): fp32 master under torch AMP."""
+    gradients: Any = 0
+    optimizer_states: Any = 0
+    """Optimizer state, plus the fp32 master copy under ZeRO mixed precision."""
+    gathered_params: Any = 0
+    """Working copies: FSDP/ZeRO-3 unsharded units, or autocast's cached bf16 weights."""
+    activations: Any = 0
+    """Tensors saved for backward."""
+    transients: Any = 0
+    """Loss and backward temporaries, checkpoint recompute."""
+    comm_buffers: Any = 0
+    """DDP gradient buckets, FSDP reduce-scatter / all-gather buffers, ZeRO buckets."""
+    optimizer_temporaries: Any = 0
+    cublas_workspace: Any = 0
+
+    @property
+    def total(self) -> Any:
+        return (self.params + self.gradients + self.optimizer_states + self.gathered_params
+                + self.activations + self.transients + self.comm_buffers
+                + self.optimizer_temporaries + self.cublas_workspace)
+
+    def plus(self, **terms: Any) -> Breakdown:
+        """A copy with the given terms added (negative to remove)."""
+        return dataclasses.replace(self, **{k: getattr(self, k) + v for k, v in terms.items()})
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+BREAKDOWN_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Breakdown))
+
+
+def largest(moments: list[Breakdown]) -> tuple[Any, Breakdown]:
+    """(index, breakdown) of the moment with the most allocated bytes (elementwise for
+    arrays; the first on ties)."""
+    i = vec.argmax([b.total for b in moments])
+    if isinstance(i, int):
+        return i, moments[i]
+    return i, Breakdown(**{k: vec.choose(i, [getattr(b, k) for b in moments])
+                           for k in BREAKDOWN_FIELDS})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Estimate:
+    candidate: Candidate
+    shard_degree: Any
+    peak_phase: Phase
+    breakdown: Breakdown
+    """At the peak: breakdown.total == peak_allocated_bytes."""
+    phases: dict[Phase, Breakdown]
+    """Every moment of the step, term by term (what the trace comparison reads)."""
+    allocator_overhead_bytes: Any
+    cuda_context_bytes: Any
+    nccl_bytes: Any
+    capacity_bytes: Any
+    usable_bytes: Any
+    """capacity x (1 - margin)."""
+    host_bytes_per_node: Any
+    host_capacity_bytes: Any
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def peak_allocated_bytes(self) -> Any:
+        return self.breakdown.total
+
+    @property
+    def peak_reserved_bytes(self) -> Any:
+        return self.peak_allocated_bytes + self.allocator_overhead_bytes
+
+    @property
+    def device_used_bytes(self) -> Any:
+        return self.peak_reserved_bytes + self.cuda_context_bytes + self.nccl_bytes
+
+    @property
+    def headroom_bytes(self) -> Any:
+        return self.usable_bytes - self.device_used_bytes
+
+    @property
+    def fits_gpu(self) -> Any:
+        return self.device_used_bytes <= self.usable_bytes
+
+    @property
+    def fits_host(self) -> Any:
+        return self.host_bytes_per_node <= self.host_capacity_bytes
+
+    @property
+    def fits(self) -> Any:
+        return self.fits_gpu & self.fits_host
+
+    def phase_totals(self) -> dict[str, Any]:
+        """Allocated bytes at each moment, keyed by the moment's name."""
+        return {str(p): b.total for p, b in self.phases.items()}

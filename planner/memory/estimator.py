@@ -1,0 +1,158 @@
+"""Per-GPU memory of one training step for one candidate: the moments, then the runtime terms
+outside PyTorch's allocator (docs/model.md §6).
+
+``estimate`` is the planner's entry point (plain ints); ``evaluate`` is the same model on
+numbers that may be numpy arrays, which the report's sweep calls (planner/report/sweep.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from planner.activations import plan_activations
+from planner.candidates import check_supported, degree_of
+from planner import vec
+from planner.memory.breakdown import PHASES, Breakdown, Estimate, Overheads, Phase, largest
+from planner.memory.moments import MOMENTS, Activations, Step
+from planner.memory.states import dtypes, resident, shards
+from planner.memory.working import Working, autocast_working, fsdp_working, zero_working
+from planner.params import count
+from planner.spec import Candidate, Cluster, ModelSpec, Offload, Strategy, TrainingSpec
+
+DEFAULT_MARGIN = 0.05
+"""Fraction of device memory kept free by default (--margin)."""
+
+
+def uses_autocast_amp(strategy: Strategy) -> bool:
+    """DDP and single-GPU scripts run -amp precisions as torch.autocast over fp32 params; FSDP
+    (MixedPrecisionPolicy) and DeepSpeed (a bf16 module) compute in the low dtype itself."""
+    return not strategy.is_fsdp and not strategy.is_zero
+
+
+def activation_plan(model: ModelSpec, training: TrainingSpec, candidate: Candidate):
+    """The activation count estimate() uses for this candidate (for reports and tests)."""
+    return plan_activations(model, batch=training.micro_batch, seq=training.seq,
+                            precision=training.precision, attention=training.attention,
+                            checkpointing=candidate.checkpointing,
+                            uses_autocast=uses_autocast_amp(candidate.strategy))
+
+
+def working(model: ModelSpec, training: TrainingSpec, candidate: Candidate, degree: Any,
+            opt_shard: Any, ov: Overheads) -> Working:
+    """The working copies and buffers of the candidate's strategy family."""
+    counts = count(model)
+    d = dtypes(candidate.strategy, training.precision)
+    if candidate.strategy.is_fsdp:
+        return fsdp_working(model, counts, candidate, training.precision, d, degree)
+    if candidate.strategy.is_zero:
+        return zero_working(model, counts, candidate, training.precision, d, opt_shard, ov)
+    return autocast_working(model, counts, candidate, training.precision, d, ov)
+
+
+def step_for(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, n_gpus: Any,
+             degree: Any, tokens: Any, acts: Activations, ov: Overheads) -> Step:
+    """What the moments read. n_gpus, degree, tokens (micro-batch x seq) and the activation
+    totals may be numpy arrays; the rest of ``training`` is read as given."""
+    counts = count(model)
+    strategy = candidate.strategy
+    d = dtypes(strategy, training.precision)
+    sh = shards(strategy, degree)
+    states = resident(model, training, counts, candidate, d, sh)
+    work = working(model, training, candidate, degree, sh.optimizer, ov)
+    return Step(
+        n_layers=model.n_layers, block_params=counts.per_block, root_params=counts.root,
+        vocab_x_hidden=model.vocab * model.hidden, tokens=tokens,
+        tokens_x_hidden=tokens * model.hidden,
+        tied=model.tied_embeddings, fsdp=strategy.is_fsdp, compute_bytes=d.compute,
+        grad_bytes=d.grad, grad_shards=sh.grads, degree=degree,
+        offloaded=candidate.offload is not Offload.NONE,
+        params_offloaded=candidate.offload is Offload.PARAMS_AND_OPTIMIZER,
+        accumulating=training.grad_accum > 1, states=states,
+        work=dataclasses.replace(work, buckets=work.buckets * (n_gpus > 1)),
+        acts=acts, cublas=ov.cublas_workspace_bytes)
+
+
+def moments(step: Step) -> dict[Phase, Breakdown]:
+    return {phase: MOMENTS[phase](step) for phase in PHASES}
+
+
+def allocator_overhead(allocated: Any, peak_index: Any, step: Step, model: ModelSpec,
+                       ov: Overheads) -> Any:
+    """Reserved over allocated (the caching allocator, c10/cuda/CUDACachingAllocator.cpp).
+
+    (1) A fraction lost to block rounding and splitting; (2) when the peak comes before the
+    end of backward, the segments the previous step's gradients and optimizer temporaries were
+    freed from stay cached. The allocator splits a cached block to serve a smaller request but
+    never merges blocks across segments, so they are reused only if the activations' blocks
+    are not larger than them; otherwise the activations take new segments on top. FSDP2's
+    sharded grads are views of one reduce-scatter output per unit; elsewhere each parameter
+    has its own gradient (a block's largest tensor is the typical block).
+    """
+    counts = count(model)
+    freed_block = (vec.ceil_div(step.block_params, step.degree) if step.fsdp
+                   else counts.largest_block_tensor) * step.grad_bytes
+    act_block = step.compute_bytes * step.tokens * max(model.ffn_hidden, model.hidden)
+    before_bwd_end = peak_index < PHASES.index(Phase.BWD_END)
+    leftover = (step.states.gradients + step.states.optimizer_temporaries
+                + step.work.step_extra)
+    step_leftover = vec.where(before_bwd_end & (act_block > freed_block), leftover, 0)
+    return vec.floor_int(allocated * ov.allocator_fragmentation) + step_leftover
+
+
+def nccl_communicators(strategy: Strategy, n_gpus: Any, degree: Any) -> Any:
+    """One communicator per process group a step uses: none on one GPU, two for HYBRID_SHARD
+    across nodes (shard group + replicate group), else one."""
+    hybrid_two = 2 if strategy is Strategy.HYBRID_SHARD else 1
+    return vec.where(n_gpus > 1, vec.where(degree < n_gpus, hybrid_two, 1), 0)
+
+
+def evaluate(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, n_gpus: Any,
+             gpus_per_node: Any, tokens: Any, acts: Activations, capacity: Any, context: Any,
+             host_capacity: Any, margin: float, ov: Overheads) -> Estimate:
+    """The estimate from numbers that may be numpy arrays (one configuration per element):
+    the GPU count and node size, tokens per micro-batch and their activation totals, and the
+    device's capacity, context and host RAM. ``estimate`` is the scalar entry point."""
+    check_supported(candidate)
+    S = degree_of(candidate.strategy, n_gpus, gpus_per_node)
+    step = step_for(model, training, candidate, n_gpus=n_gpus, degree=S, tokens=tokens,
+                    acts=acts, ov=ov)
+    phases = moments(step)
+    i, peak = largest(list(phases.values()))
+    notes = []
+    if candidate.strategy is Strategy.DDP and ov.ddp_bucket_view:
+        notes.append("gradient_as_bucket_view=True: grads are views into the buckets")
+    if candidate.offload is Offload.PARAMS_AND_OPTIMIZER and candidate.strategy.is_fsdp:
+        notes.append("CPU offload: sharded params/grads/optimizer state in pinned host RAM")
+    return Estimate(
+        candidate=candidate,
+        shard_degree=S,
+        peak_phase=PHASES[i] if isinstance(i, int) else i,
+        breakdown=peak,
+        phases=phases,
+        allocator_overhead_bytes=allocator_overhead(peak.total, i, step, model, ov),
+        cuda_context_bytes=context,
+        nccl_bytes=nccl_communicators(candidate.strategy, n_gpus, S)
+        * ov.nccl_bytes_per_communicator,
+        capacity_bytes=capacity,
+        usable_bytes=vec.floor_int(capacity * (1.0 - margin)),
+        host_bytes_per_node=vec.minimum(n_gpus, gpus_per_node)
+        * (step.states.host_per_rank + ov.host_bytes_per_process),
+        host_capacity_bytes=host_capacity,
+        notes=tuple(notes),
+    )
+
+
+def estimate(model: ModelSpec, training: TrainingSpec, cluster: Cluster, candidate: Candidate,
+             *, margin: float = DEFAULT_MARGIN, overheads: Overheads | None = None) -> Estimate:
+    """The memory of one step of ``candidate`` on one GPU of ``cluster``."""
+    ov = overheads or Overheads()
+    check_supported(candidate)
+    plan = activation_plan(model, training, candidate)
+    if ov.activation_scale != 1.0:
+        plan = plan.scaled(ov.activation_scale)
+    return evaluate(model, training, candidate, n_gpus=cluster.n_gpus,
+                    gpus_per_node=cluster.gpus_per_node,
+                    tokens=training.micro_batch * training.seq, acts=Activations.of(plan),
+                    capacity=cluster.gpu.memory_bytes, context=cluster.gpu.cuda_context_bytes,
+                    host_capacity=cluster.host_ram_bytes_per_node, margin=margin, ov=ov)

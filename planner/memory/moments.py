@@ -1,0 +1,208 @@
+"""The moments of one training step, one small function each (docs/model.md §3).
+
+Every function takes the ``Step`` (what is resident, what the strategy keeps as working copies
+and buffers, the activation totals) and returns the ``Breakdown`` of allocated bytes at that
+moment. Numbers may be numpy arrays (planner/memory/vec.py); branches are on categorical
+inputs only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from planner.activations import ActivationPlan
+from planner import vec
+from planner.memory.breakdown import Breakdown, Phase, largest
+from planner.memory.states import Resident
+from planner.memory.working import Working
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Activations:
+    """The activation totals the moments read (from planner/activations.py)."""
+
+    kept_per_block: Any
+    """What one block keeps for backward under the chosen checkpointing."""
+    root: Any
+    """Saved outside the blocks (embeddings, final norm, head input, the loss's output)."""
+    loss_out: Any
+    """The loss's saved log-softmax output (freed after the loss's backward)."""
+    loss_fwd: Any
+    loss_bwd: Any
+    block_bwd: Any
+    """Gradient temporaries inside one block's backward."""
+    recompute: Any
+    """One block's recomputed activations during its backward (checkpointing)."""
+    residual_bytes: int
+
+    @classmethod
+    def of(cls, plan: ActivationPlan) -> Activations:
+        return cls(kept_per_block=plan.block_kept, root=plan.root_bytes,
+                   loss_out=plan.root_saved[-1].nbytes,
+                   loss_fwd=plan.loss_forward_transient, loss_bwd=plan.loss_backward_transient,
+                   block_bwd=plan.block_backward_transient, recompute=plan.recompute,
+                   residual_bytes=plan.residual_bytes)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Step:
+    """Everything the moments need, per GPU."""
+
+    n_layers: int
+    block_params: int
+    """Parameters of one block (P_block)."""
+    root_params: int
+    vocab_x_hidden: int
+    tokens: Any
+    """Tokens per micro-batch (micro-batch x seq)."""
+    tokens_x_hidden: Any
+    tied: bool
+    fsdp: bool
+    compute_bytes: int
+    grad_bytes: int
+    grad_shards: Any
+    degree: Any
+    """Shard degree (FSDP's shard group)."""
+    offloaded: bool
+    params_offloaded: bool
+    accumulating: Any
+    """More than one micro-batch per step: later micro-batches run on accumulated grads."""
+    states: Resident
+    work: Working
+    acts: Activations
+    cublas: int
+
+    @property
+    def base(self) -> Breakdown:
+        """What every moment holds: resident params and optimizer state, cuBLAS's workspace."""
+        return Breakdown(params=self.states.params,
+                         optimizer_states=self.states.optimizer_states,
+                         cublas_workspace=self.cublas)
+
+    @property
+    def accumulated(self) -> Any:
+        """Gradients accumulated by earlier micro-batches (every GPU's own copy, or shard)."""
+        return vec.where(self.accumulating, self.states.gradients, 0)
+
+    @property
+    def activations_all(self) -> Any:
+        return self.acts.kept_per_block * self.n_layers + self.acts.root
+
+
+def forward(s: Step) -> Breakdown:
+    """At the loss, end of forward: every activation and the logits being reduced."""
+    return s.base.plus(gathered_params=s.work.gathered_fwd, activations=s.activations_all,
+                       gradients=s.accumulated, transients=s.acts.loss_fwd,
+                       comm_buffers=s.work.buckets)
+
+
+def loss_backward(s: Step) -> Breakdown:
+    """The loss's backward: the fp32 vocabulary gradients on top of all activations."""
+    return s.base.plus(gathered_params=s.work.gathered_loss, activations=s.activations_all,
+                       gradients=s.accumulated, transients=s.acts.loss_bwd,
+                       comm_buffers=s.work.buckets)
+
+
+def _last_block(s: Step) -> Breakdown:
+    """The last block's backward: the loss's tensors are gone (log_softmax output freed), the
+    head's gradient exists, one block is being differentiated (and recomputed). Full-size
+    accumulated grads already hold the head's; FSDP's unsharded root grad is separate."""
+    if s.fsdp:
+        grads = s.accumulated + s.work.root_grad_bwd
+    else:
+        grads = vec.where(s.grad_shards > 1, s.accumulated + s.work.root_grad_bwd,
+                          vec.maximum(s.accumulated, s.work.root_grad_bwd))
+    return s.base.plus(gathered_params=s.work.gathered_bwd,
+                       activations=s.acts.kept_per_block * s.n_layers + s.acts.root
+                       - s.acts.loss_out,
+                       gradients=grads, transients=s.acts.block_bwd + s.acts.recompute,
+                       comm_buffers=s.work.buckets)
+
+
+def _block_grad(s: Step) -> Any:
+    """One block's new gradient (or shard); accumulated grads already hold it."""
+    if s.offloaded:
+        return 0
+    return vec.where(s.accumulating, 0,
+                     vec.ceil_div(s.block_params, s.grad_shards) * s.grad_bytes)
+
+
+def block_backward(s: Step) -> Breakdown:
+    """The largest of the blocks' backward sub-moments.
+
+    - the last block (``_last_block``);
+    - the block before it: one block's activations are gone, its gradient exists (sharded
+      under FSDP, whose reduce-scatter input stays alive until the next reduce-scatter), and
+      its working copy is freed (SHARD_GRAD_OP / autocast cache);
+    - the first block (the last one differentiated): every other block's gradient exists and
+      its activations are gone; the peak is here when a block's gradient (shard) outweighs
+      what it kept, e.g. full checkpointing on few ranks (traced: Llama-2-7B, 8 ranks, seq
+      8192);
+    - FSDP: a block's post-backward, where its unsharded gradients (param dtype) are alive
+      while its reduce-scatter input is allocated and filled and its activations are gone
+      (a 70B block is 1.6 GiB of bf16 gradients + 3.2 GiB of fp32 reduce input; traced); at
+      the first block's post-backward its all-gather output is still allocated too.
+    """
+    last = _last_block(s)
+    g = _block_grad(s)
+    kept = s.acts.kept_per_block
+    prev = last.plus(activations=-kept, gradients=g, gathered_params=-s.work.freed_per_block,
+                     comm_buffers=s.work.rs_unit)
+    first = last.plus(activations=kept - kept * s.n_layers, gradients=(s.n_layers - 1) * g,
+                      gathered_params=s.work.gathered_bwd_first - s.work.gathered_bwd,
+                      comm_buffers=s.work.rs_unit)
+    subs = [last, prev, first] if s.n_layers > 1 else [last]
+    if s.fsdp:
+        for b, lingering in ((last, 0), (first, s.work.lingering_first)):
+            subs.append(b.plus(activations=-s.acts.kept_per_block, transients=-b.transients,
+                               gradients=s.work.unsharded_block_grads,
+                               gathered_params=lingering,
+                               comm_buffers=s.work.buckets + s.work.rs_unit - b.comm_buffers))
+    return largest(subs)[1]
+
+
+def backward_end(s: Step) -> Breakdown:
+    """End of backward: the embeddings' backward (their input gradient arriving) and, under
+    FSDP, the root's reduce-scatter after it.
+
+    A tied table's backward makes a new table-sized gradient, then accumulates it into the
+    head's out of place (``torch/csrc/autograd/functions/accumulate_grad.h``): the new
+    gradient and the sum are alive together with the head's (traced). Under FSDP the root's
+    unsharded gradients are alive through both sub-moments; during the embeddings' backward
+    the last block's reduce-scatter input still is, at the root's reduce-scatter its own
+    input replaces it, and the root's gathered params are gone (FSDP2's post-backward
+    reshards before reducing: ``_fsdp_param_group.py`` ``post_backward``).
+    """
+    grad_in = s.acts.residual_bytes * s.tokens_x_hidden
+    if s.tied:
+        grad_in = grad_in + 2 * s.vocab_x_hidden * (s.compute_bytes if s.fsdp else s.grad_bytes)
+    if not s.fsdp:
+        return s.base.plus(gathered_params=s.work.gathered_end, gradients=s.states.gradients,
+                           transients=grad_in, comm_buffers=s.work.buckets)
+    block_grads = 0 if s.params_offloaded else \
+        s.n_layers * vec.ceil_div(s.block_params, s.degree) * s.grad_bytes
+    root_grads = 0 if s.params_offloaded else vec.where(
+        s.accumulating, vec.ceil_div(s.root_params, s.degree) * s.grad_bytes, 0)
+    emb = s.base.plus(gathered_params=s.work.gathered_end,
+                      gradients=block_grads + root_grads + s.root_params * s.compute_bytes,
+                      transients=grad_in, comm_buffers=s.work.rs_unit)
+    root_rs = emb.plus(transients=-grad_in, comm_buffers=s.work.rs_root - s.work.rs_unit,
+                       gathered_params=-s.work.gathered_end)
+    return largest([emb, root_rs])[1]
+
+
+def optimizer_step(s: Step) -> Breakdown:
+    """optimizer.step(): states, every gradient and the step's temporaries."""
+    return s.base.plus(gradients=s.states.gradients, comm_buffers=s.work.buckets,
+                       optimizer_temporaries=s.states.optimizer_temporaries
+                       + s.work.step_extra)
+
+
+MOMENTS = {
+    Phase.FORWARD: forward,
+    Phase.LOSS_BWD: loss_backward,
+    Phase.BLOCK_BWD: block_backward,
+    Phase.BWD_END: backward_end,
+    Phase.OPTIMIZER: optimizer_step,
+}

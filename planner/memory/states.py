@@ -1,0 +1,160 @@
+"""Model states per GPU: parameters, gradients, optimizer state, the step's temporaries, and
+what offload moves to the host.
+
+Sources: ZeRO (Rajbhandari et al. 2020, sec. 5: 2Ψ + 2Ψ + KΨ, K = 12 for mixed-precision Adam;
+stage 1 shards K, stage 2 also the gradients, stage 3 also the parameters); FSDP2
+(``torch/distributed/fsdp/_fully_shard``: params, grads and optimizer state sharded over the
+shard group, dim-0 shards padded to a multiple of the group); torch.optim's per-parameter
+state (``torch/optim/adam.py``: ``exp_avg``, ``exp_avg_sq`` = ``zeros_like(param)``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from planner.vec import ceil_div
+from planner.params import ParamCounts, numel, tensor_groups
+from planner.spec import (
+    Candidate,
+    ModelSpec,
+    Offload,
+    OptimizerImpl,
+    OptimizerKind,
+    Precision,
+    Strategy,
+    TrainingSpec,
+)
+
+FP32 = 4
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Dtypes:
+    """Bytes per element of each copy of the model a strategy keeps."""
+
+    param: int
+    """The resident parameters (the module's own dtype)."""
+    grad: int
+    master: int
+    """A separate fp32 master copy (DeepSpeed under mixed precision), else 0."""
+    state: int
+    """Optimizer state elements."""
+    compute: int
+    """Working copies and activations in matmuls."""
+
+
+def dtypes(strategy: Strategy, precision: Precision) -> Dtypes:
+    """DeepSpeed keeps the module and its gradients in the compute dtype with an fp32 master
+    copy beside the optimizer state; torch AMP (DDP, FSDP2's MixedPrecisionPolicy) keeps fp32
+    params, grads and state and casts for compute; pure bf16 keeps everything in bf16."""
+    c = precision.compute_bytes
+    if strategy.is_zero:
+        return Dtypes(param=c, grad=c, master=FP32 if precision.amp else 0,
+                      state=FP32 if precision.amp else precision.param_bytes, compute=c)
+    pb = precision.param_bytes
+    return Dtypes(param=pb, grad=pb, master=0, state=pb, compute=c)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Shards:
+    """Ways each model state is sharded (1: replicated on every rank)."""
+
+    params: Any
+    grads: Any
+    optimizer: Any
+
+
+def shards(strategy: Strategy, degree: Any) -> Shards:
+    """ZeRO stage 1 shards the optimizer state, 2 also the gradients, 3 also the parameters;
+    FSDP shards all three over its shard group (degree 1 for DDP / NO_SHARD)."""
+    if strategy is Strategy.ZERO1:
+        return Shards(params=1, grads=1, optimizer=degree)
+    if strategy is Strategy.ZERO2:
+        return Shards(params=1, grads=degree, optimizer=degree)
+    return Shards(params=degree, grads=degree, optimizer=degree)
+
+
+def optimizer_state_bytes(model: ModelSpec, optimizer: OptimizerKind, state_bytes: int,
+                          shard: Any) -> Any:
+    """Optimizer state held for 1/shard of every parameter tensor (dim-0 shards)."""
+    groups = tensor_groups(model)
+    if optimizer is OptimizerKind.SGD:
+        return 0
+    if optimizer is OptimizerKind.ADAFACTOR:
+        # torch.optim.Adafactor factors the second moment of >= 2-D params: row and column
+        # statistics of the local (dim-0) shard; 1-D params keep a full second moment.
+        total = 0
+        for _, shape, k in groups:
+            if len(shape) >= 2:
+                total += k * (ceil_div(shape[0], shard) * numel(shape[1:-1]) + shape[-1])
+            else:
+                total += k * ceil_div(shape[0], shard)
+        return total * state_bytes
+    elems = sum(k * ceil_div(numel(s), shard) for _, s, k in groups)
+    if optimizer is OptimizerKind.ADAMW_8BIT:
+        # bitsandbytes 8-bit blockwise: two uint8 states + one fp32 absmax per 2048 values
+        # per state (Dettmers et al. 2022, "8-bit Optimizers via Block-wise Quantization").
+        return 2 * elems + 2 * FP32 * ceil_div(elems, 2048)
+    per_elem = 2 if optimizer in (OptimizerKind.ADAM, OptimizerKind.ADAMW) else 1
+    # Adam(W): exp_avg, exp_avg_sq; SGD momentum: momentum_buffer; Lion: exp_avg
+    return per_elem * elems * state_bytes
+
+
+def optimizer_temp_bytes(counts: ParamCounts, local_elems: Any, training: TrainingSpec,
+                         state_bytes: int, zero: bool, shard: Any = 1) -> Any:
+    """Transient device memory of optimizer.step()."""
+    opt, impl = training.optimizer, training.optimizer_impl
+    if zero or opt in (OptimizerKind.SGD, OptimizerKind.SGD_MOMENTUM, OptimizerKind.ADAMW_8BIT):
+        # DeepSpeed steps with its fused multi-tensor Adam; SGD's foreach path is in place
+        # (weight_decay=0); bitsandbytes runs one fused kernel per tensor.
+        return 0
+    if impl is OptimizerImpl.FUSED:
+        return 0  # torch._fused_adamw_: one kernel, no intermediates
+    if impl is OptimizerImpl.FOREACH and opt in (OptimizerKind.ADAM, OptimizerKind.ADAMW):
+        # _multi_tensor_adam: exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs) allocates one
+        # state-sized copy of every parameter in the group (torch/optim/adam.py).
+        return local_elems * state_bytes
+    # Single-tensor loops (and Lion / Adafactor updates): sqrt(v) then its quotient, two
+    # temporaries the size of the largest tensor (torch/optim/adam.py _single_tensor_adam).
+    return 2 * ceil_div(counts.largest_tensor, shard) * state_bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Resident:
+    """Model states on one GPU between steps, and what offload keeps on the host."""
+
+    params: Any
+    gradients: Any
+    """Every gradient after backward (0 when offload streams them to the host)."""
+    optimizer_states: Any
+    """Optimizer state plus DeepSpeed's fp32 master copy."""
+    optimizer_temporaries: Any
+    host_per_rank: Any
+    """Bytes one rank keeps in host RAM (offload)."""
+
+
+def resident(model: ModelSpec, training: TrainingSpec, counts: ParamCounts,
+             candidate: Candidate, d: Dtypes, sh: Shards) -> Resident:
+    P = counts.per_block * model.n_layers + counts.root
+    zero = candidate.strategy.is_zero
+    params = ceil_div(P, sh.params) * d.param
+    grads = ceil_div(P, sh.grads) * d.grad
+    local_opt = ceil_div(P, sh.optimizer)
+    states = (optimizer_state_bytes(model, training.optimizer, d.state, sh.optimizer)
+              + local_opt * d.master)
+    temps = optimizer_temp_bytes(counts, local_opt, training, d.state, zero, sh.optimizer)
+    if candidate.offload is Offload.OPTIMIZER:
+        # ZeRO-Offload (Ren et al. 2021): fp32 master, states and the fp32 gradient partition
+        # live on the host and the step runs on the CPU; each reduced gradient partition moves
+        # to the host as it is produced (ZeRO-1 keeps its unpartitioned gradients).
+        return Resident(params=params, gradients=grads if candidate.strategy is Strategy.ZERO1
+                        else 0, optimizer_states=0, optimizer_temporaries=0,
+                        host_per_rank=states + local_opt * FP32)
+    if candidate.offload is Offload.PARAMS_AND_OPTIMIZER:
+        # FSDP2 CPUOffloadPolicy / ZeRO-3 offload_param: sharded params, grads and optimizer
+        # state in pinned host memory; only unsharded working copies live on the GPU.
+        return Resident(params=0, gradients=0, optimizer_states=0, optimizer_temporaries=0,
+                        host_per_rank=params + grads + states)
+    return Resident(params=params, gradients=grads, optimizer_states=states,
+                    optimizer_temporaries=temps, host_per_rank=0)

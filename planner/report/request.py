@@ -1,0 +1,180 @@
+"""The report's request: what to sweep, parsed from what the user typed (one line per
+error, planner.errors.UsageError)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from planner.candidates import CHECKPOINTING_ORDER
+from planner.errors import UsageError
+from planner.spec import (
+    Attention,
+    Checkpointing,
+    GpuProfile,
+    ModelSpec,
+    OptimizerImpl,
+    OptimizerKind,
+    Precision,
+    Strategy,
+)
+
+OFFLOAD_MODES = ("auto", "none", "all")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReportRequest:
+    models: tuple[tuple[str, ModelSpec], ...]
+    """(label, spec): the label is what the user typed (a preset id or a config path)."""
+    gpus: tuple[GpuProfile, ...]
+    ns: tuple[int, ...]
+    seqs: tuple[int, ...] = (2048,)
+    micro_batches: tuple[int, ...] = (1,)
+    strategies: tuple[Strategy, ...] = tuple(Strategy)
+    checkpointings: tuple[Checkpointing, ...] = CHECKPOINTING_ORDER
+    offload: str = "auto"
+    """auto: no offload, plus offload candidates where nothing else fits (as `fitcheck plan`);
+    none: never offload; all: every offload mode for every configuration."""
+    precision: Precision = Precision.BF16_AMP
+    optimizer: OptimizerKind = OptimizerKind.ADAMW
+    optimizer_impl: OptimizerImpl = OptimizerImpl.FOREACH
+    attention: Attention = Attention.SDPA
+    grad_accum: int = 1
+    margin: float = 0.05
+    tokens: float = 1e12
+    """Tokens to train, for the time and cost columns."""
+    prices: dict[str, float] | None = None
+    """GPU profile id -> $ per GPU-hour; None: no cost columns."""
+
+    @property
+    def n_configurations(self) -> int:
+        """Upper bound of report rows before offload expansion (for the progress bar)."""
+        return (len(self.models) * len(self.gpus) * len(self.ns) * len(self.seqs)
+                * len(self.micro_batches) * len(self.strategies) * len(self.checkpointings))
+
+
+def parse_list(text: str | Iterable[str], flag: str) -> list[str]:
+    """'a,b' (or repeated values) -> ['a', 'b']; empty -> UsageError."""
+    parts = [text] if isinstance(text, str) else list(text)
+    out = [p.strip() for part in parts for p in part.split(",") if p.strip()]
+    if not out:
+        raise UsageError(f"{flag}: give at least one value")
+    return list(dict.fromkeys(out))
+
+
+def parse_ints(text: str | Iterable[str], flag: str) -> tuple[int, ...]:
+    out = []
+    for raw in parse_list(text, flag):
+        try:
+            value = int(raw)
+        except ValueError:
+            raise UsageError(f"{flag}: expected positive integers, got {raw!r}") from None
+        if value <= 0:
+            raise UsageError(f"{flag}: expected positive integers, got {raw!r}")
+        out.append(value)
+    return tuple(sorted(set(out)))
+
+
+def _enum_list(enum_cls: type, text: str | Iterable[str], flag: str) -> tuple[Any, ...]:
+    out = []
+    for raw in parse_list(text, flag):
+        try:
+            value = enum_cls(raw.lower())
+        except ValueError:
+            choices = [str(e) for e in enum_cls if e is not Checkpointing.AUTO]
+            raise UsageError(f"{flag}: unknown value {raw!r}; choose from "
+                             + ", ".join(choices)) from None
+        if value is Checkpointing.AUTO:
+            raise UsageError(f"{flag}: give modes explicitly (none, selective, full); "
+                             "the report sweeps them")
+        out.append(value)
+    return tuple(dict.fromkeys(out))
+
+
+def parse_prices(text: str | None, gpu_ids: Sequence[str]) -> dict[str, float] | None:
+    """'2.5' (every GPU), '2.5,1.8' (in --gpus order) or 'h100-80=2.5,a100-80=1.8'."""
+    if text is None or not text.strip():
+        return None
+    flag = "--price-per-gpu-hour"
+    parts = parse_list(text, flag)
+
+    def num(raw: str) -> float:
+        try:
+            value = float(raw)
+        except ValueError:
+            raise UsageError(f"{flag}: expected $ per GPU-hour like 2.5, got {raw!r}") from None
+        if not math.isfinite(value) or value < 0:
+            raise UsageError(f"{flag}: must be a non-negative number, got {raw!r}")
+        return value
+
+    if all("=" in p for p in parts):
+        prices = {}
+        for p in parts:
+            key, _, raw = p.partition("=")
+            key = key.strip()
+            if key not in gpu_ids:
+                raise UsageError(f"{flag}: {key!r} is not one of --gpus ({', '.join(gpu_ids)})")
+            prices[key] = num(raw)
+        return prices
+    if any("=" in p for p in parts):
+        raise UsageError(f"{flag}: give one price, one per GPU, or GPU=PRICE pairs, not a mix")
+    values = [num(p) for p in parts]
+    if len(values) == 1:
+        return {g: values[0] for g in gpu_ids}
+    if len(values) != len(gpu_ids):
+        raise UsageError(f"{flag}: {len(values)} prices for {len(gpu_ids)} GPUs "
+                         f"({', '.join(gpu_ids)}); give one, or one per GPU")
+    return dict(zip(gpu_ids, values))
+
+
+def build_request(*, models: str | Iterable[str], gpus: str | Iterable[str],
+                  ns: str | Iterable[str], seqs: str | Iterable[str] = "2048",
+                  micro_batches: str | Iterable[str] = "1",
+                  strategies: str | Iterable[str] = (),
+                  checkpointing: str | Iterable[str] = "none,selective,full",
+                  offload: str = "auto", precision: str = "bf16-amp", optimizer: str = "adamw",
+                  grad_accum: int = 1, margin: float = 0.05, tokens: str | float = "1e12",
+                  prices: str | None = None) -> ReportRequest:
+    """Strings as typed -> a request; bad values raise planner.errors.UsageError (one line)."""
+    from planner.fields import Naming
+    from planner.request import resolve_gpu, resolve_model
+    from planner.validate import looks_like_path
+
+    models_naming = Naming(lambda path: "--models", UsageError)
+    resolved_models = []
+    for name in parse_list(models, "--models"):
+        key = "model.config" if looks_like_path(name) else "model.preset"
+        spec, _ = resolve_model({key: name}, models_naming, allow_files=True, base_dir=None)
+        resolved_models.append((name, spec))
+    gpus_naming = Naming(lambda path: "--gpus", UsageError)
+    profiles = [resolve_gpu(name, gpus_naming, allow_files=True, base_dir=None)
+                for name in parse_list(gpus, "--gpus")]
+    ids = [p.id for p in profiles]
+    if len(set(ids)) != len(ids):
+        raise UsageError(f"--gpus: a GPU type is named twice ({', '.join(ids)})")
+    strategies_t = _enum_list(Strategy, strategies, "--strategy") if (
+        strategies if isinstance(strategies, str) else list(strategies)) else tuple(Strategy)
+    if offload not in OFFLOAD_MODES:
+        raise UsageError(f"--offload: choose from {', '.join(OFFLOAD_MODES)}, got {offload!r}")
+    if not math.isfinite(margin) or not 0 <= margin < 1:
+        raise UsageError(f"--margin: must be a fraction in [0, 1), got {margin}")
+    if grad_accum <= 0:
+        raise UsageError(f"--grad-accum: must be a positive integer, got {grad_accum}")
+    from planner.validate import params as parse_count
+
+    try:
+        tokens_f = parse_count(tokens, limit=1e18)
+    except ValueError as exc:
+        raise UsageError(f"--tokens: {exc}") from None
+    return ReportRequest(
+        models=tuple(resolved_models), gpus=tuple(profiles),
+        ns=parse_ints(ns, "--n"), seqs=parse_ints(seqs, "--seq"),
+        micro_batches=parse_ints(micro_batches, "--micro-batch"),
+        strategies=strategies_t,
+        checkpointings=tuple(sorted(_enum_list(Checkpointing, checkpointing, "--checkpointing"),
+                                    key=CHECKPOINTING_ORDER.index)),
+        offload=offload, precision=_enum_list(Precision, precision, "--precision")[0],
+        optimizer=_enum_list(OptimizerKind, optimizer, "--optimizer")[0],
+        grad_accum=grad_accum, margin=margin, tokens=tokens_f, prices=parse_prices(prices, ids))

@@ -1,0 +1,274 @@
+"""One typed request, built by one function from whatever the user gave.
+
+``build_request`` takes the flat ``{path: raw value}`` mapping that every front end produces
+(planner/fields.py: command-line flags, gate specs, job configs) and returns a ``Request``:
+the model, the training run, the cluster, the options of the search and the runtime terms.
+The planner (plan, find), the gate, the report and the probes all start from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from planner.errors import InputDataError
+from planner.fields import FLAGS, Naming, parse
+from planner.memory.breakdown import Overheads
+from planner.memory.estimator import DEFAULT_MARGIN
+from planner.spec import (
+    Checkpointing,
+    Cluster,
+    GpuProfile,
+    MlpKind,
+    ModelSpec,
+    Offload,
+    Strategy,
+    TrainingSpec,
+)
+from planner.throughput import DEFAULT_ASSUMPTIONS, ThroughputAssumptions
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Options:
+    """What to search over and how strictly."""
+
+    strategies: tuple[Strategy, ...] = tuple(Strategy)
+    offloads: tuple[Offload, ...] | None = None
+    """None: no offload, and offload candidates only when nothing else fits."""
+    checkpointing: Checkpointing = Checkpointing.AUTO
+    margin: float = DEFAULT_MARGIN
+    """Fraction of device memory kept free."""
+    global_batch: int | None = None
+    """Sequences per optimizer step over all GPUs; sets grad_accum (pure data parallel)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Runtime:
+    """The terms no parameter count predicts, and where they came from."""
+
+    overheads: Overheads = field(default_factory=Overheads)
+    assumptions: ThroughputAssumptions = DEFAULT_ASSUMPTIONS
+    """The step-time model's free terms (defaults, or a calibration's)."""
+    calibration: dict[str, Any] | None = None
+    """Which calibration the overheads, profile and assumptions came from: id, source, stale."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Request:
+    model: ModelSpec
+    training: TrainingSpec
+    cluster: Cluster
+    options: Options = field(default_factory=Options)
+    runtime: Runtime = field(default_factory=Runtime)
+    model_source: str = "explicit"
+    """Where the model's shape came from: params, preset, config or explicit."""
+    warnings: tuple[str, ...] = ()
+
+    def resolved(self) -> Request:
+        """grad_accum from global_batch: ceil(global_batch / (micro_batch x n_gpus))."""
+        gb = self.options.global_batch
+        if gb is None:
+            return self
+        per_step = self.training.micro_batch * self.cluster.n_gpus
+        return self.with_training(grad_accum=max(1, -(-gb // per_step)))
+
+    def with_training(self, **changes: Any) -> Request:
+        return dataclasses.replace(self, training=dataclasses.replace(self.training, **changes))
+
+    def with_options(self, **changes: Any) -> Request:
+        return dataclasses.replace(self, options=dataclasses.replace(self.options, **changes))
+
+    def with_gpus(self, n: int) -> Request:
+        return dataclasses.replace(self, cluster=dataclasses.replace(self.cluster, n_gpus=n))
+
+
+# ---------------------------------------------------------------------------------------------
+# The model
+
+
+SHAPE_FIELDS = {  # spec key -> ModelSpec field
+    "layers": "n_layers", "hidden": "hidden", "heads": "n_heads", "kv_heads": "n_kv_heads",
+    "ffn": "ffn_hidden", "vocab": "vocab", "tied_embeddings": "tied_embeddings", "mlp": "mlp",
+    "experts": "n_experts", "experts_per_token": "experts_per_token",
+}
+
+
+def llama_ffn(hidden: int) -> int:
+    """Llama's rule: 2/3 of 4h for SwiGLU, rounded up to a multiple of 256 (Touvron et al.
+    2023, and the reference implementation's ``multiple_of``)."""
+    f = int(2 * 4 * hidden / 3)
+    return 256 * -(-f // 256)
+
+
+def resolve_model(v: Mapping[str, Any], naming: Naming, *, allow_files: bool,
+                  base_dir: str | None) -> tuple[ModelSpec, str]:
+    """The model and a word for where its shape came from: params, preset, config, explicit."""
+    given = [p for p in ("model.params", "model.preset", "model.config") if v.get(p) is not None]
+    if len(given) > 1:
+        raise naming.error(f"give only one of {', '.join(naming.name(p) for p in given)}")
+    ov = {SHAPE_FIELDS[p.split('.')[1]]: v[p] for p in v
+          if p.startswith("model.") and p.split(".")[1] in SHAPE_FIELDS and v[p] is not None}
+    if v.get("model.params") is not None:
+        from planner.scaling import shape_from_params
+
+        try:
+            spec, source = shape_from_params(v["model.params"]), "params"
+        except ValueError as exc:
+            raise naming.fail("model.params", str(exc)) from None
+    elif v.get("model.preset") is not None:
+        from planner.presets import UnknownModelError, get_preset
+
+        try:
+            spec, source = get_preset(v["model.preset"]), "preset"
+        except UnknownModelError as exc:
+            raise naming.fail("model.preset", str(exc.args[0] if exc.args else exc)) from None
+    elif v.get("model.config") is not None:
+        from planner.hf_config import ConfigError, load_hf_config
+
+        if not allow_files:
+            raise naming.fail("model.config", "file paths are not accepted here; give "
+                              "model.preset or the shape fields")
+        path = os.path.expanduser(v["model.config"])
+        if base_dir is not None and not os.path.isabs(path):
+            path = os.path.join(base_dir, path)
+        if os.path.isdir(path):
+            path = os.path.join(path, "config.json")
+        if not os.path.isfile(path):
+            raise naming.fail("model.config", f"no such file: {v['model.config']!r}")
+        try:
+            spec, source = load_hf_config(path), "config"
+        except ConfigError as exc:
+            raise InputDataError(str(exc)) from None
+    else:
+        missing = [p for p in ("model.layers", "model.hidden", "model.heads", "model.vocab")
+                   if v.get(p) is None]
+        if missing:
+            raise naming.error(
+                "describe the model with one of "
+                f"{', '.join(naming.name(p) for p in ('model.params', 'model.preset', 'model.config'))}"
+                f", or explicit shape fields (missing: {', '.join(naming.name(p) for p in missing)})")
+        mlp = MlpKind(ov.get("mlp", MlpKind.SWIGLU))
+        hidden = ov["hidden"]
+        base = dict(name="custom", n_layers=ov["n_layers"], hidden=hidden, n_heads=ov["n_heads"],
+                    n_kv_heads=ov.get("n_kv_heads", ov["n_heads"]),
+                    ffn_hidden=ov.get("ffn_hidden", llama_ffn(hidden) if mlp.gated else 4 * hidden),
+                    vocab=ov["vocab"], mlp=mlp)
+        try:
+            return ModelSpec(**base, **{k: x for k, x in ov.items() if k not in base}), "explicit"
+        except ValueError as exc:
+            raise naming.error(f"model shape: {exc}") from None
+    if ov:
+        if "n_heads" in ov and "n_kv_heads" not in ov and spec.n_kv_heads == spec.n_heads:
+            ov["n_kv_heads"] = ov["n_heads"]  # multi-head attention stays multi-head
+        try:
+            spec = dataclasses.replace(spec, **ov, name=f"{spec.name}+overrides")
+        except ValueError as exc:
+            raise naming.error(f"model shape: {exc}") from None
+    return spec, source
+
+
+# ---------------------------------------------------------------------------------------------
+# Hardware and calibration
+
+
+def resolve_gpu(value: str | None, naming: Naming, *, allow_files: bool,
+                base_dir: str | None) -> GpuProfile:
+    from planner.hardware import ProfileError, load_gpu
+    from planner.validate import looks_like_path
+
+    if value is None:
+        raise naming.fail("hardware.gpu", "required (a profile id such as h100-80, or a TOML "
+                          "file; see fitcheck --list-gpus)")
+    try:
+        return load_gpu(value, allow_files=allow_files, base_dir=base_dir)
+    except ProfileError as exc:
+        if looks_like_path(value) and allow_files:
+            raise InputDataError(str(exc)) from None  # a bad file: exit 4
+        raise naming.fail("hardware.gpu", str(exc)) from None
+
+
+def resolve_cluster(gpu: GpuProfile, n: int, gpus_per_node: int | None,
+                    host_ram_gib: float | None, naming: Naming = FLAGS) -> Cluster:
+    gpn = gpus_per_node if gpus_per_node is not None else gpu.gpus_per_node
+    if n > gpn and n % gpn:
+        raise naming.error(f"{naming.name('hardware.n')} ({n}) must be a multiple of "
+                           f"{naming.name('hardware.gpus_per_node')} ({gpn}) past one node")
+    host = int(host_ram_gib * 2**30) if host_ram_gib is not None else gpu.host_ram_bytes_per_node
+    return Cluster(gpu=gpu, n_gpus=n, gpus_per_node=gpn, host_ram_bytes_per_node=host)
+
+
+def resolve_runtime(choice: str, gpu: GpuProfile, model: ModelSpec, naming: Naming, *,
+                    allow_files: bool) -> tuple[Runtime, GpuProfile]:
+    """--calibration FILE|auto|none -> the runtime terms (and the profile, whose context and
+    efficiency a calibration may replace). A bad file is InputDataError (exit 4)."""
+    if choice == "none":
+        return Runtime(), gpu
+    from planner.calibration_paths import any_calibration_files
+
+    if choice == "auto" and not any_calibration_files():
+        return Runtime(), gpu
+    from planner import calibration as cal_mod
+
+    torch_version = cal_mod.installed_torch_version()
+    if choice == "auto":
+        cal = cal_mod.find_calibration(gpu.id, torch_version)
+        if cal is None:
+            return Runtime(), gpu
+    else:
+        if not allow_files:
+            raise naming.fail("calibration", "file paths are not accepted here; use auto or "
+                              "none")
+        if not os.path.isfile(choice):
+            raise naming.fail("calibration", f"no such file: {choice!r} (or use auto / none)")
+        cal = cal_mod.load_calibration(choice)
+    overheads, gpu = cal_mod.apply(cal, Overheads(), gpu, model=model)
+    info = {"id": cal.id, "source": cal.path or choice,
+            "stale": cal_mod.is_stale(cal, torch_version)}
+    return Runtime(overheads=overheads,
+                   assumptions=cal_mod.apply_throughput(cal, DEFAULT_ASSUMPTIONS),
+                   calibration=info), gpu
+
+
+# ---------------------------------------------------------------------------------------------
+# The request
+
+
+def training_from(v: Mapping[str, Any]) -> TrainingSpec:
+    """The training run from parsed fields (``fields.parse``)."""
+    return TrainingSpec(
+        seq=v["training.seq"], micro_batch=v["training.micro_batch"],
+        grad_accum=v["training.grad_accum"], precision=v["training.precision"],
+        optimizer=v["training.optimizer"], optimizer_impl=v["training.optimizer_impl"],
+        attention=v["training.attention"])
+
+
+def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
+                  allow_files: bool = True, base_dir: str | None = None) -> Request:
+    """{path: raw value} (planner/fields.py) -> the typed Request, or one error naming the
+    field the way the front end calls it (``naming``). With ``allow_files=False`` (the
+    webhook) nothing on disk is read: profile ids, presets and ``auto`` calibration only."""
+    v = parse(values, naming)
+    model, source = resolve_model(v, naming, allow_files=allow_files, base_dir=base_dir)
+    gpu = resolve_gpu(v["hardware.gpu"], naming, allow_files=allow_files, base_dir=base_dir)
+    runtime, gpu = resolve_runtime(v["calibration"], gpu, model, naming,
+                                   allow_files=allow_files)
+    cluster = resolve_cluster(gpu, v["hardware.n"], v["hardware.gpus_per_node"],
+                              v["hardware.host_ram_gib"], naming)
+    training = training_from(v)
+    offload = v["offload"]
+    options = Options(
+        strategies=v["strategy"] or tuple(Strategy),
+        offloads=None if offload == "auto" else (offload,),
+        checkpointing=v["checkpointing"], margin=v["margin"],
+        global_batch=v["training.global_batch"])
+    warnings = []
+    if model.shape_assumed:
+        warnings.append(f"model shape assumed from {naming.name('model.params')}; give "
+                        f"{naming.name('model.preset')} or a shape for an exact estimate")
+    if runtime.calibration and runtime.calibration.get("stale"):
+        warnings.append(str(runtime.calibration["stale"]))
+    return Request(model=model, training=training, cluster=cluster, options=options,
+                   runtime=runtime, model_source=source, warnings=tuple(warnings))
