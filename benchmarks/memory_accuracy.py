@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from planner.hardware import load_gpu as load_profile  # noqa: E402
-from planner.memory import Estimate, estimate  # noqa: E402
+from planner.memory import DEFAULT_MARGIN, Estimate, estimate  # noqa: E402
 from planner.presets import get_preset  # noqa: E402
 from planner.spec import (  # noqa: E402
     Attention,
@@ -47,7 +47,7 @@ from planner.spec import (  # noqa: E402
 )
 
 GIB = 2**30
-MARGIN = 0.05  # the CLI's default --margin
+MARGIN = DEFAULT_MARGIN  # the CLI's default --margin
 PREDICTED = {
     "max_allocated": lambda e: e.peak_allocated_bytes,
     "max_reserved": lambda e: e.peak_reserved_bytes,

@@ -215,7 +215,7 @@ def markdown(groups: dict, choices: dict, csv_rel: str) -> str:
                       f"{'yes' if (m == ship and m != 'M0') else ''} |")
     md += ["", "Decisions:", ""]
     for gpu, (ship, why) in choices.items():
-        verdict = f"shipped `calibrations/{gpu}-public.json` ({ship})" if ship != "M0" \
+        verdict = f"shipped `hardware_profiles/calibrations/{gpu}-public.json` ({ship})" if ship != "M0" \
             else "no file shipped, defaults kept"
         md.append(f"- **{gpu}**: {verdict}: {why}.")
     md += ["- **context, NCCL, compute and link efficiency**: not fittable from these rows (the "
@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--csv", default=str(ROOT / "benchmarks" / "memory_measurements.csv"))
     ap.add_argument("--md", default=str(ROOT / "docs" / "calibration.md"),
                     help="Markdown file whose public-fit section is replaced ('' = none)")
-    ap.add_argument("--write-calibrations", default=str(ROOT / "calibrations"),
+    ap.add_argument("--write-calibrations", default=str(ROOT / "hardware_profiles" / "calibrations"),
                     help="directory for the shipped files ('' = none)")
     args = ap.parse_args(argv)
     with open(args.csv, newline="") as f:

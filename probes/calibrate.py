@@ -383,7 +383,7 @@ def write_calibration(doc: dict[str, Any], path: str | os.PathLike[str]) -> None
 
 
 def main(argv: list[str] | None = None) -> int:
-    from probes.cuda_cli import read_records
+    from probes.records import read_records
 
     ap = argparse.ArgumentParser(description="Fit a calibration file on probe records.")
     ap.add_argument("records", nargs="+", help="JSONL files written by fitcheck probe")

@@ -36,8 +36,9 @@ from typing import Any
 import click
 
 from planner.cli import MODEL, TRAINING, field_options
-from planner.errors import EXIT_CRASH, EXIT_FITS, FitcheckError, InputDataError, UsageError
+from planner.errors import EXIT_CRASH, EXIT_FITS, FitcheckError, UsageError
 from planner.spec import Candidate, Checkpointing, Offload, OptimizerKind, Strategy
+from probes.records import read_records
 
 __all__ = ["ProbeRun", "expand_candidates", "launch", "probe_cmd", "run_processes"]
 
@@ -108,26 +109,6 @@ class ProbeRun:
     stderr_tail: str = ""
     run_id: str = ""
     command: list[str] = dataclasses.field(default_factory=list)
-
-
-def read_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    out = []
-    try:
-        with open(path, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                line = line.strip()
-                if not line:
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise InputDataError(f"{path}: line {n}: not JSON ({exc.msg})") from None
-                if not isinstance(rec, dict):
-                    raise InputDataError(f"{path}: line {n}: not a JSON object")
-                out.append(rec)
-    except FileNotFoundError:
-        return []
-    return out
 
 
 def _append_failure(out: str, record: dict[str, Any]) -> None:

@@ -320,10 +320,10 @@ def _layers_for(ctx: Ctx, model: ModelSpec, training: TrainingSpec, cand: Candid
 def _mesh(ctx: Ctx, strategy: Strategy):
     from torch.distributed.device_mesh import init_device_mesh
 
-    from probes.trace import _mesh_shape
+    from probes.trace import mesh_shape
 
     gpn = int(ctx.cfg.get("gpus_per_node") or ctx.world)
-    shape = _mesh_shape(strategy, ctx.world, gpn)
+    shape = mesh_shape(strategy, ctx.world, gpn)
     names = ("dp",) if len(shape) == 1 else ("replicate", "shard")
     return init_device_mesh(ctx.device.type, shape, mesh_dim_names=names), list(shape)
 
@@ -331,9 +331,9 @@ def _mesh(ctx: Ctx, strategy: Strategy):
 def _build(ctx: Ctx, model: ModelSpec, training: TrainingSpec, cand: Candidate):
     """(module to call, optimizer, wrapper name, mesh shape, autocast dtype or None)."""
     from probes.models import build_model, init_weights
-    from probes.trace import _low_dtype, _make_optimizer
+    from probes.trace import low_dtype, make_optimizer
 
-    low = _low_dtype(training.precision)
+    low = low_dtype(training.precision)
     strat = cand.strategy
     if strat not in PROBED_STRATEGIES:
         raise ValueError(f"strategy {strat.value} is not probed (no DeepSpeed in the probe)")
@@ -354,7 +354,7 @@ def _build(ctx: Ctx, model: ModelSpec, training: TrainingSpec, cand: Candidate):
             kw = {"device_ids": [ctx.local_rank]} if ctx.cuda else {}
             module = DDP(net, **kw)
             wrapper, mesh_shape = "ddp", [ctx.world]
-        opt = _make_optimizer(list(module.parameters()), training)
+        opt = make_optimizer(list(module.parameters()), training)
         return module, opt, wrapper, mesh_shape, low
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
@@ -378,7 +378,7 @@ def _build(ctx: Ctx, model: ModelSpec, training: TrainingSpec, cand: Candidate):
     net.to_empty(device="cpu" if offload else ctx.device)
     with torch.no_grad():
         init_weights(net)
-    opt = _make_optimizer(list(net.parameters()), training)
+    opt = make_optimizer(list(net.parameters()), training)
     return net, opt, "fully_shard", mesh_shape, low
 
 

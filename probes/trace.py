@@ -139,7 +139,7 @@ def _check_supported(model: ModelSpec, training: TrainingSpec, candidate: Candid
         )
 
 
-def _make_optimizer(params: list, training: TrainingSpec) -> torch.optim.Optimizer:
+def make_optimizer(params: list, training: TrainingSpec) -> torch.optim.Optimizer:
     impl = training.optimizer_impl
     flags: dict[str, Any] = {
         OptimizerImpl.FOREACH: {"foreach": True},
@@ -160,14 +160,14 @@ def _make_optimizer(params: list, training: TrainingSpec) -> torch.optim.Optimiz
     raise UnsupportedConfig(f"optimizer {opt.value} not traced")
 
 
-def _low_dtype(precision: Precision) -> torch.dtype | None:
+def low_dtype(precision: Precision) -> torch.dtype | None:
     return {
         Precision.BF16_AMP: torch.bfloat16,
         Precision.FP16_AMP: torch.float16,
     }.get(precision)
 
 
-def _mesh_shape(strategy: Strategy, world_size: int, gpus_per_node: int) -> tuple[int, ...]:
+def mesh_shape(strategy: Strategy, world_size: int, gpus_per_node: int) -> tuple[int, ...]:
     if strategy in (Strategy.FULL_SHARD, Strategy.SHARD_GRAD_OP):
         return (world_size,)
     if strategy is Strategy.NO_SHARD:
@@ -349,7 +349,7 @@ def _trace_step(
     strategy = candidate.strategy
     fsdp = strategy.is_fsdp
     precision = training.precision
-    low = _low_dtype(precision)
+    low = low_dtype(precision)
     emulate_autocast = low is not None and not fsdp
 
     net = build_model(model, device="meta")
@@ -376,7 +376,7 @@ def _trace_step(
                 "a process group of another world size is already initialised in this process;"
                 " run each configuration in its own process (probes.runner)"
             )
-        mesh_shape = _mesh_shape(strategy, world_size, gpus_per_node)
+        mesh_shape = mesh_shape(strategy, world_size, gpus_per_node)
         names = ("dp",) if len(mesh_shape) == 1 else ("replicate", "shard")
         mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=names)
         reshard = strategy in (Strategy.FULL_SHARD, Strategy.HYBRID_SHARD)
@@ -403,7 +403,7 @@ def _trace_step(
             opt_params = [p._local_tensor for p in params]
             if not all(lp.is_leaf for lp in opt_params):
                 opt_params = params
-        optimizer = _make_optimizer(opt_params, training)
+        optimizer = make_optimizer(opt_params, training)
         ids = torch.randint(0, model.vocab, (b, t), dtype=torch.int64)
         targets = torch.randint(0, model.vocab, (b, t), dtype=torch.int64)
         t0 = time.perf_counter()

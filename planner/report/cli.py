@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from planner.memory import DEFAULT_MARGIN
 from planner.spec import OptimizerKind, Precision, Strategy
 
 
@@ -42,7 +43,7 @@ def _choice(enum_cls: type) -> click.Choice:
               help="auto: offload candidates only where nothing else fits (as `fitcheck plan`).")
 @click.option("--precision", type=_choice(Precision), default="bf16-amp", show_default=True)
 @click.option("--optimizer", type=_choice(OptimizerKind), default="adamw", show_default=True)
-@click.option("--margin", type=float, default=0.05, show_default=True,
+@click.option("--margin", type=float, default=DEFAULT_MARGIN, show_default=True,
               help="Fraction of GPU memory kept free.")
 @click.option("--tokens", default="1e12", show_default=True, metavar="N",
               help="Tokens to train, for the time and cost columns (1e12, 15T).")

@@ -10,6 +10,7 @@ from typing import Any
 
 from planner.candidates import CHECKPOINTING_ORDER
 from planner.errors import UsageError
+from planner.memory import DEFAULT_MARGIN
 from planner.spec import (
     Attention,
     Checkpointing,
@@ -42,7 +43,7 @@ class ReportRequest:
     optimizer_impl: OptimizerImpl = OptimizerImpl.FOREACH
     attention: Attention = Attention.SDPA
     grad_accum: int = 1
-    margin: float = 0.05
+    margin: float = DEFAULT_MARGIN
     tokens: float = 1e12
     """Tokens to train, for the time and cost columns."""
     prices: dict[str, float] | None = None
@@ -64,16 +65,15 @@ def parse_list(text: str | Iterable[str], flag: str) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def parse_ints(text: str | Iterable[str], flag: str) -> tuple[int, ...]:
+def parse_ints(text: str | Iterable[str], flag: str, limit: int = 1 << 24) -> tuple[int, ...]:
+    from planner.validate import count
+
     out = []
     for raw in parse_list(text, flag):
         try:
-            value = int(raw)
-        except ValueError:
-            raise UsageError(f"{flag}: expected positive integers, got {raw!r}") from None
-        if value <= 0:
-            raise UsageError(f"{flag}: expected positive integers, got {raw!r}")
-        out.append(value)
+            out.append(count(raw, limit=limit))
+        except ValueError as exc:
+            raise UsageError(f"{flag}: {exc}") from None
     return tuple(sorted(set(out)))
 
 
@@ -135,7 +135,7 @@ def build_request(*, models: str | Iterable[str], gpus: str | Iterable[str],
                   strategies: str | Iterable[str] = (),
                   checkpointing: str | Iterable[str] = "none,selective,full",
                   offload: str = "auto", precision: str = "bf16-amp", optimizer: str = "adamw",
-                  grad_accum: int = 1, margin: float = 0.05, tokens: str | float = "1e12",
+                  grad_accum: int = 1, margin: float = DEFAULT_MARGIN, tokens: str | float = "1e12",
                   prices: str | None = None) -> ReportRequest:
     """Strings as typed -> a request; bad values raise planner.errors.UsageError (one line)."""
     from planner.fields import Naming
@@ -158,10 +158,13 @@ def build_request(*, models: str | Iterable[str], gpus: str | Iterable[str],
         strategies if isinstance(strategies, str) else list(strategies)) else tuple(Strategy)
     if offload not in OFFLOAD_MODES:
         raise UsageError(f"--offload: choose from {', '.join(OFFLOAD_MODES)}, got {offload!r}")
-    if not math.isfinite(margin) or not 0 <= margin < 1:
-        raise UsageError(f"--margin: must be a fraction in [0, 1), got {margin}")
-    if grad_accum <= 0:
-        raise UsageError(f"--grad-accum: must be a positive integer, got {grad_accum}")
+    from planner.fields import BY_PATH, FLAGS
+
+    for path, value in (("margin", margin), ("training.grad_accum", grad_accum)):
+        try:
+            BY_PATH[path].check(value)
+        except ValueError as exc:
+            raise FLAGS.fail(path, str(exc)) from None
     from planner.validate import params as parse_count
 
     try:

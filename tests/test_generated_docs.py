@@ -1,0 +1,35 @@
+"""The generated docs are what their generators print today: each generator is rerun into a
+temporary file and compared with the committed doc (rerun it and commit when this fails)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parent.parent
+GENERATED = [
+    # (doc, command writing it to OUT)
+    ("docs/memory_accuracy.md", ["benchmarks/memory_accuracy.py", "--md", "OUT"]),
+    ("docs/throughput_accuracy.md", ["benchmarks/throughput_accuracy.py", "--md", "OUT"]),
+    ("docs/seed-claims.md", ["benchmarks/seed_claims.py", "--out", "OUT"]),
+    ("docs/calibration.md", ["benchmarks/public_memory_calibration.py", "--md", "OUT",
+                             "--write-calibrations", ""]),
+]
+
+
+@pytest.mark.parametrize("doc, command", GENERATED, ids=[d for d, _ in GENERATED])
+def test_generated_doc_is_current(tmp_path, doc, command):
+    out = tmp_path / Path(doc).name
+    shutil.copy(ROOT / doc, out)  # section writers replace their part of the file in place
+    args = [str(out) if a == "OUT" else a for a in command]
+    p = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert out.read_text() == (ROOT / doc).read_text(), (
+        f"{doc} is stale: run `python {' '.join(a for a in command if a != 'OUT')}` and commit")
