@@ -102,7 +102,7 @@ def n_communicators(candidate: Candidate, cluster: Cluster) -> int:
 def leftover_bytes(est: Estimate, overheads: Overheads) -> int:
     """The structural part of the planner's reserved-over-allocated term (cached segments of
     the previous step): the allocator overhead minus its fragmentation fraction."""
-    return est.allocator_overhead_bytes - int(est.peak_allocated_bytes
+    return est.allocator_overhead_bytes - int(est.breakdown.total
                                               * overheads.allocator_fragmentation)
 
 

@@ -320,10 +320,10 @@ def _layers_for(ctx: Ctx, model: ModelSpec, training: TrainingSpec, cand: Candid
 def _mesh(ctx: Ctx, strategy: Strategy):
     from torch.distributed.device_mesh import init_device_mesh
 
-    from probes.trace import mesh_shape
+    from probes.trace import mesh_shape_for
 
     gpn = int(ctx.cfg.get("gpus_per_node") or ctx.world)
-    shape = mesh_shape(strategy, ctx.world, gpn)
+    shape = mesh_shape_for(strategy, ctx.world, gpn)
     names = ("dp",) if len(shape) == 1 else ("replicate", "shard")
     return init_device_mesh(ctx.device.type, shape, mesh_dim_names=names), list(shape)
 

@@ -167,7 +167,7 @@ def low_dtype(precision: Precision) -> torch.dtype | None:
     }.get(precision)
 
 
-def mesh_shape(strategy: Strategy, world_size: int, gpus_per_node: int) -> tuple[int, ...]:
+def mesh_shape_for(strategy: Strategy, world_size: int, gpus_per_node: int) -> tuple[int, ...]:
     if strategy in (Strategy.FULL_SHARD, Strategy.SHARD_GRAD_OP):
         return (world_size,)
     if strategy is Strategy.NO_SHARD:
@@ -376,7 +376,7 @@ def _trace_step(
                 "a process group of another world size is already initialised in this process;"
                 " run each configuration in its own process (probes.runner)"
             )
-        mesh_shape = mesh_shape(strategy, world_size, gpus_per_node)
+        mesh_shape = mesh_shape_for(strategy, world_size, gpus_per_node)
         names = ("dp",) if len(mesh_shape) == 1 else ("replicate", "shard")
         mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=names)
         reshard = strategy in (Strategy.FULL_SHARD, Strategy.HYBRID_SHARD)

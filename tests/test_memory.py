@@ -290,3 +290,23 @@ def test_grad_accumulation_keeps_gradients_through_later_forwards():
         two = estimate(LLAMA2_13B, TrainingSpec(grad_accum=2), cluster(8),
                        Candidate(strategy=strategy))
         assert two.phases["forward"].total - one.phases["forward"].total == grads, strategy
+
+
+def test_peak_is_the_moment_the_device_holds_most():
+    """The fit is judged on allocated + the allocator's reserve at each moment: ZeRO-1 on 4
+    GPUs must not look smaller than on 8 because its peak was picked on allocated bytes only
+    (the cached segments are held before the end of backward, not at the step)."""
+    from planner.spec import OptimizerKind
+
+    model = ModelSpec(name="m", n_layers=37, hidden=8192, n_heads=64, n_kv_heads=4,
+                      ffn_hidden=22016, vocab=50257)
+    training = TrainingSpec(seq=4096, micro_batch=8, precision=Precision.FP16_AMP,
+                            optimizer=OptimizerKind.LION)
+    cand = Candidate(strategy=Strategy.ZERO1, checkpointing=Checkpointing.FULL)
+    used = {n: estimate(model, training, cluster(n), cand) for n in (2, 4, 8)}
+    assert used[2].device_used_bytes >= used[4].device_used_bytes >= used[8].device_used_bytes
+    for e in used.values():
+        held = {p: b.total for p, b in e.phases.items()}
+        assert e.peak_allocated_bytes == max(held.values())
+        assert e.peak_reserved_bytes == e.breakdown.total + e.allocator_overhead_bytes
+        assert e.breakdown == e.phases[e.peak_phase]

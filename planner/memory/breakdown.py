@@ -96,14 +96,19 @@ class Breakdown:
 BREAKDOWN_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Breakdown))
 
 
+def pick(index: Any, moments: list[Breakdown]) -> Breakdown:
+    """moments[index], elementwise for arrays."""
+    if isinstance(index, int):
+        return moments[index]
+    return Breakdown(**{k: vec.choose(index, [getattr(b, k) for b in moments])
+                        for k in BREAKDOWN_FIELDS})
+
+
 def largest(moments: list[Breakdown]) -> tuple[Any, Breakdown]:
     """(index, breakdown) of the moment with the most allocated bytes (elementwise for
     arrays; the first on ties)."""
     i = vec.argmax([b.total for b in moments])
-    if isinstance(i, int):
-        return i, moments[i]
-    return i, Breakdown(**{k: vec.choose(i, [getattr(b, k) for b in moments])
-                           for k in BREAKDOWN_FIELDS})
+    return i, pick(i, moments)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -111,11 +116,17 @@ class Estimate:
     candidate: Candidate
     shard_degree: Any
     peak_phase: Phase
+    """The moment the device holds the most (allocated + the allocator's reserve): what
+    decides the fit. (An index into PHASES when evaluated on arrays.)"""
     breakdown: Breakdown
-    """At the peak: breakdown.total == peak_allocated_bytes."""
+    """Allocated bytes at the peak moment, term by term."""
     phases: dict[Phase, Breakdown]
     """Every moment of the step, term by term (what the trace comparison reads)."""
     allocator_overhead_bytes: Any
+    """Reserved minus allocated at the peak moment."""
+    peak_allocated_bytes: Any
+    """The most allocated at any moment (torch.cuda.max_memory_allocated); usually the
+    breakdown's total, more when another moment allocates more but reserves less."""
     cuda_context_bytes: Any
     nccl_bytes: Any
     capacity_bytes: Any
@@ -126,12 +137,8 @@ class Estimate:
     notes: tuple[str, ...] = field(default=())
 
     @property
-    def peak_allocated_bytes(self) -> Any:
-        return self.breakdown.total
-
-    @property
     def peak_reserved_bytes(self) -> Any:
-        return self.peak_allocated_bytes + self.allocator_overhead_bytes
+        return self.breakdown.total + self.allocator_overhead_bytes
 
     @property
     def device_used_bytes(self) -> Any:

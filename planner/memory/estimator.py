@@ -13,7 +13,7 @@ from typing import Any
 from planner.activations import plan_activations
 from planner.candidates import check_supported, degree_of
 from planner import vec
-from planner.memory.breakdown import PHASES, Breakdown, Estimate, Overheads, Phase, largest
+from planner.memory.breakdown import PHASES, Breakdown, Estimate, Overheads, Phase, pick
 from planner.memory.moments import MOMENTS, Activations, Step
 from planner.memory.states import dtypes, resident, shards
 from planner.memory.working import Working, autocast_working, fsdp_working, zero_working
@@ -77,27 +77,29 @@ def moments(step: Step) -> dict[Phase, Breakdown]:
     return {phase: MOMENTS[phase](step) for phase in PHASES}
 
 
-def allocator_overhead(allocated: Any, peak_index: Any, step: Step, model: ModelSpec,
+def allocator_overhead(allocated: Any, phase: Phase, step: Step, model: ModelSpec,
                        ov: Overheads) -> Any:
-    """Reserved over allocated (the caching allocator, c10/cuda/CUDACachingAllocator.cpp).
+    """Reserved over allocated at one moment (the caching allocator,
+    c10/cuda/CUDACachingAllocator.cpp).
 
-    (1) A fraction lost to block rounding and splitting; (2) when the peak comes before the
-    end of backward, the segments the previous step's gradients and optimizer temporaries were
-    freed from stay cached. The allocator splits a cached block to serve a smaller request but
-    never merges blocks across segments, so they are reused only if the activations' blocks
-    are not larger than them; otherwise the activations take new segments on top. FSDP2's
-    sharded grads are views of one reduce-scatter output per unit; elsewhere each parameter
-    has its own gradient (a block's largest tensor is the typical block).
+    (1) A fraction lost to block rounding and splitting; (2) before the end of backward, the
+    segments the previous step's gradients and optimizer temporaries were freed from stay
+    cached. The allocator splits a cached block to serve a smaller request but never merges
+    blocks across segments, so they are reused only if the activations' blocks are not larger
+    than them; otherwise the activations take new segments on top. FSDP2's sharded grads are
+    views of one reduce-scatter output per unit; elsewhere each parameter has its own gradient
+    (a block's largest tensor is the typical block).
     """
+    frag = vec.floor_int(allocated * ov.allocator_fragmentation)
+    if PHASES.index(phase) >= PHASES.index(Phase.BWD_END):
+        return frag
     counts = count(model)
     freed_block = (vec.ceil_div(step.block_params, step.degree) if step.fsdp
                    else counts.largest_block_tensor) * step.grad_bytes
     act_block = step.compute_bytes * step.tokens * max(model.ffn_hidden, model.hidden)
-    before_bwd_end = peak_index < PHASES.index(Phase.BWD_END)
     leftover = (step.states.gradients + step.states.optimizer_temporaries
                 + step.work.step_extra)
-    step_leftover = vec.where(before_bwd_end & (act_block > freed_block), leftover, 0)
-    return vec.floor_int(allocated * ov.allocator_fragmentation) + step_leftover
+    return frag + vec.where(act_block > freed_block, leftover, 0)
 
 
 def nccl_communicators(strategy: Strategy, n_gpus: Any, degree: Any) -> Any:
@@ -118,7 +120,11 @@ def evaluate(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, 
     step = step_for(model, training, candidate, n_gpus=n_gpus, degree=S, tokens=tokens,
                     acts=acts, ov=ov)
     phases = moments(step)
-    i, peak = largest(list(phases.values()))
+    totals = [b.total for b in phases.values()]
+    overhead = [allocator_overhead(t, p, step, model, ov) for p, t in zip(phases, totals)]
+    held = [t + o for t, o in zip(totals, overhead)]
+    i = vec.argmax(held)
+    peak = pick(i, list(phases.values()))
     notes = []
     if candidate.strategy is Strategy.DDP and ov.ddp_bucket_view:
         notes.append("gradient_as_bucket_view=True: grads are views into the buckets")
@@ -130,7 +136,8 @@ def evaluate(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, 
         peak_phase=PHASES[i] if isinstance(i, int) else i,
         breakdown=peak,
         phases=phases,
-        allocator_overhead_bytes=allocator_overhead(peak.total, i, step, model, ov),
+        allocator_overhead_bytes=vec.choose(i, overhead),
+        peak_allocated_bytes=vec.choose(vec.argmax(totals), totals),
         cuda_context_bytes=context,
         nccl_bytes=nccl_communicators(candidate.strategy, n_gpus, S)
         * ov.nccl_bytes_per_communicator,
