@@ -283,6 +283,10 @@ def load_calibration(path: str | os.PathLike[str]) -> Calibration:
                                f"{exc.colno}: {exc.msg})") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise CalibrationError(f"calibration {p}: cannot read: {exc}") from None
+    except RecursionError:
+        raise CalibrationError(f"calibration {p}: JSON nested too deeply") from None
+    except ValueError:  # an integer of more than 4,300 digits
+        raise CalibrationError(f"calibration {p}: a number is out of range") from None
     return parse_calibration(doc, p)
 
 

@@ -56,14 +56,20 @@ SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(
 )
 
 _REQUIRED = object()
+MAX_DIMENSION = 1 << 24
+"""No dimension of a real model (layers, width, heads, vocabulary) comes near this."""
+MAX_CONFIG_BYTES = 1 << 22
+MAX_NESTING = 4
+"""text_config wrappers followed at most this deep."""
 
 
 def _show(value: Any) -> str:
     """A value as it appears in JSON (null, true, "text"), for error messages."""
     try:
-        return json.dumps(value)
+        text = json.dumps(value)
     except (TypeError, ValueError):
-        return repr(value)
+        text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 class _Reader:
@@ -99,6 +105,8 @@ class _Reader:
             value = int(value)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise self.error(f"{key} must be a positive integer, got {_show(value)}")
+        if value > MAX_DIMENSION:
+            raise self.error(f"{key} must be at most {MAX_DIMENSION:,}, got {_show(value)}")
         return value
 
     def get_bool(self, key: str, default: bool) -> bool:
@@ -281,9 +289,12 @@ def _spec_from_hf_config(cfg: dict[str, Any], name: str, notes: list[str] | None
         and isinstance(cfg.get("text_config"), dict)
     ):
         inner = cfg["text_config"]
+        depth = cfg.get("_fitcheck_depth", 0) if isinstance(cfg.get("_fitcheck_depth"), int) else 0
+        if depth >= MAX_NESTING:
+            raise ConfigError(f"{name}: text_config nested more than {MAX_NESTING} deep")
         if notes is not None:
             notes.append(f"{name}: using the language model under text_config")
-        return spec_from_hf_config(inner, name, notes=notes)
+        return spec_from_hf_config({**inner, "_fitcheck_depth": depth + 1}, name, notes=notes)
     r = _Reader(cfg, name)
     try:
         if model_type in _LLAMA_STYLE:
@@ -338,6 +349,8 @@ def load_hf_config(path: str | os.PathLike[str]) -> ModelSpec:
         p = p / "config.json"
     label = str(p)
     try:
+        if p.stat().st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{label}: larger than {MAX_CONFIG_BYTES} bytes; not a config.json")
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{label}: no such file") from None
@@ -349,4 +362,8 @@ def load_hf_config(path: str | os.PathLike[str]) -> ModelSpec:
         cfg = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{label}: not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{label}: JSON nested too deeply") from None
+    except ValueError:  # an integer of more than 4,300 digits
+        raise ConfigError(f"{label}: a number is out of range for a model config") from None
     return spec_from_hf_config(cfg, label)

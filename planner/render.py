@@ -10,7 +10,7 @@ from typing import Any
 from planner.memory import Estimate
 from planner.params import active_params, total_params
 from planner.plan import Answer, Found
-from planner.spec import Checkpointing, ModelSpec, Offload
+from planner.spec import Checkpointing, ModelSpec, Offload, Strategy
 from planner.throughput import StepEstimate
 
 SCHEMA_VERSION = 1
@@ -183,6 +183,18 @@ def assumptions(answer: Answer) -> list[str]:
     return out
 
 
+def why_never(q) -> str:
+    """Why more GPUs of the type do not help."""
+    unsharded = [s for s in q.options.strategies if s in (Strategy.DDP, Strategy.NO_SHARD)]
+    if len(unsharded) == len(q.options.strategies):
+        verb = "keeps" if len(unsharded) == 1 else "keep"
+        return (f"{' and '.join(map(str, unsharded))} {verb} every parameter, gradient and "
+                "optimizer state on every GPU, so more GPUs do not shrink them (try a sharded "
+                "strategy)")
+    return ("per-GPU activations or working set alone exceed capacity (try a shorter --seq or "
+            "--micro-batch, or checkpointing)")
+
+
 def _label(e: Estimate) -> list[str]:
     c = e.candidate
     return [str(c.strategy), str(c.offload) if c.offload is not Offload.NONE else "-",
@@ -273,11 +285,10 @@ def table(answer: Answer, found: Found | None = None) -> str:
         lines.append(f"recommendation: {c.strategy}{extra}")
         lines += [f"  - {r}" for r in rec.reasons]
     elif answer.min_gpus is not None:
-        lines.append(f"does not fit: needs >= {answer.min_gpus} GPUs of this type "
-                     f"({cl.gpu.id}) with the best candidate")
+        lines.append(f"does not fit: needs {answer.min_gpus} GPUs of this type "
+                     f"({cl.gpu.id}) with the best of these candidates")
     else:
-        lines.append("does not fit on any number of GPUs of this type: per-GPU activations or "
-                     "working set alone exceed capacity (try a shorter --seq or --micro-batch)")
+        lines.append("does not fit on any number of GPUs of this type: " + why_never(q))
     for s in answer.skipped:
         lines.append(f"skipped: {s}")
     lines.append("")

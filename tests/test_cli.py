@@ -60,7 +60,33 @@ def test_nothing_fits_exits_3_and_says_how_many_gpus():
     # 405.85e9 params x 16 B = 6.49 TB of states alone; 8 x 80 GB cannot hold it
     assert doc["min_gpus"] is not None and doc["min_gpus"] > 8
     r = run("--model", "llama3.1-405b", "--gpu", "h100-80", "--n", "8")
-    assert r.exit_code == 3 and "needs >= " in r.stdout
+    assert r.exit_code == 3 and f"needs {doc['min_gpus']} GPUs" in r.stdout
+
+
+def test_min_gpus_answers_with_the_requests_own_options():
+    """--find min-gpus and 'needs N GPUs' search with the given strategies, offload and
+    checkpointing, so the plan at the answer fits (it used to force auto checkpointing and
+    allow every offload: 'fewest GPUs = 1' and then 'does not fit')."""
+    base = ("--model", "llama3-8b", "--gpu", "a10g", "--seq", "4096")
+    for extra in (("--offload", "none"), ("--offload", "none", "--checkpointing", "full"),
+                  ("--strategy", "full_shard", "--checkpointing", "selective")):
+        r = run(*base, *extra, "--find", "min-gpus", "--json")
+        doc = json.loads(r.stdout)
+        n = doc["found"]["value"]
+        assert r.exit_code == 0 and n is not None, (extra, r.output)
+        at = json.loads(run(*base, *extra, "--n", str(n), "--json").stdout)
+        assert at["recommendation"] is not None, extra
+        # and one GPU fewer (a whole node fewer past one node) does not fit
+        below = n - 1 if n <= 8 else n - 8
+        if below >= 1:
+            assert run(*base, *extra, "--n", str(below)).exit_code == 3, (extra, below)
+    # nothing fits on 8: the count offered is above 8, and the plan there fits
+    r = run("--model", "llama3-70b", "--gpu", "h100-80", "--n", "8", "--strategy", "full_shard",
+            "--offload", "none", "--json")
+    need = json.loads(r.stdout)["min_gpus"]
+    assert r.exit_code == 3 and need > 8
+    assert run("--model", "llama3-70b", "--gpu", "h100-80", "--n", str(need), "--strategy",
+               "full_shard", "--offload", "none").exit_code == 0
 
 
 def test_one_gpu_is_plain_training():
@@ -238,3 +264,59 @@ def test_bad_calibration_is_bad_data(tmp_path):
     one_line_error(run("--model", "gpt2", "--gpu", "h100-80", "--calibration", str(p)), 4)
     one_line_error(run("--model", "gpt2", "--gpu", "h100-80", "--calibration", "nope.json"), 2,
                    "--calibration")
+
+
+@pytest.mark.parametrize("args, code, needle", [
+    (("--model", "llama3-8b", "--gpu", "h100-80", "--host-ram-gib", "1e308"), 2,
+     "--host-ram-gib: must be in"),
+    (("--model", "llama3-8b", "--gpu", "h100-80", "--seq", "9" * 4301), 2, "--seq: must be"),
+    (("--model", "llama3-8b", "--gpu", "h100-80", "--hidden", "9" * 40), 2, "--hidden: must be"),
+    (("--model", "llama3-8b", "--gpu", "h100-80", "--margin", "nan"), 2, "--margin: must be"),
+    (("--params", "1e400", "--gpu", "h100-80"), 2, "--params: must be"),
+    (("--model", "llama3-8b", "--gpu", "h100-80", "--strategy", ""), 2,
+     "--strategy: give at least one strategy"),
+])
+def test_extreme_values_are_usage_errors(args, code, needle):
+    one_line_error(run(*args), code, needle)
+
+
+def test_bad_config_files_are_exit_4(tmp_path):
+    import json as _json
+
+    deep = {"model_type": "llava"}
+    cur = deep
+    for _ in range(900):
+        cur["text_config"] = {"model_type": "llava"}
+        cur = cur["text_config"]
+    cases = {
+        "huge.json": '{"model_type": "llama", "hidden_size": 1e308, "num_hidden_layers": 2, '
+                     '"num_attention_heads": 2, "vocab_size": 10, "intermediate_size": 4}',
+        "digits.json": '{"model_type": "llama", "hidden_size": ' + "9" * 4301 + "}",
+        "nested.json": "[" * 100_000 + "]" * 100_000,
+        "chain.json": _json.dumps(deep),
+    }
+    for name, text in cases.items():
+        (tmp_path / name).write_text(text)
+        one_line_error(run("--config", str(tmp_path / name), "--gpu", "h100-80"), 4, name)
+
+
+def test_mlp_override_on_a_preset():
+    r = run("--model", "llama3-8b", "--gpu", "h100-80", "--mlp", "gelu", "--n", "8", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["inputs"]["model"]["mlp"] == "gelu"
+    # two MLP matrices of the preset's width instead of three
+    h, f, L = 4096, 14336, 32
+    assert doc["inputs"]["model"]["params"] == 8_030_261_248 - L * h * f
+
+
+def test_version_and_module_entry_point():
+    import subprocess
+    import sys
+
+    from planner import __version__
+
+    assert run("--version").stdout.strip().endswith(__version__)
+    p = subprocess.run([sys.executable, "-m", "planner", "--version"], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0 and __version__ in p.stdout

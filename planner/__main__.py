@@ -1,0 +1,5 @@
+"""``python -m planner`` is ``fitcheck``."""
+
+from planner.cli import main
+
+main()
