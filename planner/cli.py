@@ -236,11 +236,13 @@ def cli() -> None:
               "sequence length that fits with the given strategies, offload and checkpointing; "
               "the plan shown is at that value.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout (docs/cli.md).")
+@click.option("--wide", is_flag=True, help="Every memory term and speed figure, in two tables "
+              "(default: one table with the columns that fit the terminal).")
 @click.option("--list-gpus", is_flag=True, expose_value=False, is_eager=True, callback=_list_gpus,
               help="List the embedded GPU profiles and exit.")
 @click.option("--list-models", is_flag=True, expose_value=False, is_eager=True,
               callback=_list_models, help="List the model presets and exit.")
-def plan_cmd(as_json: bool, find: str | None, **kw: Any) -> int:
+def plan_cmd(as_json: bool, wide: bool, find: str | None, **kw: Any) -> int:
     """Predict per-GPU memory for every strategy and recommend one.
 
     Exit codes: 0 a candidate fits, 3 nothing fits, 2 usage error, 4 bad input data
@@ -258,7 +260,9 @@ def plan_cmd(as_json: bool, find: str | None, **kw: Any) -> int:
 
         click.echo(json.dumps(answer_json(answer, found), indent=2))
     else:
-        click.echo(table(answer, found))
+        import shutil
+
+        click.echo(table(answer, found, width=shutil.get_terminal_size().columns, wide=wide))
     if found is not None and found.value is None:
         return EXIT_NOTHING_FITS
     return EXIT_FITS if answer.any_fits else EXIT_NOTHING_FITS

@@ -5,6 +5,7 @@ Bytes stay integers until here; GiB (2**30) is the only unit printed in tables.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from planner.memory import Estimate
@@ -216,56 +217,116 @@ def columns(rows: list[list[str]], headers: list[str], left: int) -> str:
     return "\n".join([line(headers), "  ".join("-" * w for w in widths)] + [line(r) for r in rows])
 
 
-def table(answer: Answer, found: Found | None = None) -> str:
+Row = tuple  # (Estimate, StepEstimate, DDP's StepEstimate)
+
+
+def _runtime(e: Estimate) -> int:
+    return (e.breakdown.cublas_workspace + e.allocator_overhead_bytes + e.cuda_context_bytes
+            + e.nccl_bytes)
+
+
+def _fits(e: Estimate) -> str:
+    return "✓" if e.fits else ("✗ host" if e.fits_gpu else "✗")
+
+
+# (header, cell) per column. One format per column: GiB with one decimal, seconds with three,
+# milliseconds with one, tokens/s as an integer.
+MEMORY_COLUMNS: list[tuple[str, Callable[[Row], str]]] = [
+    ("params", lambda r: gib(r[0].breakdown.params)),
+    ("grads", lambda r: gib(r[0].breakdown.gradients)),
+    ("optim", lambda r: gib(r[0].breakdown.optimizer_states
+                            + r[0].breakdown.optimizer_temporaries)),
+    ("gathered", lambda r: gib(r[0].breakdown.gathered_params)),
+    ("activ", lambda r: gib(r[0].breakdown.activations)),
+    ("transient", lambda r: gib(r[0].breakdown.transients)),
+    ("buffers", lambda r: gib(r[0].breakdown.comm_buffers)),
+    ("runtime", lambda r: gib(_runtime(r[0]))),
+    ("used GiB", lambda r: gib(r[0].device_used_bytes)),
+    ("usable", lambda r: gib(r[0].usable_bytes)),
+    ("fits", lambda r: _fits(r[0])),
+    ("headroom", lambda r: gib(r[0].headroom_bytes)),
+]
+SPEED_COLUMNS: list[tuple[str, Callable[[Row], str]]] = [
+    ("step s", lambda r: f"{r[1].step_time_s:.3f}"),
+    ("tokens/s/GPU", lambda r: f"{r[1].tokens_per_s_per_gpu:,.0f}"),
+    ("MFU", lambda r: f"{r[1].mfu:.0%}"),
+    ("exposed comm ms", lambda r: f"{r[1].exposed_comm_s * 1e3:.1f}"),
+    ("offload s", lambda r: f"{r[1].offload_s:.3f}"),
+    ("vs DDP", lambda r: f"{r[1].slowdown_vs(r[2]):.2f}x"),
+    ("fits", lambda r: _fits(r[0])),
+]
+COMPACT_ORDER = ("used GiB", "fits", "headroom", "step s", "tokens/s/GPU", "MFU", "usable",
+                 "activ", "params", "grads", "optim", "gathered", "buffers", "runtime",
+                 "transient", "vs DDP", "exposed comm ms", "offload s")
+"""Compact mode adds columns in this order while the table fits the terminal."""
+MEMORY_NOTE = ("(GiB per GPU at each candidate's peak moment; runtime = CUDA context + NCCL + "
+               "cuBLAS workspace + allocator reserve)")
+
+
+def _compact(rows: list[Row], width: int) -> str:
+    cells = dict(MEMORY_COLUMNS + SPEED_COLUMNS)
+    chosen: list[str] = []
+    for name in COMPACT_ORDER:
+        trial = [n for n in COMPACT_ORDER if n in chosen or n == name]
+        text = columns([_label(r[0]) + [cells[n](r) for n in trial] for r in rows],
+                       ["strategy", "offload", "ckpt", *trial], left=3)
+        if chosen and max(map(len, text.splitlines())) > width:
+            break
+        chosen = trial
+    return columns([_label(r[0]) + [cells[n](r) for n in chosen] for r in rows],
+                   ["strategy", "offload", "ckpt", *chosen], left=3)
+
+
+def _wrap(text: str, width: int, indent: str = "") -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(text, width=max(width, 40), subsequent_indent=indent,
+                         break_long_words=False, break_on_hyphens=False) or [""]
+
+
+def table(answer: Answer, found: Found | None = None, *, width: int = 100,
+          wide: bool = False) -> str:
+    """The plan for people. ``wide``: the full memory and speed tables; otherwise one table
+    with as many columns as fit in ``width`` characters (the terminal's)."""
     q = answer.request
     m, t, cl = q.model, q.training, q.cluster
-    lines = []
+    lines: list[str] = []
+    wrap_width = 10**6 if wide else width
     shape = (f"{m.n_layers} layers, hidden {m.hidden}, {m.n_heads} heads ({m.n_kv_heads} kv), "
              f"ffn {m.ffn_hidden}, vocab {m.vocab}")
     assumed = " [shape ASSUMED from --params]" if m.shape_assumed else ""
     active = active_params(m)
     n_total = total_params(m)
     params = f"{n_total / 1e9:.2f}B params" + (f" ({active / 1e9:.2f}B active)" if active != n_total else "")
-    lines.append(f"model     {m.name}: {params}; {shape}{assumed}")
+    head = [f"model     {m.name}: {params}; {shape}{assumed}"]
     if q.options.global_batch is not None:
-        lines.append(f"global    {q.options.global_batch} sequences per step requested -> grad-accum "
-                     f"{t.grad_accum} ({t.grad_accum * t.micro_batch * cl.n_gpus} sequences)")
-    lines.append(f"training  seq {t.seq}, micro-batch {t.micro_batch}, grad-accum {t.grad_accum}, "
-                 f"{t.precision}, {t.optimizer} ({t.optimizer_impl}), attention {t.attention}")
-    lines.append(f"hardware  {cl.n_gpus} x {cl.gpu.name} ({gib(cl.gpu.memory_bytes)} GiB), "
-                 f"{cl.gpus_per_node} per node, {cl.n_nodes} node(s), host RAM "
-                 f"{gib(cl.host_ram_bytes_per_node)} GiB per node")
+        head.append(f"global    {q.options.global_batch} sequences per step requested -> "
+                    f"grad-accum {t.grad_accum} ({t.grad_accum * t.micro_batch * cl.n_gpus} "
+                    "sequences)")
+    head.append(f"training  seq {t.seq}, micro-batch {t.micro_batch}, grad-accum {t.grad_accum}, "
+                f"{t.precision}, {t.optimizer} ({t.optimizer_impl}), attention {t.attention}")
+    head.append(f"hardware  {cl.n_gpus} x {cl.gpu.name} ({gib(cl.gpu.memory_bytes)} GiB), "
+                f"{cl.gpus_per_node} per node, {cl.n_nodes} node(s), host RAM "
+                f"{gib(cl.host_ram_bytes_per_node)} GiB per node")
+    for h in head:
+        lines += _wrap(h, wrap_width, " " * 10)
     lines.append("")
-    headers = ["strategy", "offload", "ckpt", "params", "grads", "optim", "gathered", "activ",
-               "transient", "buffers", "runtime", "used GiB", "usable", "fits", "headroom"]
-    rows = []
-    for e in answer.estimates:
-        b = e.breakdown
-        runtime = (b.cublas_workspace + e.allocator_overhead_bytes + e.cuda_context_bytes
-                   + e.nccl_bytes)
-        fits = "✓" if e.fits else ("✗ host" if e.fits_gpu else "✗")
-        rows.append(_label(e) + [
-            gib(b.params), gib(b.gradients), gib(b.optimizer_states + b.optimizer_temporaries),
-            gib(b.gathered_params), gib(b.activations), gib(b.transients), gib(b.comm_buffers),
-            gib(runtime), gib(e.device_used_bytes), gib(e.usable_bytes), fits,
-            gib(e.headroom_bytes)])
-    lines.append(columns(rows, headers, left=3))
-    lines.append("(GiB per GPU at each candidate's peak moment; runtime = CUDA context + NCCL + "
-                 "cuBLAS workspace + allocator reserve)")
-    lines.append("")
-    speed_rows = []
-    for e, st, ddp in zip(answer.estimates, answer.steps, answer.ddp_steps):
-        speed_rows.append(_label(e) + [
-            f"{st.step_time_s:.3g}", f"{st.tokens_per_s_per_gpu:,.0f}", f"{st.mfu:.0%}",
-            f"{st.exposed_comm_s:.3g}", f"{st.offload_s:.3g}", f"{st.slowdown_vs(ddp):.2f}x",
-            "✓" if e.fits else "✗"])
-    lines.append(columns(speed_rows, ["strategy", "offload", "ckpt", "step s", "tokens/s/GPU",
-                                      "MFU", "exposed comm s", "offload s", "vs DDP", "fits"],
-                         left=3))
-    lines.append(f"(one optimizer step = {t.grad_accum} micro-batch(es) of {t.micro_batch} x "
+    rows = list(zip(answer.estimates, answer.steps, answer.ddp_steps))
+    step_note = (f"(one optimizer step = {t.grad_accum} micro-batch(es) of {t.micro_batch} x "
                  f"{t.seq} tokens per GPU; vs DDP = step time over DDP's with the same "
                  "checkpointing, whether or not DDP fits)")
-    lines.append("")
+    if wide:
+        for cols, note in ((MEMORY_COLUMNS, MEMORY_NOTE), (SPEED_COLUMNS, step_note)):
+            lines.append(columns([_label(r[0]) + [cell(r) for _, cell in cols] for r in rows],
+                                 ["strategy", "offload", "ckpt", *(h for h, _ in cols)], left=3))
+            lines.append(note)
+            lines.append("")
+    else:
+        lines.append(_compact(rows, width))
+        lines += _wrap("(GiB per GPU at each candidate's peak moment; step time of one optimizer "
+                       f"step of {t.grad_accum} x {t.micro_batch} x {t.seq} tokens per GPU; "
+                       "--wide for every term)", width)
+        lines.append("")
     if found is not None:
         what = {"min-gpus": "fewest GPUs", "max-micro-batch": "largest micro-batch",
                 "max-seq": "largest sequence length"}[found.question]
@@ -273,9 +334,9 @@ def table(answer: Answer, found: Found | None = None) -> str:
             lines.append(f"found: no {what} fits (shown: the plan at the smallest value)")
         else:
             c = answer.recommendation.candidate if answer.recommendation else None
-            lines.append(f"found: {what} = {found.value}"
-                         + (f" (with {c.strategy}, checkpointing {c.checkpointing}, offload "
-                            f"{c.offload})" if c else ""))
+            lines += _wrap(f"found: {what} = {found.value}"
+                           + (f" (with {c.strategy}, checkpointing {c.checkpointing}, offload "
+                              f"{c.offload})" if c else ""), wrap_width, "  ")
     rec = answer.recommendation
     if rec is not None:
         c = rec.candidate
@@ -283,15 +344,18 @@ def table(answer: Answer, found: Found | None = None) -> str:
             f" + {c.checkpointing} checkpointing" if c.checkpointing is not Checkpointing.NONE else "",
             f" + {c.offload} offload" if c.offload is not Offload.NONE else ""])
         lines.append(f"recommendation: {c.strategy}{extra}")
-        lines += [f"  - {r}" for r in rec.reasons]
+        for r in rec.reasons:
+            lines += _wrap(f"  - {r}", wrap_width, "    ")
     elif answer.min_gpus is not None:
-        lines.append(f"does not fit: needs {answer.min_gpus} GPUs of this type "
-                     f"({cl.gpu.id}) with the best of these candidates")
+        lines += _wrap(f"does not fit: needs {answer.min_gpus} GPUs of this type "
+                       f"({cl.gpu.id}) with the best of these candidates", wrap_width, "  ")
     else:
-        lines.append("does not fit on any number of GPUs of this type: " + why_never(q))
+        lines += _wrap("does not fit on any number of GPUs of this type: " + why_never(q),
+                       wrap_width, "  ")
     for s in answer.skipped:
-        lines.append(f"skipped: {s}")
+        lines += _wrap(f"skipped: {s}", wrap_width, "  ")
     lines.append("")
     lines.append("assumptions:")
-    lines += [f"  - {a}" for a in assumptions(answer)]
+    for a_ in assumptions(answer):
+        lines += _wrap(f"  - {a_}", wrap_width, "    ")
     return "\n".join(lines)
