@@ -260,12 +260,23 @@ def plan_cmd(as_json: bool, wide: bool, find: str | None, **kw: Any) -> int:
 
         click.echo(json.dumps(answer_json(answer, found), indent=2))
     else:
-        import shutil
-
-        click.echo(table(answer, found, width=shutil.get_terminal_size().columns, wide=wide))
+        click.echo(table(answer, found, width=terminal_width(), wide=wide))
     if found is not None and found.value is None:
         return EXIT_NOTHING_FITS
     return EXIT_FITS if answer.any_fits else EXIT_NOTHING_FITS
+
+
+def terminal_width() -> int:
+    """$COLUMNS, else the terminal's width, else 80 (shutil.get_terminal_size's rule, without
+    importing shutil on the fast path)."""
+    try:
+        return max(int(os.environ["COLUMNS"]), 40)
+    except (KeyError, ValueError):
+        pass
+    try:
+        return os.get_terminal_size(sys.stdout.fileno()).columns
+    except (AttributeError, ValueError, OSError):
+        return 80
 
 
 def main() -> None:
