@@ -337,3 +337,19 @@ def test_vectorized_sweep_equals_the_scalar_planner_on_random_samples():
                 s = estimate_step(model, training, cl, c)
                 for k in ("step_time_s", "exposed_comm_s", "offload_s", "mfu"):
                     assert np.broadcast_to(getattr(st, k), (len(grid),))[i] == getattr(s, k)
+
+
+def test_config_paths_are_labelled_by_name_and_html_has_no_raw_markdown(tmp_path):
+    cfg = os.path.join(os.path.dirname(__file__), "data", "configs", "mistral-7b.json")
+    assert request.model_label(cfg, [cfg, "llama3-8b"]) == "mistral-7b"
+    assert request.model_label("/m/Llama-3.1-8B/config.json",
+                               ["/m/Llama-3.1-8B/config.json"]) == "Llama-3.1-8B"
+    # two paths that would read the same keep their full path
+    assert request.model_label("/a/x.json", ["/a/x.json", "/b/x.json"]) == "/a/x.json"
+    pytest.importorskip("matplotlib")
+    r = run("--models", f"llama3-8b,{cfg}", "--gpus", "h100-80", "--n", "8,16", "--out",
+            str(tmp_path), "--format", "html,csv")
+    assert r.exit_code == 0, r.output
+    assert set(pd.read_csv(tmp_path / "report.csv").model) == {"llama3-8b", "mistral-7b"}
+    page = (tmp_path / "report.html").read_text()
+    assert "`" not in page and "<code>fitcheck --find min-gpus</code>" in page

@@ -24,7 +24,12 @@ th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}
 def html_page(report: Report, pngs: dict[str, bytes]) -> str:
     """One self-contained page: tables inline, plots as base64 PNG data URIs."""
     req, rows = report.request, report.rows
-    e = html.escape
+
+    def e(text: str) -> str:
+        """Escaped, with Markdown `code` spans as <code>."""
+        parts = html.escape(text).split("`")
+        return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
+
     out = ["<!doctype html>", '<html lang="en"><head><meta charset="utf-8">',
            "<title>fitcheck capacity report</title>", f"<style>{_CSS}</style></head><body>",
            "<h1>fitcheck capacity report</h1>",
@@ -38,7 +43,7 @@ def html_page(report: Report, pngs: dict[str, bytes]) -> str:
         out.append(f'<h2 id="{kind}">{e(title)}</h2><p>{e(words)}</p>')
         if kind in pngs:
             data = base64.b64encode(pngs[kind]).decode("ascii")
-            out.append(f'<img src="data:image/png;base64,{data}" alt="{e(title)}">')
+            out.append(f'<img src="data:image/png;base64,{data}" alt="{html.escape(title)}">')
         if kind == "min_gpus":
             for t_title, table in min_gpu_tables(report):
                 out.append(f"<h3>{e(t_title)}</h3>")

@@ -54,7 +54,7 @@ class _Layout:
 
         W = left + right + ncols * w + (ncols - 1) * wgap
         H = top + bottom + nrows * h + (nrows - 1) * hgap
-        self.W, self.H, self.bottom = W, H, bottom
+        self.W, self.H, self.top, self.bottom = W, H, top, bottom
         self.fig = Figure(figsize=(W, H), dpi=100)
         self.axes = self.fig.subplots(
             nrows, ncols, squeeze=False, sharey=sharey,
@@ -63,10 +63,30 @@ class _Layout:
 
     def finish(self, title: str, handles: Sequence[Any], labels: Sequence[str],
                ncol: int) -> Any:
-        self.fig.suptitle(title, fontsize=11, y=1 - 0.12 / self.H, va="top")
+        """The title wrapped to the figure's width and the legend in as many rows as its
+        entries need; the margins grow to hold both (nothing is cut off)."""
+        import textwrap
+
+        lines = textwrap.wrap(title, width=max(30, int(self.W * 11.5)))
+        self.fig.suptitle("\n".join(lines), fontsize=11, y=1 - 0.12 / self.H, va="top")
+        extra_top = 0.25 * (len(lines) - 1)
+        extra_bottom = 0.0
         if handles:
-            self.fig.legend(handles, labels, loc="lower center", ncol=max(1, ncol), fontsize=9,
+            longest = max(len(label) for label in labels)
+            per_row = max(1, min(ncol, int(self.W / (0.35 + 0.075 * longest))))
+            rows = -(-len(handles) // per_row)
+            extra_bottom = 0.3 * (rows - 1)
+            self.fig.legend(handles, labels, loc="lower center", ncol=per_row, fontsize=9,
                             frameon=False, bbox_to_anchor=(0.5, 0.0))
+        if extra_top or extra_bottom:
+            H = self.H + extra_top + extra_bottom
+            gs = self.axes[0][0].get_gridspec()
+            self.fig.set_size_inches(self.W, H)
+            # the axes keep their size in inches; only the margins grow
+            gs.update(top=1 - (self.top + extra_top) / H, bottom=(self.bottom + extra_bottom) / H)
+            for ax in self.fig.axes:
+                ax.set_position(ax.get_subplotspec().get_position(self.fig))
+            self.fig._suptitle.set_y(1 - 0.12 / H)
         return self.fig
 
 

@@ -129,6 +129,25 @@ def parse_prices(text: str | None, gpu_ids: Sequence[str]) -> dict[str, float] |
     return dict(zip(gpu_ids, values))
 
 
+def model_label(name: str, typed: Sequence[str]) -> str:
+    """How a model is labelled in tables and plots: a preset as typed; a config path by its
+    folder (.../Llama-3.1-8B/config.json) or file stem, unless two would read the same."""
+    import os
+
+    from planner.validate import looks_like_path
+
+    def short(n: str) -> str:
+        if not looks_like_path(n):
+            return n
+        base = os.path.basename(n.rstrip("/\\"))
+        if base == "config.json":
+            return os.path.basename(os.path.dirname(os.path.abspath(n))) or n
+        return base[:-5] if base.endswith(".json") else base
+
+    label = short(name)
+    return label if sum(short(t) == label for t in typed) == 1 else name
+
+
 def build_request(*, models: str | Iterable[str], gpus: str | Iterable[str],
                   ns: str | Iterable[str], seqs: str | Iterable[str] = "2048",
                   micro_batches: str | Iterable[str] = "1",
@@ -143,11 +162,12 @@ def build_request(*, models: str | Iterable[str], gpus: str | Iterable[str],
     from planner.validate import looks_like_path
 
     models_naming = Naming(lambda path: "--models", UsageError)
+    typed = parse_list(models, "--models")
     resolved_models = []
-    for name in parse_list(models, "--models"):
+    for name in typed:
         key = "model.config" if looks_like_path(name) else "model.preset"
         spec, _ = resolve_model({key: name}, models_naming, allow_files=True, base_dir=None)
-        resolved_models.append((name, spec))
+        resolved_models.append((model_label(name, typed), spec))
     gpus_naming = Naming(lambda path: "--gpus", UsageError)
     profiles = [resolve_gpu(name, gpus_naming, allow_files=True, base_dir=None)
                 for name in parse_list(gpus, "--gpus")]
