@@ -190,6 +190,15 @@ class FitcheckGroup(click.Group):
             args = ["plan", *args]
         return super().resolve_command(ctx, args)
 
+    def shell_complete(self, ctx: click.Context, incomplete: str) -> list:
+        """`fitcheck --gp<TAB>` completes the plan command's options (the default command)."""
+        out = super().shell_complete(ctx, incomplete)
+        if incomplete.startswith("-"):
+            seen = {c.value for c in out}
+            out += [c for c in self.commands["plan"].shell_complete(ctx, incomplete)
+                    if c.value not in seen]
+        return out
+
     def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         plan_cmd = self.commands["plan"]
         with click.Context(plan_cmd, info_name=f"{ctx.info_name} [plan]") as pctx:

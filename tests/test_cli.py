@@ -6,6 +6,8 @@ import json
 
 import pytest
 
+from click.testing import CliRunner
+
 from conftest import one_line_error, run
 from planner.cli import cli
 
@@ -340,3 +342,20 @@ def test_wide_mode_has_every_term_one_format_per_column():
     speed = out[out.index("exposed comm ms"):].splitlines()[2:10]
     exposed = [row.split()[6] for row in speed]  # strategy offload ckpt step tok MFU exposed
     assert all(x.count(".") == 1 and len(x.split(".")[1]) == 1 for x in exposed), exposed
+
+
+@pytest.mark.parametrize("words, cword, expect", [
+    ("fitcheck --gp", 1, {"--gpu", "--gpus-per-node"}),
+    ("fitcheck --gpu h100", 2, {"h100-80", "h100-nvl", "h100-pcie"}),
+    ("fitcheck --model mixtral", 2, {"mixtral-8x7b"}),
+    ("fitcheck --precision bf", 2, {"bf16", "bf16-amp"}),
+    ("fitcheck rep", 1, {"report"}),
+])
+def test_shell_completion(words, cword, expect, monkeypatch):
+    monkeypatch.setenv("COMP_WORDS", words)
+    monkeypatch.setenv("COMP_CWORD", str(cword))
+    r = CliRunner().invoke(cli, [], env={"_FITCHECK_COMPLETE": "bash_complete",
+                                         "COMP_WORDS": words, "COMP_CWORD": str(cword)},
+                           prog_name="fitcheck")
+    got = {line.split(",", 1)[1] for line in r.stdout.splitlines() if "," in line}
+    assert expect <= got, (words, got)
