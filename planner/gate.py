@@ -144,6 +144,7 @@ def _predicted(e, step=None) -> dict[str, Any]:
         "fits": e.fits,
         "peak_allocated_bytes": e.peak_allocated_bytes,
         "peak_reserved_bytes": e.peak_reserved_bytes,
+        "required_bytes": e.required_bytes,
         "device_used_bytes": e.device_used_bytes,
         "capacity_bytes": e.capacity_bytes,
         "usable_bytes": e.usable_bytes,
@@ -157,7 +158,7 @@ def _predicted(e, step=None) -> dict[str, Any]:
 
 
 def _overflow(e) -> int:
-    return max(0, e.device_used_bytes - e.usable_bytes) + max(0, e.host_bytes_per_node
+    return max(0, e.required_bytes - e.usable_bytes) + max(0, e.host_bytes_per_node
                                                                - e.host_capacity_bytes)
 
 
@@ -166,20 +167,20 @@ def _closest(answer):
     pairs = list(zip(answer.estimates, answer.steps))
     if not pairs:
         return None, None
-    return min(pairs, key=lambda p: (_overflow(p[0]), p[0].device_used_bytes))
+    return min(pairs, key=lambda p: (_overflow(p[0]), p[0].required_bytes))
 
 
 def _why(e) -> str:
     if not e.fits_gpu:
-        return (f"needs {_gib(e.device_used_bytes)} per GPU, "
-                f"{_gib(e.device_used_bytes - e.usable_bytes)} over the usable "
+        return (f"needs {_gib(e.required_bytes)} per GPU, "
+                f"{_gib(e.required_bytes - e.usable_bytes)} over the usable "
                 f"{_gib(e.usable_bytes)}")
     return (f"needs {_gib(e.host_bytes_per_node)} of host RAM per node, more than the "
             f"{_gib(e.host_capacity_bytes)} there")
 
 
 def _fits_text(e) -> str:
-    return (f"{_gib(e.device_used_bytes)} of {_gib(e.usable_bytes)} usable per GPU, "
+    return (f"needs {_gib(e.required_bytes)} of {_gib(e.usable_bytes)} usable per GPU, "
             f"{_gib(e.headroom_bytes)} headroom")
 
 

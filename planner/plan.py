@@ -116,8 +116,8 @@ def _gib(x: int) -> str:
 
 def why_not(e: Estimate) -> str:
     if not e.fits_gpu:
-        return (f"does not fit, needs {_gib(e.device_used_bytes)} per GPU, "
-                f"{_gib(e.device_used_bytes - e.usable_bytes)} over the usable "
+        return (f"does not fit, needs {_gib(e.required_bytes)} per GPU, "
+                f"{_gib(e.required_bytes - e.usable_bytes)} over the usable "
                 f"{_gib(e.usable_bytes)}")
     return (f"does not fit, host RAM {_gib(e.host_bytes_per_node)} per node exceeds "
             f"{_gib(e.host_capacity_bytes)}")
@@ -142,7 +142,7 @@ def recommend(estimates: Sequence[Estimate], steps: Sequence[StepEstimate], mult
         best, best_step = min(tied, key=simple)
     c = best.candidate
     reasons = [
-        f"{label(c)} fits: {_gib(best.device_used_bytes)} of {_gib(best.usable_bytes)} usable "
+        f"{label(c)} fits: needs {_gib(best.required_bytes)} of {_gib(best.usable_bytes)} usable "
         f"per GPU ({_gib(best.headroom_bytes)} headroom); step {best_step.step_time_s:.3g} s, "
         f"{best_step.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, MFU {best_step.mfu:.0%}",
         "ranked by the memory-only order (least sharding, checkpointing, offload)"

@@ -83,6 +83,7 @@ def candidate_json(e: Estimate, st: StepEstimate | None = None,
         "peak_phase": str(e.peak_phase),
         "peak_allocated_bytes": e.peak_allocated_bytes,
         "peak_reserved_bytes": e.peak_reserved_bytes,
+        "required_bytes": e.required_bytes,
         "device_used_bytes": e.device_used_bytes,
         "capacity_bytes": e.capacity_bytes,
         "usable_bytes": e.usable_bytes,
@@ -178,8 +179,9 @@ def assumptions(answer: Answer) -> list[str]:
         f"runtime: CUDA context {gib(q.cluster.gpu.cuda_context_bytes)} GiB, NCCL "
         f"{gib(ov.nccl_bytes_per_communicator)} GiB per communicator, cuBLAS workspace "
         f"{ov.cublas_workspace_bytes // 2**20} MiB, allocator reserved/allocated "
-        f"{1 + ov.allocator_fragmentation:.2f}",
-        f"fits = device used <= capacity x (1 - margin {q.options.margin:g})",
+        f"{1 + ov.allocator_fragmentation:.2f} (not releasable)",
+        f"fits = needed <= capacity x (1 - margin {q.options.margin:g}); the allocator's cache "
+        "of freed segments is not counted: it is released before an out-of-memory",
     ]
     return out
 
@@ -241,7 +243,8 @@ MEMORY_COLUMNS: list[tuple[str, Callable[[Row], str]]] = [
     ("transient", lambda r: gib(r[0].breakdown.transients)),
     ("buffers", lambda r: gib(r[0].breakdown.comm_buffers)),
     ("runtime", lambda r: gib(_runtime(r[0]))),
-    ("used GiB", lambda r: gib(r[0].device_used_bytes)),
+    ("reserved", lambda r: gib(r[0].peak_reserved_bytes)),
+    ("needs GiB", lambda r: gib(r[0].required_bytes)),
     ("usable", lambda r: gib(r[0].usable_bytes)),
     ("fits", lambda r: _fits(r[0])),
     ("headroom", lambda r: gib(r[0].headroom_bytes)),
@@ -255,12 +258,14 @@ SPEED_COLUMNS: list[tuple[str, Callable[[Row], str]]] = [
     ("vs DDP", lambda r: f"{r[1].slowdown_vs(r[2]):.2f}x"),
     ("fits", lambda r: _fits(r[0])),
 ]
-COMPACT_ORDER = ("used GiB", "fits", "headroom", "step s", "tokens/s/GPU", "MFU", "usable",
+COMPACT_ORDER = ("needs GiB", "fits", "headroom", "step s", "tokens/s/GPU", "MFU", "usable",
                  "activ", "params", "grads", "optim", "gathered", "buffers", "runtime",
-                 "transient", "vs DDP", "exposed comm ms", "offload s")
+                 "transient", "reserved", "vs DDP", "exposed comm ms", "offload s")
 """Compact mode adds columns in this order while the table fits the terminal."""
-MEMORY_NOTE = ("(GiB per GPU at each candidate's peak moment; runtime = CUDA context + NCCL + "
-               "cuBLAS workspace + allocator reserve)")
+MEMORY_NOTE = ("(GiB per GPU at each candidate's peak moment; needs = the terms to its left: "
+               "runtime = CUDA context + NCCL + cuBLAS workspace + what the allocator cannot "
+               "release; reserved = max_memory_reserved, with the cache it would release "
+               "before an out-of-memory)")
 
 
 def _compact(rows: list[Row], width: int) -> str:

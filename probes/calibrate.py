@@ -102,8 +102,8 @@ def n_communicators(candidate: Candidate, cluster: Cluster) -> int:
 def leftover_bytes(est: Estimate, overheads: Overheads) -> int:
     """The structural part of the planner's reserved-over-allocated term (cached segments of
     the previous step): the allocator overhead minus its fragmentation fraction."""
-    return est.allocator_overhead_bytes - int(est.breakdown.total
-                                              * overheads.allocator_fragmentation)
+    return (est.peak_reserved_bytes - est.breakdown.total
+            - int(est.breakdown.total * overheads.allocator_fragmentation))
 
 
 def _stats(residuals: np.ndarray, rel: Sequence[float], held: Sequence[float] | None,

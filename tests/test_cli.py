@@ -329,14 +329,14 @@ def test_plan_fits_the_terminal(width, monkeypatch):
     monkeypatch.setenv("COLUMNS", str(width))
     out = run("--model", "llama2-13b", "--gpu", "h100-80", "--n", "8").stdout
     assert max(len(line) for line in out.splitlines()) <= width
-    for s in ("ddp", "full_shard", "zero3", "used GiB", "fits", "step s", "recommendation:"):
+    for s in ("ddp", "full_shard", "zero3", "needs GiB", "fits", "step s", "recommendation:"):
         assert s in out
 
 
 def test_wide_mode_has_every_term_one_format_per_column():
     out = run("--model", "llama2-13b", "--gpu", "h100-80", "--n", "8", "--wide").stdout
     for h in ("params", "grads", "optim", "gathered", "activ", "transient", "buffers", "runtime",
-              "used GiB", "usable", "headroom", "step s", "tokens/s/GPU", "MFU",
+              "needs GiB", "reserved", "usable", "headroom", "step s", "tokens/s/GPU", "MFU",
               "exposed comm ms", "offload s", "vs DDP"):
         assert h in out, h
     speed = out[out.index("exposed comm ms"):].splitlines()[2:10]

@@ -116,17 +116,22 @@ class Estimate:
     candidate: Candidate
     shard_degree: Any
     peak_phase: Phase
-    """The moment the device holds the most (allocated + the allocator's reserve): what
-    decides the fit. (An index into PHASES when evaluated on arrays.)"""
+    """The moment that needs the most device memory (allocated + what the allocator cannot
+    give back): what decides the fit. (An index into PHASES when evaluated on arrays.)"""
     breakdown: Breakdown
     """Allocated bytes at the peak moment, term by term."""
     phases: dict[Phase, Breakdown]
     """Every moment of the step, term by term (what the trace comparison reads)."""
     allocator_overhead_bytes: Any
-    """Reserved minus allocated at the peak moment."""
+    """At the peak moment: what the caching allocator holds beyond the allocated bytes and
+    cannot release (rounding and split blocks inside live segments)."""
     peak_allocated_bytes: Any
-    """The most allocated at any moment (torch.cuda.max_memory_allocated); usually the
-    breakdown's total, more when another moment allocates more but reserves less."""
+    """The most allocated at any moment (torch.cuda.max_memory_allocated)."""
+    peak_reserved_bytes: Any
+    """The most reserved at any moment (torch.cuda.max_memory_reserved): the above plus the
+    cached free segments of the previous step, which the allocator keeps while there is room
+    and releases (then retries) before it raises out-of-memory, so never beyond what the
+    device has."""
     cuda_context_bytes: Any
     nccl_bytes: Any
     capacity_bytes: Any
@@ -137,20 +142,24 @@ class Estimate:
     notes: tuple[str, ...] = field(default=())
 
     @property
-    def peak_reserved_bytes(self) -> Any:
-        return self.breakdown.total + self.allocator_overhead_bytes
+    def required_bytes(self) -> Any:
+        """What must fit on the device at the peak: allocated, the allocator's unreleasable
+        overhead, the CUDA context and NCCL's buffers."""
+        return (self.breakdown.total + self.allocator_overhead_bytes + self.cuda_context_bytes
+                + self.nccl_bytes)
 
     @property
     def device_used_bytes(self) -> Any:
+        """What nvidia-smi shows at the peak: reserved + context + NCCL."""
         return self.peak_reserved_bytes + self.cuda_context_bytes + self.nccl_bytes
 
     @property
     def headroom_bytes(self) -> Any:
-        return self.usable_bytes - self.device_used_bytes
+        return self.usable_bytes - self.required_bytes
 
     @property
     def fits_gpu(self) -> Any:
-        return self.device_used_bytes <= self.usable_bytes
+        return self.required_bytes <= self.usable_bytes
 
     @property
     def fits_host(self) -> Any:

@@ -77,29 +77,33 @@ def moments(step: Step) -> dict[Phase, Breakdown]:
     return {phase: MOMENTS[phase](step) for phase in PHASES}
 
 
-def allocator_overhead(allocated: Any, phase: Phase, step: Step, model: ModelSpec,
-                       ov: Overheads) -> Any:
-    """Reserved over allocated at one moment (the caching allocator,
-    c10/cuda/CUDACachingAllocator.cpp).
+def fragmentation(allocated: Any, ov: Overheads) -> Any:
+    """What the caching allocator holds beyond the allocated bytes inside live segments and
+    cannot release: block rounding and split blocks (c10/cuda/CUDACachingAllocator.cpp), a
+    fraction of what is allocated."""
+    return vec.floor_int(allocated * ov.allocator_fragmentation)
 
-    (1) A fraction lost to block rounding and splitting; (2) before the end of backward, the
-    segments the previous step's gradients and optimizer temporaries were freed from stay
-    cached. The allocator splits a cached block to serve a smaller request but never merges
-    blocks across segments, so they are reused only if the activations' blocks are not larger
-    than them; otherwise the activations take new segments on top. FSDP2's sharded grads are
-    views of one reduce-scatter output per unit; elsewhere each parameter has its own gradient
-    (a block's largest tensor is the typical block).
+
+def cached_leftover(phase: Phase, step: Step, model: ModelSpec) -> Any:
+    """Free segments the allocator keeps cached at a moment, which it can release.
+
+    Before the end of backward, the segments the previous step's gradients and optimizer
+    temporaries were freed from stay cached. The allocator splits a cached block to serve a
+    smaller request but never merges blocks across segments, so they are reused only if the
+    activations' blocks are not larger than them; otherwise the activations take new segments
+    on top and the old ones stay in the cache. FSDP2's sharded grads are views of one
+    reduce-scatter output per unit; elsewhere each parameter has its own gradient (a block's
+    largest tensor is the typical block).
     """
-    frag = vec.floor_int(allocated * ov.allocator_fragmentation)
     if PHASES.index(phase) >= PHASES.index(Phase.BWD_END):
-        return frag
+        return 0
     counts = count(model)
     freed_block = (vec.ceil_div(step.block_params, step.degree) if step.fsdp
                    else counts.largest_block_tensor) * step.grad_bytes
     act_block = step.compute_bytes * step.tokens * max(model.ffn_hidden, model.hidden)
     leftover = (step.states.gradients + step.states.optimizer_temporaries
                 + step.work.step_extra)
-    return frag + vec.where(act_block > freed_block, leftover, 0)
+    return vec.where(act_block > freed_block, leftover, 0)
 
 
 def nccl_communicators(strategy: Strategy, n_gpus: Any, degree: Any) -> Any:
@@ -121,10 +125,14 @@ def evaluate(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, 
                     acts=acts, ov=ov)
     phases = moments(step)
     totals = [b.total for b in phases.values()]
-    overhead = [allocator_overhead(t, p, step, model, ov) for p, t in zip(phases, totals)]
-    held = [t + o for t, o in zip(totals, overhead)]
-    i = vec.argmax(held)
+    needed = [t + fragmentation(t, ov) for t in totals]
+    i = vec.argmax(needed)
     peak = pick(i, list(phases.values()))
+    nccl = nccl_communicators(candidate.strategy, n_gpus, S) * ov.nccl_bytes_per_communicator
+    # the cache is released before an out-of-memory: reserved never exceeds the device
+    room = capacity - context - nccl
+    reserved = [vec.minimum(n + cached_leftover(p, step, model), vec.maximum(room, n))
+                for p, n in zip(phases, needed)]
     notes = []
     if candidate.strategy is Strategy.DDP and ov.ddp_bucket_view:
         notes.append("gradient_as_bucket_view=True: grads are views into the buckets")
@@ -136,11 +144,11 @@ def evaluate(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, 
         peak_phase=PHASES[i] if isinstance(i, int) else i,
         breakdown=peak,
         phases=phases,
-        allocator_overhead_bytes=vec.choose(i, overhead),
+        allocator_overhead_bytes=fragmentation(peak.total, ov),
         peak_allocated_bytes=vec.choose(vec.argmax(totals), totals),
+        peak_reserved_bytes=vec.choose(vec.argmax(reserved), reserved),
         cuda_context_bytes=context,
-        nccl_bytes=nccl_communicators(candidate.strategy, n_gpus, S)
-        * ov.nccl_bytes_per_communicator,
+        nccl_bytes=nccl,
         capacity_bytes=capacity,
         usable_bytes=vec.floor_int(capacity * (1.0 - margin)),
         host_bytes_per_node=vec.minimum(n_gpus, gpus_per_node)

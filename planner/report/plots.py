@@ -159,11 +159,11 @@ def plot_memory(report: Report) -> Any:
                 color, ls, marker = _STRATEGY_STYLE[s]
                 if heavy is not None:  # the same strategy with the heaviest checkpointing
                     hh = heavy[heavy.strategy == str(s)].sort_values("n")
-                    yh = hh.device_used_bytes / GiB
+                    yh = hh.required_bytes / GiB
                     if len(hh):
                         lo = min(lo, float(yh.min()))
                         ax.plot(hh.n, yh, color=color, ls=ls, lw=0.9, alpha=0.35)
-                y = ss.device_used_bytes / GiB
+                y = ss.required_bytes / GiB
                 lo, hi = min(lo, float(y.min())), max(hi, float(y.max()))
                 (h,) = ax.plot(ss.n, y, color=color, ls=ls, marker=marker, ms=3.5, lw=1.3,
                                label=str(s))
@@ -181,13 +181,13 @@ def plot_memory(report: Report) -> Any:
         _log_y(axes[i][0], lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}")
         if hi > 0:
             axes[i][0].set_ylim(lo / 1.4, hi * 1.4)
-        axes[i][0].set_ylabel("GiB per GPU (log scale)", fontsize=9)
+        axes[i][0].set_ylabel("GiB needed per GPU (log scale)", fontsize=9)
         axes[i][0].tick_params(axis="y", labelsize=8)
     if d_heavy is not None:
         handles[f"{ck_heavy} checkpointing"] = Line2D(
             [], [], color="gray", lw=0.9, alpha=0.5, label=f"faint: {ck_heavy} checkpointing")
     faint = f", faint: {ck_heavy}" if d_heavy is not None else ""
-    title = (f"Device memory per GPU vs GPU count ({_plot_setting(req)}, no offload; "
+    title = (f"Device memory needed per GPU vs GPU count ({_plot_setting(req)}, no offload; "
              f"checkpointing {ck}{faint}); shaded: over capacity")
     hs = list(handles.values())
     return lay.finish(title, hs, [h.get_label() for h in hs], min(len(hs), 7))

@@ -55,7 +55,8 @@ from planner.throughput import (
 COLUMNS = (
     "model", "gpu", "n", "nodes", "seq", "micro_batch", "grad_accum", "precision",
     "strategy", "checkpointing", "offload", "fits", "fits_gpu", "fits_host",
-    "device_used_bytes", "peak_allocated_bytes", "capacity_bytes", "usable_bytes",
+    "required_bytes", "device_used_bytes", "peak_allocated_bytes", "capacity_bytes",
+    "usable_bytes",
     "host_bytes_per_node", "peak_phase", "step_time_s", "tokens_per_s_per_gpu", "tokens_per_s",
     "mfu", "train_days", "gpu_hours", "cost_usd", "best",
 )  # fmt: skip
@@ -299,6 +300,7 @@ def _rows(req: ReportRequest, mname: str, grid: Grid, cands: list[Candidate],
         "strategy": strat[ci], "checkpointing": ckpt[ci], "offload": offl[ci],
         "fits": r.fits[ci, gi],
         "fits_gpu": pick([e.fits_gpu for e in mem]), "fits_host": pick([e.fits_host for e in mem]),
+        "required_bytes": pick([e.required_bytes for e in mem]),
         "device_used_bytes": pick([e.device_used_bytes for e in mem]),
         "peak_allocated_bytes": pick([e.peak_allocated_bytes for e in mem]),
         "capacity_bytes": grid.capacity[gi], "usable_bytes": pick([e.usable_bytes for e in mem]),
@@ -368,7 +370,8 @@ def run_sweep(req: ReportRequest, progress: bool = False, stream: Any = None) ->
     bar.close()
     cols = {c: np.concatenate([p[c] for p in parts]) if parts else [] for c in COLUMNS}
     rows = pd.DataFrame(cols, columns=list(COLUMNS))
-    for c in ("n", "nodes", "seq", "micro_batch", "grad_accum", "device_used_bytes",
+    for c in ("n", "nodes", "seq", "micro_batch", "grad_accum", "required_bytes",
+              "device_used_bytes",
               "peak_allocated_bytes", "capacity_bytes", "usable_bytes", "host_bytes_per_node"):
         rows[c] = rows[c].astype("int64")
     for c in ("fits", "fits_gpu", "fits_host", "best"):

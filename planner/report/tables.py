@@ -74,7 +74,7 @@ def best_table(report: Report, model: str) -> Any:
     out["recommended"] = [label(Candidate(strategy=Strategy(s), checkpointing=Checkpointing(c),
                                           offload=Offload(o)))
                           for s, c, o in zip(b.strategy, b.checkpointing, b.offload)]
-    out["GiB/GPU"] = (b.device_used_bytes / GiB).round(1)
+    out["needs GiB/GPU"] = (b.required_bytes / GiB).round(1)
     out["tokens/s/GPU"] = b.tokens_per_s_per_gpu.round(0).astype("int64")
     out["tokens/s"] = b.tokens_per_s.round(0).astype("int64")
     out["MFU"] = (b.mfu * 100).round(1).astype(str) + " %"

@@ -1,0 +1,93 @@
+"""Generated inputs for the fuzz and metamorphic tests (tests/test_fuzz.py) and the longer runs
+of benchmarks/fuzz.py: command lines built from the field registry, gate specs, and plans.
+
+Values are drawn to hit the edges people and attackers reach: zero, negatives, huge and
+4,000-digit integers, nan/inf/1e308, empty and odd strings, wrong types in specs.
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from planner.fields import FIELDS, SECTIONS
+from planner.presets import list_presets
+
+PRESETS = list_presets()
+GPUS = ["h100-80", "a100-40", "a100-80", "rtx-4090", "mi300x", "l4", "v100-16"]
+
+EDGE_NUMBERS = ["0", "-1", "1", "2", "8", "1e308", "nan", "inf", "-inf", "1e-6", "0.5",
+                "9" * 40, "9" * 4301, "", " ", "abc", "1_000", "0x10", "١٢"]
+
+
+def raw_text() -> st.SearchStrategy[str]:
+    return st.one_of(st.sampled_from(EDGE_NUMBERS), st.text(max_size=12),
+                     st.integers(-10, 10**6).map(str))
+
+
+def flag_value(f) -> st.SearchStrategy[str]:
+    if f.choices:
+        return st.one_of(st.sampled_from(list(f.choices)), raw_text())
+    if f.path == "model.preset":
+        return st.one_of(st.sampled_from(PRESETS), raw_text())
+    if f.path == "hardware.gpu":
+        return st.one_of(st.sampled_from(GPUS), raw_text())
+    return raw_text()
+
+
+@st.composite
+def command_lines(draw) -> list[str]:
+    """A plan command line: mostly plausible, often with one or two bad values."""
+    args = ["--model", draw(st.sampled_from(PRESETS)), "--gpu", draw(st.sampled_from(GPUS)),
+            "--n", draw(st.sampled_from(["1", "2", "8", "16", "64"]))]
+    usable = [f for f in FIELDS if not f.is_flag and f.path not in ("model.config",
+                                                                     "calibration")]
+    for f in draw(st.lists(st.sampled_from(usable), max_size=4, unique_by=lambda f: f.path)):
+        args += [f.flag, draw(flag_value(f))]
+    if draw(st.booleans()):
+        args.append("--json")
+    return args
+
+
+JSON_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-2, 10**6),
+                         st.sampled_from([10**40, 1e308, -0.0, 0.5, 2.0]),
+                         st.text(max_size=10), st.sampled_from(PRESETS + GPUS))
+
+
+@st.composite
+def specs(draw) -> dict:
+    """A gate spec: the known sections with good and bad values, sometimes unknown keys or
+    wrong types."""
+    spec: dict = {"model": {"preset": draw(st.sampled_from(PRESETS))},
+                  "hardware": {"gpu": draw(st.sampled_from(GPUS)),
+                               "n": draw(st.sampled_from([1, 8, 16]))}}
+    for _ in range(draw(st.integers(0, 4))):
+        section = draw(st.sampled_from(sorted(SECTIONS)))
+        key = draw(st.one_of(st.sampled_from(SECTIONS[section]), st.text(max_size=6)))
+        value = draw(st.one_of(JSON_SCALARS, st.lists(JSON_SCALARS, max_size=2),
+                               st.dictionaries(st.text(max_size=3), JSON_SCALARS, max_size=2)))
+        if section:
+            target = spec.setdefault(section, {})
+            if isinstance(target, dict):
+                target[key] = value
+        else:
+            spec[key] = value
+    return spec
+
+
+@st.composite
+def plans(draw) -> dict:
+    """A valid plan request as spec values (for the metamorphic properties)."""
+    return {
+        "model.preset": draw(st.sampled_from(PRESETS)),
+        "hardware.gpu": draw(st.sampled_from(GPUS)),
+        "training.seq": draw(st.sampled_from([512, 1024, 2048, 4096, 8192])),
+        "training.micro_batch": draw(st.sampled_from([1, 2, 4])),
+        "training.precision": draw(st.sampled_from(["bf16-amp", "bf16", "fp16-amp", "fp32"])),
+        "training.optimizer": draw(st.sampled_from(["adamw", "sgd", "adafactor", "lion",
+                                                    "adamw-8bit"])),
+        "training.optimizer_impl": draw(st.sampled_from(["foreach", "fused", "for-loop"])),
+        "strategy": [draw(st.sampled_from(["ddp", "shard_grad_op", "full_shard", "zero1",
+                                           "zero2", "zero3", "hybrid_shard", "no_shard"]))],
+        "checkpointing": draw(st.sampled_from(["none", "selective", "full"])),
+        "offload": "none",
+    }
