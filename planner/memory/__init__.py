@@ -10,9 +10,15 @@
 
 from planner.candidates import UnsupportedCandidate, check_supported, shard_degree
 from planner.memory.breakdown import PHASES, Breakdown, Estimate, Overheads, Phase
-from planner.memory.estimator import DEFAULT_MARGIN, activation_plan, estimate, uses_autocast_amp
+from planner.memory.estimator import (
+    DEFAULT_MARGIN,
+    activation_plan,
+    estimate,
+    from_phases,
+    uses_autocast_amp,
+)
 from planner.memory.states import optimizer_state_bytes
 
 __all__ = ["DEFAULT_MARGIN", "PHASES", "Breakdown", "Estimate", "Overheads", "Phase",
-           "UnsupportedCandidate", "activation_plan", "check_supported", "estimate",
+           "UnsupportedCandidate", "activation_plan", "check_supported", "estimate", "from_phases",
            "optimizer_state_bytes", "shard_degree", "uses_autocast_amp"]

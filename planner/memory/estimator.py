@@ -124,23 +124,36 @@ def evaluate(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, 
     step = step_for(model, training, candidate, n_gpus=n_gpus, degree=S, tokens=tokens,
                     acts=acts, ov=ov)
     phases = moments(step)
-    totals = [b.total for b in phases.values()]
-    needed = [t + fragmentation(t, ov) for t in totals]
-    i = vec.argmax(needed)
-    peak = pick(i, list(phases.values()))
-    nccl = nccl_communicators(candidate.strategy, n_gpus, S) * ov.nccl_bytes_per_communicator
-    # the cache is released before an out-of-memory: reserved never exceeds the device
-    room = capacity - context - nccl
-    reserved = [vec.minimum(n + cached_leftover(p, step, model), vec.maximum(room, n))
-                for p, n in zip(phases, needed)]
     notes = []
     if candidate.strategy is Strategy.DDP and ov.ddp_bucket_view:
         notes.append("gradient_as_bucket_view=True: grads are views into the buckets")
     if candidate.offload is Offload.PARAMS_AND_OPTIMIZER and candidate.strategy.is_fsdp:
         notes.append("CPU offload: sharded params/grads/optimizer state in pinned host RAM")
+    return from_phases(candidate, phases, degree=S, n_gpus=n_gpus,
+                       gpus_per_node=gpus_per_node, capacity=capacity, context=context,
+                       host_capacity=host_capacity, margin=margin, ov=ov,
+                       cached=[cached_leftover(p, step, model) for p in phases],
+                       host_per_rank=step.states.host_per_rank, notes=tuple(notes))
+
+
+def from_phases(candidate: Candidate, phases: dict[Phase, Breakdown], *, degree: Any,
+                n_gpus: Any, gpus_per_node: Any, capacity: Any, context: Any,
+                host_capacity: Any, margin: float, ov: Overheads, cached: list[Any],
+                host_per_rank: Any = 0, notes: tuple[str, ...] = ()) -> Estimate:
+    """The estimate from the allocated bytes of each moment, however they were obtained (the
+    analytic moments above, or a trace of the real model: probes/): the allocator's terms, the
+    CUDA context, NCCL, host RAM and the fit. ``cached`` is each moment's releasable cache."""
+    totals = [b.total for b in phases.values()]
+    needed = [t + fragmentation(t, ov) for t in totals]
+    i = vec.argmax(needed)
+    peak = pick(i, list(phases.values()))
+    nccl = nccl_communicators(candidate.strategy, n_gpus, degree) * ov.nccl_bytes_per_communicator
+    # the cache is released before an out-of-memory: reserved never exceeds the device
+    room = capacity - context - nccl
+    reserved = [vec.minimum(n + c, vec.maximum(room, n)) for n, c in zip(needed, cached)]
     return Estimate(
         candidate=candidate,
-        shard_degree=S,
+        shard_degree=degree,
         peak_phase=PHASES[i] if isinstance(i, int) else i,
         breakdown=peak,
         phases=phases,
@@ -152,9 +165,9 @@ def evaluate(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, 
         capacity_bytes=capacity,
         usable_bytes=vec.floor_int(capacity * (1.0 - margin)),
         host_bytes_per_node=vec.minimum(n_gpus, gpus_per_node)
-        * (step.states.host_per_rank + ov.host_bytes_per_process),
+        * (host_per_rank + ov.host_bytes_per_process),
         host_capacity_bytes=host_capacity,
-        notes=tuple(notes),
+        notes=notes,
     )
 
 
