@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from planner.spec import (
     Attention,
     Checkpointing,
+    LossKind,
     ModelSpec,
     NormKind,
     PositionKind,
@@ -78,6 +79,9 @@ class ActivationPlan:
     n_layers: int
     residual_bytes: int = FP32
     """Bytes per element of the residual stream (r): the gradient reaching the embeddings."""
+    kept_logits: int = 0
+    """Logits the loop holds from the loss to the end of the step (--keep-logits)."""
+    notes: tuple[str, ...] = ()
 
     def scaled(self, k: float) -> ActivationPlan:
         """Every activation term times k (a calibration's correction)."""
@@ -89,7 +93,8 @@ class ActivationPlan:
             recompute=int(self.recompute * k),
             loss_forward_transient=int(self.loss_forward_transient * k),
             loss_backward_transient=int(self.loss_backward_transient * k),
-            block_backward_transient=int(self.block_backward_transient * k))
+            block_backward_transient=int(self.block_backward_transient * k),
+            kept_logits=int(self.kept_logits * k))
 
     @property
     def block_bytes(self) -> int:
@@ -276,7 +281,7 @@ def _sac_overlap(model: ModelSpec, saved: list[Saved], regime: AmpRegime) -> int
 
 
 def root_saved(model: ModelSpec, t: int, seq: int, regime: AmpRegime, c: int, r: int) -> list[Saved]:
-    h, v = model.hidden, model.vocab
+    h = model.hidden
     autocast = regime is AmpRegime.AUTOCAST
     out: list[Saved] = []
     if model.embedding_norm:
@@ -298,21 +303,67 @@ def root_saved(model: ModelSpec, t: int, seq: int, regime: AmpRegime, c: int, r:
         norm_out = r if model.norm is NormKind.RMSNORM else (FP32 if autocast else r)
         name = "lm_head.input_cast" if autocast and norm_out != c else "lm_head.input"
         out.append(Saved(name, (c if autocast else norm_out) * t * h))
-    # cross_entropy(logits.float()) = log_softmax (saves its fp32 output) + nll_loss.
-    out.append(Saved("loss.log_softmax_out", FP32 * t * v))
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class LossTerms:
+    saved: Saved
+    """What the loss keeps for its backward (the last entry of root_saved)."""
+    forward: int
+    """Alive at once while the loss is computed, beyond what it saves."""
+    backward: int
+    """Alive at once during the loss's backward, beyond what it saved."""
+    kept_logits: int
+    """What a loop that holds the logits keeps through backward."""
+
+
+def loss_terms(model: ModelSpec, t: int, c: int, r: int, loss: LossKind, chunks: int) -> LossTerms:
+    """The cross-entropy over the vocabulary, per way of computing it.
+
+    - fp32: ``cross_entropy(logits.float())`` (HF ``ForCausalLMLoss``, torchtitan): log_softmax
+      saves its fp32 output; at the loss the bf16 logits and their fp32 copy are alive; its
+      backward holds nll_loss's dense fp32 gradient and log_softmax_backward's output.
+    - bf16: the same on the low-precision logits (log_softmax's output in c bytes).
+    - chunked:N (torchtune ``CEWithChunkedOutputLoss``): the output projection and the loss run
+      per chunk; each chunk's fp32 copy is freed after its log_softmax (whose outputs, 4tV in
+      all, are saved), and each chunk's backward holds its own fp32 gradients and their cast.
+    - fused (Liger ``LigerFusedLinearCrossEntropyLoss``): no full logits; the loss and its
+      gradients are computed in forward, chunk by chunk of ``next_pow2(ceil(t / ceil(V/h)))``
+      tokens (``fused_linear_cross_entropy_forward``), keeping the input's gradient (c·t·h)
+      and the head weight's gradient (its own dtype) for backward.
+    """
+    v, h = model.vocab, model.hidden
+    logits = c * t * v
+    if loss is LossKind.FUSED:
+        ratio = -(-v // h)
+        chunk = 1 << max(0, (-(-t // ratio) - 1).bit_length())
+        return LossTerms(saved=Saved("loss.fused_grads", c * t * h + r * v * h),
+                         forward=c * chunk * (v + h), backward=0, kept_logits=0)
+    if loss is LossKind.BF16:
+        return LossTerms(saved=Saved("loss.log_softmax_out", logits), forward=logits,
+                         backward=2 * logits, kept_logits=logits)
+    upcast = FP32 * t * v if c != FP32 else 0  # .float() copies unless already fp32
+    if loss is LossKind.CHUNKED:
+        return LossTerms(saved=Saved("loss.log_softmax_out", FP32 * t * v),
+                         forward=logits + -(-upcast // chunks),
+                         backward=-(-(2 * FP32 * t * v + logits) // chunks), kept_logits=logits)
+    return LossTerms(saved=Saved("loss.log_softmax_out", FP32 * t * v), forward=logits + upcast,
+                     backward=2 * FP32 * t * v, kept_logits=logits + upcast)
 
 
 @functools.lru_cache(maxsize=4096)
 def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Precision,
                      attention: Attention, checkpointing: Checkpointing,
-                     uses_autocast: bool) -> ActivationPlan:
+                     uses_autocast: bool, loss: LossKind = LossKind.FP32, loss_chunks: int = 8,
+                     keep_logits: bool = False, compiled: bool = False) -> ActivationPlan:
     t = batch * seq
     regime, c, r = regime_for(precision, uses_autocast)
     saved = block_saved(model, t, batch, seq, attention, regime, c, r)
     block_total = sum(s.nbytes for s in saved)
-    h, v, f = model.hidden, model.vocab, model.ffn_hidden
+    h, f = model.hidden, model.ffn_hidden
     tokens = t * model.experts_per_token if model.is_moe else t
+    notes: list[str] = []
     if checkpointing is Checkpointing.FULL:
         # Only the block input is kept (non-reentrant checkpoint holds its inputs); in
         # backward one block is recomputed at a time.
@@ -326,13 +377,18 @@ def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Preci
     else:
         kept = block_total
         recompute = 0
-    logits = c * t * v
-    # Forward at the loss: bf16 logits (alive until forward returns), their fp32 copy and
-    # log_softmax's fp32 output (counted in root_saved).
-    loss_fwd = logits + (FP32 * t * v if c != FP32 else 0)  # .float() copies unless fp32
-    # Backward at the loss: nll_loss's dense fp32 grad, log_softmax_backward's fp32 output
-    # (the saved output is still alive), then the cast to c for lm_head's backward.
-    loss_bwd = 2 * FP32 * t * v
+        if compiled:
+            # torch.compile: what AOTAutograd's min-cut partitioner saves (planner/compiled.py)
+            from planner.compiled import saved_bytes
+
+            measured = saved_bytes(model, batch=batch, seq=seq, autocast=uses_autocast and
+                                   precision.amp, attention=attention)
+            if measured is None:
+                notes.append("compiled block's saved set not measured for this architecture "
+                             "(MoE or an unlisted block family): eager activations counted")
+            else:
+                saved, kept = [Saved("compiled.block", measured)], measured
+    lt = loss_terms(model, t, c, r, loss, loss_chunks)
     # Inside one block's backward: the grad flowing in (residual dtype), the grad of the
     # branch output and the largest pair of MLP intermediate grads.
     ff = (2 if model.mlp.gated else 1) * c * tokens * f
@@ -340,13 +396,15 @@ def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Preci
     return ActivationPlan(
         block_saved=tuple(saved),
         block_kept=kept,
-        root_saved=tuple(root_saved(model, t, seq, regime, c, r)),
+        root_saved=tuple(root_saved(model, t, seq, regime, c, r)) + (lt.saved,),
         recompute=recompute,
-        loss_forward_transient=loss_fwd,
-        loss_backward_transient=loss_bwd,
+        loss_forward_transient=lt.forward,
+        loss_backward_transient=lt.backward,
         block_backward_transient=block_bwd,
         n_layers=model.n_layers,
         residual_bytes=r,
+        kept_logits=lt.kept_logits if keep_logits else 0,
+        notes=tuple(notes),
     )
 
 

@@ -57,7 +57,7 @@ def _option(f: Field, **override: Any) -> Callable[[Callable[..., Any]], Callabl
         if f.multiple:
             kw["multiple"] = True
         if f.default is not None:
-            kw["default"] = str(f.default)
+            kw["default"] = f.shown_default or str(f.default)
             kw["show_default"] = True
         if f.path in COMPLETERS:
             kw["shell_complete"] = COMPLETERS[f.path]

@@ -18,8 +18,13 @@ from planner import validate
 from planner.errors import FitcheckError, InputDataError, UsageError
 from planner.memory.estimator import DEFAULT_MARGIN
 from planner.spec import (
+    Allocator,
     Attention,
     Checkpointing,
+    CompileMode,
+    GradSync,
+    InitMode,
+    LossKind,
     MlpKind,
     Offload,
     OptimizerImpl,
@@ -63,6 +68,23 @@ def parse_strategies(raw: Any) -> tuple[Strategy, ...]:
     return tuple(out)
 
 
+def parse_loss(raw: Any) -> tuple[LossKind, int]:
+    """'fp32', 'bf16', 'fused', 'chunked' or 'chunked:N' -> (kind, chunks)."""
+    text = validate.text(raw, limit=40).lower()
+    kind_text, _, chunks_text = text.partition(":")
+    kind = validate.choice(kind_text, LossKind)
+    default = TrainingSpec.__dataclass_fields__["loss_chunks"].default
+    if chunks_text and kind is not LossKind.CHUNKED:
+        raise ValueError(f"only chunked takes a number of chunks (chunked:N), got {raw!r}")
+    return kind, validate.count(chunks_text, limit=1 << 16) if chunks_text else default
+
+
+def parse_fsdp_version(raw: Any) -> int:
+    if str(raw).strip() not in ("1", "2"):
+        raise ValueError(f"must be 1 or 2, got {validate._show(raw)}")
+    return int(str(raw).strip())
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Field:
     path: str
@@ -73,6 +95,8 @@ class Field:
     """Raw value -> typed value, or ValueError (validate.py)."""
     default: Any = None
     """The value when the user gives none (None: not given)."""
+    shown_default: str | None = None
+    """How the default is written on the command line (when str(default) is not it)."""
     help: str = ""
     metavar: str | None = None
     choices: tuple[str, ...] = ()
@@ -154,6 +178,36 @@ FIELDS: tuple[Field, ...] = (
     Field(path="training.attention", flag="--attention", check=_choice(Attention),
           choices=_names(Attention), default=_train_default("attention"),
           help="sdpa: flash-style kernels; eager: materialized T x T scores."),
+    Field(path="training.grad_sync", flag="--grad-sync", check=_choice(GradSync),
+          choices=_names(GradSync), default=_train_default("grad_sync"),
+          help="With --grad-accum: reduce gradients every micro-batch, or only the last "
+          "(DDP/FSDP no_sync, FSDP2 set_requires_gradient_sync(False): unsharded gradients "
+          "stay on every GPU until then)."),
+    Field(path="training.loss", flag="--loss", metavar="fp32|bf16|chunked[:N]|fused",
+          check=parse_loss, default=(_train_default("loss"), _train_default("loss_chunks")),
+          shown_default=str(_train_default("loss")),
+          help="Cross-entropy: fp32 upcast of the logits (default), bf16 logits, chunked into "
+          "N pieces each upcast on its own (torchtune; N default 8), or fused linear + loss "
+          "(Liger)."),
+    Field(path="training.keep_logits", flag="--keep-logits", check=validate.boolean,
+          is_flag=True, help="The loop keeps the logits alive through backward (a reference "
+          "held past the loss)."),
+    Field(path="training.compile", flag="--compile", check=_choice(CompileMode),
+          choices=_names(CompileMode), default=_train_default("compile"),
+          help="torch.compile: none, each transformer block (torchtitan), or the whole "
+          "model."),
+    Field(path="training.allocator", flag="--allocator", check=_choice(Allocator),
+          choices=_names(Allocator), default=_train_default("allocator"),
+          help="CUDA caching allocator: default segments, or expandable "
+          "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)."),
+    Field(path="training.fsdp_version", flag="--fsdp", metavar="1|2", check=parse_fsdp_version,
+          default=_train_default("fsdp_version"),
+          help="FSDP1 (FullyShardedDataParallel) or FSDP2 (fully_shard) for the FSDP "
+          "strategies."),
+    Field(path="training.init", flag="--init", check=_choice(InitMode),
+          choices=_names(InitMode), default=_train_default("init"),
+          help="How the weights reach the GPUs: meta-device init then sharded (default), "
+          "rank 0 loads and broadcasts, or every rank loads the full model."),
     # ---- hardware ----------------------------------------------------------------------
     Field(path="hardware.gpu", flag="--gpu", metavar="NAME|PATH", check=validate.text, files=True,
           help="GPU profile id (see --list-gpus) or a path to a TOML profile."),

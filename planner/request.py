@@ -238,11 +238,15 @@ def resolve_runtime(choice: str, gpu: GpuProfile, model: ModelSpec, naming: Nami
 
 def training_from(v: Mapping[str, Any]) -> TrainingSpec:
     """The training run from parsed fields (``fields.parse``)."""
+    loss, chunks = v["training.loss"]
     return TrainingSpec(
         seq=v["training.seq"], micro_batch=v["training.micro_batch"],
         grad_accum=v["training.grad_accum"], precision=v["training.precision"],
         optimizer=v["training.optimizer"], optimizer_impl=v["training.optimizer_impl"],
-        attention=v["training.attention"])
+        attention=v["training.attention"], grad_sync=v["training.grad_sync"], loss=loss,
+        loss_chunks=chunks, keep_logits=bool(v["training.keep_logits"]),
+        compile=v["training.compile"], allocator=v["training.allocator"],
+        fsdp_version=v["training.fsdp_version"], init=v["training.init"])
 
 
 def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,

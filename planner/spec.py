@@ -112,6 +112,44 @@ class Attention(enum.StrEnum):
     EAGER = "eager"  # materialized scores and probabilities
 
 
+class GradSync(enum.StrEnum):
+    """When gradients are reduced under gradient accumulation."""
+
+    EVERY = "every"  # every micro-batch's backward (plain DDP / FSDP loops)
+    LAST = "last"  # only the last: DDP/FSDP1 no_sync(), FSDP2 set_requires_gradient_sync(False)
+
+
+class LossKind(enum.StrEnum):
+    """How the cross-entropy over the vocabulary is computed."""
+
+    FP32 = "fp32"  # logits.float() then cross_entropy (HF ForCausalLMLoss, torchtitan)
+    BF16 = "bf16"  # cross_entropy on the low-precision logits
+    CHUNKED = "chunked"  # N chunks, each upcast on its own (torchtune CEWithChunkedOutputLoss)
+    FUSED = "fused"  # fused linear + cross-entropy, no full logits (Liger)
+
+
+class CompileMode(enum.StrEnum):
+    NONE = "none"  # eager
+    BLOCKS = "blocks"  # torch.compile per transformer block (torchtitan)
+    MODEL = "model"  # the whole model in one graph
+
+
+class Allocator(enum.StrEnum):
+    """PYTORCH_CUDA_ALLOC_CONF."""
+
+    DEFAULT = "default"  # the caching allocator's fixed segments
+    EXPANDABLE = "expandable"  # expandable_segments:True (torchtitan sets it)
+
+
+class InitMode(enum.StrEnum):
+    """How the weights reach the devices before the first step."""
+
+    META = "meta"  # built on the meta device, sharded, then materialized (torchtitan, FSDP2 docs)
+    RANK0 = "rank0"  # rank 0 loads the full model in host RAM, broadcast (sync_module_states)
+    FULL = "full"  # every rank loads the full model in host RAM (from_pretrained per rank)
+    FULL_GPU = "full-gpu"  # ... and moves it to its GPU before sharding (model.to("cuda"))
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelSpec:
     """A decoder (or encoder) transformer, described by the numbers that set its memory."""
@@ -208,12 +246,26 @@ class TrainingSpec:
     optimizer: OptimizerKind = OptimizerKind.ADAMW
     optimizer_impl: OptimizerImpl = OptimizerImpl.FOREACH
     attention: Attention = Attention.SDPA
+    grad_sync: GradSync = GradSync.EVERY
+    """Under accumulation: reduce every micro-batch, or only the last (no_sync)."""
+    loss: LossKind = LossKind.FP32
+    loss_chunks: int = 8
+    """Chunks of the chunked loss (torchtune's default num_output_chunks)."""
+    keep_logits: bool = False
+    """The loop holds the logits (and their fp32 copy) through backward."""
+    compile: CompileMode = CompileMode.NONE
+    allocator: Allocator = Allocator.DEFAULT
+    fsdp_version: int = 2
+    """FSDP1 (FullyShardedDataParallel) or FSDP2 (fully_shard), for the FSDP strategies."""
+    init: InitMode = InitMode.META
 
     def __post_init__(self) -> None:
-        for name in ("seq", "micro_batch", "grad_accum"):
+        for name in ("seq", "micro_batch", "grad_accum", "loss_chunks"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.fsdp_version not in (1, 2):
+            raise ValueError(f"fsdp_version must be 1 or 2, got {self.fsdp_version!r}")
 
     @property
     def tokens_per_micro_batch(self) -> int:

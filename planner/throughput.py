@@ -29,6 +29,7 @@ Conventions
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,7 @@ from planner.spec import (
     Candidate,
     Cluster,
     GpuProfile,
+    GradSync,
     ModelSpec,
     Offload,
     Precision,
@@ -52,6 +54,7 @@ __all__ = [
     "StepEstimate",
     "StepInputs",
     "ThroughputAssumptions",
+    "collectives",
     "all_gather_bytes",
     "all_reduce_bytes",
     "default_compute_efficiency",
@@ -230,11 +233,14 @@ class Collectives:
     ag_step: Any
     """Parameter all-gathers after the optimizer step (exposed)."""
     hybrid: Any
-    """1: shard inside a node, all-reduce the gradient shard across nodes per micro-batch."""
+    """1: shard inside a node, all-reduce the gradient shard across nodes with every
+    reduce-scatter."""
     per_unit: Any
     """1: one collective per FSDP unit (L blocks + root); 0: DDP-style buckets."""
     sharded_opt: Any
     """1: optimizer state sharded over the (shard) group."""
+    ar_micro: Any = 0.0
+    """Gradient all-reduces per micro-batch (DDP / NO_SHARD syncing every micro-batch)."""
 
 
 COLLECTIVES: dict[Strategy, Collectives] = {
@@ -248,6 +254,20 @@ COLLECTIVES: dict[Strategy, Collectives] = {
     Strategy.ZERO2:         Collectives(0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0),
     Strategy.ZERO3:         Collectives(1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0),
 }  # fmt: skip
+
+
+def collectives(strategy: Strategy, grad_sync: GradSync) -> Collectives:
+    """The strategy's collectives under the loop's gradient sync. ``COLLECTIVES`` lists them
+    for a loop that syncs where the framework reduces by default; plain DDP and NO_SHARD
+    loops without ``no_sync`` all-reduce after every micro-batch's backward, and DDP / FSDP
+    loops with it reduce only after the last (DeepSpeed ZeRO-2/3 reduce every micro-batch
+    either way; ZeRO-1 once per step)."""
+    c = COLLECTIVES[strategy]
+    if grad_sync is GradSync.EVERY and c.ar_step:
+        return dataclasses.replace(c, ar_step=0.0, ar_micro=1.0)
+    if grad_sync is GradSync.LAST and strategy.is_fsdp and c.rs_micro:
+        return dataclasses.replace(c, rs_micro=0.0, rs_step=1.0)
+    return c
 
 
 @dataclass(frozen=True, slots=True)
@@ -434,13 +454,15 @@ def step_core(x: StepInputs) -> StepEstimate:
     t_ag = ring * param_buf / bw + calls_param * (m - 1.0) * hop
     t_rs = ring * grad_buf / bw + calls_grad * (m - 1.0) * hop
     t_ar = 2.0 * ring * grad_buf / bw + calls_grad * 2.0 * (m - 1.0) * hop
-    # HYBRID_SHARD: all-reduce of the gradient shard (1/m of it) across the k node replicas
+    # HYBRID_SHARD: all-reduce of the gradient shard (1/m of it) across the k node replicas,
+    # with every reduce-scatter
     t_xar = vec.where(k > 1.0, 2.0 * (k - 1.0) / k * (grad_buf / m) / x.bw_inter
                       + calls_grad * 2.0 * (k - 1.0) * x.lat_inter, 0.0) * cm.hybrid
 
     f_micro = cm.ag_fwd * t_ag  # hidden behind forward compute (prefetch)
-    b_micro = cm.ag_bwd * t_ag + cm.rs_micro * t_rs + t_xar  # hidden behind backward
-    b_step = cm.ar_step * t_ar + cm.rs_step * t_rs  # last backward only
+    # hidden behind backward
+    b_micro = cm.ag_bwd * t_ag + cm.rs_micro * (t_rs + t_xar) + cm.ar_micro * t_ar
+    b_step = cm.ar_step * t_ar + cm.rs_step * (t_rs + t_xar)  # last backward only
     e_step = cm.ag_step * t_ag  # after the optimizer step: exposed
     comm_s = ga * (f_micro + b_micro) + b_step + e_step
 
@@ -500,7 +522,8 @@ def step_inputs(model: ModelSpec, training: TrainingSpec, cluster: Cluster, cand
         cpu_rate=a.cpu_adam_params_per_s, bucket=float(a.ddp_bucket_bytes),
         overlap=a.overlap_fraction, gather_b=float(gather_bytes(precision)),
         grad_b=float(grad_reduce_bytes(precision, candidate.strategy)),
-        master_b=float(precision.param_bytes), comm=COLLECTIVES[candidate.strategy],
+        master_b=float(precision.param_bytes),
+        comm=collectives(candidate.strategy, training.grad_sync),
         recompute=RECOMPUTE[_ckpt(candidate.checkpointing)],
         offload=OFFLOAD_TRAFFIC[candidate.offload])
 

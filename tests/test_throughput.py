@@ -22,6 +22,7 @@ from planner.spec import (
     Checkpointing,
     Cluster,
     GpuProfile,
+    GradSync,
     ModelSpec,
     Offload,
     Precision,
@@ -62,9 +63,10 @@ EXACT = ThroughputAssumptions(
 def run(strategy: Strategy, n: int = 8, *, seq: int = 32, mb: int = 1, ga: int = 1,
         precision: Precision = Precision.BF16_AMP, ckpt: Checkpointing = Checkpointing.NONE,
         offload: Offload = Offload.NONE, assumptions: ThroughputAssumptions = EXACT,
-        gpu: GpuProfile = GPU) -> StepEstimate:  # fmt: skip
+        gpu: GpuProfile = GPU, grad_sync: GradSync = GradSync.EVERY) -> StepEstimate:  # fmt: skip
     cluster = Cluster(gpu=gpu, n_gpus=n, gpus_per_node=8, host_ram_bytes_per_node=2**34)
-    training = TrainingSpec(seq=seq, micro_batch=mb, grad_accum=ga, precision=precision)
+    training = TrainingSpec(seq=seq, micro_batch=mb, grad_accum=ga, precision=precision,
+                            grad_sync=grad_sync)
     cand = Candidate(strategy=strategy, checkpointing=ckpt, offload=offload)
     return estimate_step(TOY, training, cluster, cand, assumptions)
 
@@ -115,9 +117,19 @@ def test_ddp_all_reduce_of_fp32_grads_single_node():
     assert est.comm_s == pytest.approx(607936 / 1e9, rel=1e-12)
 
 
-def test_ddp_all_reduce_once_per_step_with_grad_accumulation():
-    # no_sync: the all-reduce runs once per optimizer step whatever grad_accum is
-    assert run(Strategy.DDP, ga=4).comm_s == pytest.approx(607936 / 1e9, rel=1e-12)
+def test_ddp_all_reduce_per_micro_batch_unless_no_sync():
+    # a plain loop all-reduces after every micro-batch's backward: 4 x 2 x 7/8 x 347392 B
+    assert run(Strategy.DDP, ga=4).comm_s == pytest.approx(4 * 607936 / 1e9, rel=1e-12)
+    # no_sync on all but the last: once per optimizer step whatever grad_accum is
+    assert run(Strategy.DDP, ga=4, grad_sync=GradSync.LAST).comm_s == pytest.approx(
+        607936 / 1e9, rel=1e-12)
+
+
+def test_fsdp_no_sync_reduce_scatters_once_per_step():
+    # bf16-amp FULL_SHARD, 3 micro-batches: 2 AG per micro-batch (303968 B each time), the
+    # fp32 reduce-scatter (303968 B) only after the last backward
+    est = run(Strategy.FULL_SHARD, ga=3, grad_sync=GradSync.LAST)
+    assert est.comm_s == pytest.approx((3 * 303968 + 303968) / 1e9, rel=1e-12)
 
 
 def test_full_shard_pure_bf16_is_three_times_param_bytes():

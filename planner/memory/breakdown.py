@@ -17,6 +17,8 @@ GiB = 2**30
 class Phase(enum.StrEnum):
     """The moments of one training step the model evaluates (the peak is the largest)."""
 
+    INIT = "init"
+    """Loading: the weights reaching the GPU before the first step (--init)."""
     FORWARD = "forward"
     """At the loss, end of forward: every saved activation, the logits being reduced."""
     LOSS_BWD = "loss_bwd"
@@ -43,7 +45,10 @@ class Overheads:
     nccl_bytes_per_communicator: int = 512 * MiB
     """NCCL's device buffers per communicator (channels x peers x protocol buffers)."""
     allocator_fragmentation: float = 0.08
-    """Caching allocator: peak reserved / peak allocated - 1."""
+    """Caching allocator with fixed segments: peak reserved / peak allocated - 1."""
+    expandable_fragmentation: float = 0.02
+    """With expandable_segments:True: segments grow in 2 MiB pages and freed space inside them
+    is reused by requests of any size, so little is lost (an assumption until calibrated)."""
     host_bytes_per_process: int = 4 * GiB
     """Host RAM of one training process (Python, torch, CUDA libraries) before offload."""
     ddp_bucket_view: bool = False
@@ -138,6 +143,7 @@ class Estimate:
     usable_bytes: Any
     """capacity x (1 - margin)."""
     host_bytes_per_node: Any
+    """Host RAM of the busiest node: the larger of loading (--init) and training."""
     host_capacity_bytes: Any
     notes: tuple[str, ...] = field(default=())
 

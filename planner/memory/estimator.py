@@ -15,10 +15,21 @@ from planner.candidates import check_supported, degree_of
 from planner import vec
 from planner.memory.breakdown import PHASES, Breakdown, Estimate, Overheads, Phase, pick
 from planner.memory.moments import MOMENTS, Activations, Step
-from planner.memory.states import dtypes, resident, shards
+from planner.memory.states import FP32, dtypes, resident, shards
 from planner.memory.working import Working, autocast_working, fsdp_working, zero_working
-from planner.params import count
-from planner.spec import Candidate, Cluster, ModelSpec, Offload, Strategy, TrainingSpec
+from planner.params import count, total_params
+from planner.spec import (
+    Allocator,
+    Candidate,
+    Cluster,
+    CompileMode,
+    GradSync,
+    InitMode,
+    ModelSpec,
+    Offload,
+    Strategy,
+    TrainingSpec,
+)
 
 DEFAULT_MARGIN = 0.05
 """Fraction of device memory kept free by default (--margin)."""
@@ -35,7 +46,10 @@ def activation_plan(model: ModelSpec, training: TrainingSpec, candidate: Candida
     return plan_activations(model, batch=training.micro_batch, seq=training.seq,
                             precision=training.precision, attention=training.attention,
                             checkpointing=candidate.checkpointing,
-                            uses_autocast=uses_autocast_amp(candidate.strategy))
+                            uses_autocast=uses_autocast_amp(candidate.strategy),
+                            loss=training.loss, loss_chunks=training.loss_chunks,
+                            keep_logits=training.keep_logits,
+                            compiled=training.compile is not CompileMode.NONE)
 
 
 def working(model: ModelSpec, training: TrainingSpec, candidate: Candidate, degree: Any,
@@ -44,10 +58,57 @@ def working(model: ModelSpec, training: TrainingSpec, candidate: Candidate, degr
     counts = count(model)
     d = dtypes(candidate.strategy, training.precision)
     if candidate.strategy.is_fsdp:
-        return fsdp_working(model, counts, candidate, training.precision, d, degree)
+        return fsdp_working(model, counts, candidate, training.precision, d, degree,
+                            training.fsdp_version)
     if candidate.strategy.is_zero:
         return zero_working(model, counts, candidate, training.precision, d, opt_shard, ov)
     return autocast_working(model, counts, candidate, training.precision, d, ov)
+
+
+def load_bytes(training: TrainingSpec) -> int:
+    """Bytes per parameter as the model is loaded: the module's own dtype (fp32 under torch
+    AMP and for DeepSpeed before its engine casts the module; bf16 when trained in bf16)."""
+    return training.precision.param_bytes
+
+
+def init_mode(training: TrainingSpec, candidate: Candidate) -> InitMode:
+    """ZeRO-3 under DeepSpeed builds the model inside ``zero.Init`` (partitioned at
+    construction, as meta-device init); the rest load as asked."""
+    if candidate.strategy is Strategy.ZERO3 and training.init is not InitMode.FULL_GPU:
+        return InitMode.META
+    return training.init
+
+
+def init_host_bytes(model: ModelSpec, training: TrainingSpec, candidate: Candidate,
+                    ranks_on_node: Any) -> Any:
+    """Host RAM of the busiest node while loading: none with meta-device init (checkpoints
+    are read shard by shard), one full copy with rank-0 loading, a copy per rank when every
+    rank loads the model (deepspeedai/DeepSpeed#3606, #4571: 8 ranks x a full fp32 copy)."""
+    mode = init_mode(training, candidate)
+    full = total_params(model) * load_bytes(training)
+    if mode is InitMode.RANK0:
+        return full
+    if mode in (InitMode.FULL, InitMode.FULL_GPU):
+        return ranks_on_node * full
+    return 0
+
+
+def unsynced_gradients(model: ModelSpec, training: TrainingSpec, candidate: Candidate) -> int:
+    """FSDP with gradient sync only on the last micro-batch keeps every unit's unsharded
+    gradient until then. FSDP2 (``_fsdp_param.py`` ``to_accumulated_grad_if_needed``)
+    converts it to the reduce dtype when that differs from the parameters' (fp32 under the
+    bf16 MixedPrecisionPolicy) and accumulates there; FSDP1 (``_runtime_utils.py``
+    ``_post_backward_hook`` returns before the cast when not syncing) keeps the low-precision
+    ``flat_param.grad``. DDP's gradients are full-size anyway; DeepSpeed reduces every
+    micro-batch."""
+    if not (candidate.strategy.is_fsdp and training.grad_sync is GradSync.LAST):
+        return 0
+    prec = training.precision
+    if training.fsdp_version == 1:
+        nbytes = prec.compute_bytes
+    else:
+        nbytes = FP32 if prec.amp else prec.param_bytes
+    return total_params(model) * nbytes
 
 
 def step_for(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, n_gpus: Any,
@@ -61,6 +122,10 @@ def step_for(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, 
     states = resident(model, training, counts, candidate, d, sh)
     work = working(model, training, candidate, degree, sh.optimizer, ov)
     return Step(
+        unsynced_grads=unsynced_gradients(model, training, candidate),
+        allocator=training.allocator, init=str(init_mode(training, candidate)),
+        load_bytes=(counts.per_block * model.n_layers + counts.root) * load_bytes(training),
+        unit_load_bytes=counts.per_block * load_bytes(training),
         n_layers=model.n_layers, block_params=counts.per_block, root_params=counts.root,
         vocab_x_hidden=model.vocab * model.hidden, tokens=tokens,
         tokens_x_hidden=tokens * model.hidden,
@@ -77,11 +142,13 @@ def moments(step: Step) -> dict[Phase, Breakdown]:
     return {phase: MOMENTS[phase](step) for phase in PHASES}
 
 
-def fragmentation(allocated: Any, ov: Overheads) -> Any:
+def fragmentation(allocated: Any, ov: Overheads, allocator: Allocator = Allocator.DEFAULT) -> Any:
     """What the caching allocator holds beyond the allocated bytes inside live segments and
     cannot release: block rounding and split blocks (c10/cuda/CUDACachingAllocator.cpp), a
-    fraction of what is allocated."""
-    return vec.floor_int(allocated * ov.allocator_fragmentation)
+    fraction of what is allocated (smaller with expandable segments)."""
+    frac = (ov.expandable_fragmentation if allocator is Allocator.EXPANDABLE
+            else ov.allocator_fragmentation)
+    return vec.floor_int(allocated * frac)
 
 
 def cached_leftover(phase: Phase, step: Step, model: ModelSpec) -> Any:
@@ -95,8 +162,10 @@ def cached_leftover(phase: Phase, step: Step, model: ModelSpec) -> Any:
     reduce-scatter output per unit; elsewhere each parameter has its own gradient (a block's
     largest tensor is the typical block).
     """
-    if PHASES.index(phase) >= PHASES.index(Phase.BWD_END):
+    if phase is Phase.INIT or PHASES.index(phase) >= PHASES.index(Phase.BWD_END):
         return 0
+    if step.allocator is Allocator.EXPANDABLE:
+        return 0  # an expandable segment's freed pages serve requests of any size
     counts = count(model)
     freed_block = (vec.ceil_div(step.block_params, step.degree) if step.fsdp
                    else counts.largest_block_tensor) * step.grad_bytes
@@ -133,18 +202,22 @@ def evaluate(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, 
                        gpus_per_node=gpus_per_node, capacity=capacity, context=context,
                        host_capacity=host_capacity, margin=margin, ov=ov,
                        cached=[cached_leftover(p, step, model) for p in phases],
-                       host_per_rank=step.states.host_per_rank, notes=tuple(notes))
+                       host_per_rank=step.states.host_per_rank, notes=tuple(notes),
+                       allocator=training.allocator,
+                       init_host=init_host_bytes(model, training, candidate,
+                                                 vec.minimum(n_gpus, gpus_per_node)))
 
 
 def from_phases(candidate: Candidate, phases: dict[Phase, Breakdown], *, degree: Any,
                 n_gpus: Any, gpus_per_node: Any, capacity: Any, context: Any,
                 host_capacity: Any, margin: float, ov: Overheads, cached: list[Any],
-                host_per_rank: Any = 0, notes: tuple[str, ...] = ()) -> Estimate:
+                host_per_rank: Any = 0, notes: tuple[str, ...] = (),
+                allocator: Allocator = Allocator.DEFAULT, init_host: Any = 0) -> Estimate:
     """The estimate from the allocated bytes of each moment, however they were obtained (the
     analytic moments above, or a trace of the real model: probes/): the allocator's terms, the
     CUDA context, NCCL, host RAM and the fit. ``cached`` is each moment's releasable cache."""
     totals = [b.total for b in phases.values()]
-    needed = [t + fragmentation(t, ov) for t in totals]
+    needed = [t + fragmentation(t, ov, allocator) for t in totals]
     i = vec.argmax(needed)
     peak = pick(i, list(phases.values()))
     nccl = nccl_communicators(candidate.strategy, n_gpus, degree) * ov.nccl_bytes_per_communicator
@@ -157,15 +230,15 @@ def from_phases(candidate: Candidate, phases: dict[Phase, Breakdown], *, degree:
         peak_phase=PHASES[i] if isinstance(i, int) else i,
         breakdown=peak,
         phases=phases,
-        allocator_overhead_bytes=fragmentation(peak.total, ov),
+        allocator_overhead_bytes=fragmentation(peak.total, ov, allocator),
         peak_allocated_bytes=vec.choose(vec.argmax(totals), totals),
         peak_reserved_bytes=vec.choose(vec.argmax(reserved), reserved),
         cuda_context_bytes=context,
         nccl_bytes=nccl,
         capacity_bytes=capacity,
         usable_bytes=vec.floor_int(capacity * (1.0 - margin)),
-        host_bytes_per_node=vec.minimum(n_gpus, gpus_per_node)
-        * (host_per_rank + ov.host_bytes_per_process),
+        host_bytes_per_node=vec.minimum(n_gpus, gpus_per_node) * ov.host_bytes_per_process
+        + vec.maximum(vec.minimum(n_gpus, gpus_per_node) * host_per_rank, init_host),
         host_capacity_bytes=host_capacity,
         notes=notes,
     )

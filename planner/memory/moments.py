@@ -35,6 +35,8 @@ class Activations:
     recompute: Any
     """One block's recomputed activations during its backward (checkpointing)."""
     residual_bytes: int
+    kept_logits: Any = 0
+    """Logits a loop holds from the loss to the end of the step (--keep-logits)."""
 
     @classmethod
     def of(cls, plan: ActivationPlan) -> Activations:
@@ -42,7 +44,7 @@ class Activations:
                    loss_out=plan.root_saved[-1].nbytes,
                    loss_fwd=plan.loss_forward_transient, loss_bwd=plan.loss_backward_transient,
                    block_bwd=plan.block_backward_transient, recompute=plan.recompute,
-                   residual_bytes=plan.residual_bytes)
+                   residual_bytes=plan.residual_bytes, kept_logits=plan.kept_logits)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -68,6 +70,17 @@ class Step:
     params_offloaded: bool
     accumulating: Any
     """More than one micro-batch per step: later micro-batches run on accumulated grads."""
+    allocator: Any = "default"
+    """The CUDA allocator mode (planner.spec.Allocator)."""
+    init: Any = "meta"
+    """How the weights reach the GPU (planner.spec.InitMode)."""
+    load_bytes: Any = 0
+    """The whole model in the dtype it is loaded in."""
+    unit_load_bytes: Any = 0
+    """One block in that dtype (moved or broadcast unsharded while loading)."""
+    unsynced_grads: Any = 0
+    """FSDP with gradient sync on the last micro-batch only: the unsharded gradients every
+    unit accumulates until the last reduce-scatter (0 when gradients sync every time)."""
     states: Resident
     work: Working
     acts: Activations
@@ -82,12 +95,25 @@ class Step:
 
     @property
     def accumulated(self) -> Any:
-        """Gradients accumulated by earlier micro-batches (every GPU's own copy, or shard)."""
-        return vec.where(self.accumulating, self.states.gradients, 0)
+        """Gradients accumulated by earlier micro-batches (every GPU's own copy, its shard, or
+        FSDP's unsharded gradients when they are not synced)."""
+        held = self.unsynced_grads if self.unsynced_grads else self.states.gradients
+        return vec.where(self.accumulating, held, 0)
 
     @property
     def activations_all(self) -> Any:
         return self.acts.kept_per_block * self.n_layers + self.acts.root
+
+
+def initialization(s: Step) -> Breakdown:
+    """Loading, before the first step: the resident parameters, plus one unit moved or
+    broadcast unsharded (rank 0 broadcast, or every rank's full host copy moved unit by unit
+    as FSDP shards it), or the whole model when it is moved to the GPU before sharding
+    (``model.to("cuda")``, --init full-gpu). No optimizer state exists yet."""
+    if s.init == "full-gpu":
+        return Breakdown(params=vec.maximum(s.load_bytes, s.states.params))
+    unit = s.unit_load_bytes if s.init in ("rank0", "full") else 0
+    return Breakdown(params=s.states.params, transients=unit)
 
 
 def forward(s: Step) -> Breakdown:
@@ -100,7 +126,7 @@ def forward(s: Step) -> Breakdown:
 def loss_backward(s: Step) -> Breakdown:
     """The loss's backward: the fp32 vocabulary gradients on top of all activations."""
     return s.base.plus(gathered_params=s.work.gathered_loss, activations=s.activations_all,
-                       gradients=s.accumulated, transients=s.acts.loss_bwd,
+                       gradients=s.accumulated, transients=s.acts.loss_bwd + s.acts.kept_logits,
                        comm_buffers=s.work.buckets)
 
 
@@ -116,8 +142,8 @@ def _last_block(s: Step) -> Breakdown:
     return s.base.plus(gathered_params=s.work.gathered_bwd,
                        activations=s.acts.kept_per_block * s.n_layers + s.acts.root
                        - s.acts.loss_out,
-                       gradients=grads, transients=s.acts.block_bwd + s.acts.recompute,
-                       comm_buffers=s.work.buckets)
+                       gradients=grads, transients=s.acts.block_bwd + s.acts.recompute
+                       + s.acts.kept_logits, comm_buffers=s.work.buckets)
 
 
 def _block_grad(s: Step) -> Any:
@@ -155,7 +181,8 @@ def block_backward(s: Step) -> Breakdown:
     subs = [last, prev, first] if s.n_layers > 1 else [last]
     if s.fsdp:
         for b, lingering in ((last, 0), (first, s.work.lingering_first)):
-            subs.append(b.plus(activations=-s.acts.kept_per_block, transients=-b.transients,
+            subs.append(b.plus(activations=-s.acts.kept_per_block,
+                               transients=s.acts.kept_logits - b.transients,
                                gradients=s.work.unsharded_block_grads,
                                gathered_params=lingering,
                                comm_buffers=s.work.buckets + s.work.rs_unit - b.comm_buffers))
@@ -174,7 +201,7 @@ def backward_end(s: Step) -> Breakdown:
     input replaces it, and the root's gathered params are gone (FSDP2's post-backward
     reshards before reducing: ``_fsdp_param_group.py`` ``post_backward``).
     """
-    grad_in = s.acts.residual_bytes * s.tokens_x_hidden
+    grad_in = s.acts.residual_bytes * s.tokens_x_hidden + s.acts.kept_logits
     if s.tied:
         grad_in = grad_in + 2 * s.vocab_x_hidden * (s.compute_bytes if s.fsdp else s.grad_bytes)
     if not s.fsdp:
@@ -187,19 +214,30 @@ def backward_end(s: Step) -> Breakdown:
     emb = s.base.plus(gathered_params=s.work.gathered_end,
                       gradients=block_grads + root_grads + s.root_params * s.compute_bytes,
                       transients=grad_in, comm_buffers=s.work.rs_unit)
-    root_rs = emb.plus(transients=-grad_in, comm_buffers=s.work.rs_root - s.work.rs_unit,
+    root_rs = emb.plus(transients=s.acts.kept_logits - grad_in,
+                       comm_buffers=s.work.rs_root - s.work.rs_unit,
                        gathered_params=-s.work.gathered_end)
-    return largest([emb, root_rs])[1]
+    subs = [emb, root_rs]
+    if s.unsynced_grads:
+        # a micro-batch before the last: nothing is reduced; every unit's unsharded gradient
+        # is kept (FSDP2: converted to the reduce dtype in post-backward), the root's new one
+        # arriving on top
+        subs.append(s.base.plus(gathered_params=s.work.gathered_end,
+                                gradients=vec.where(s.accumulating, s.unsynced_grads, 0)
+                                + s.root_params * s.compute_bytes, transients=grad_in))
+    return largest(subs)[1]
 
 
 def optimizer_step(s: Step) -> Breakdown:
     """optimizer.step(): states, every gradient and the step's temporaries."""
     return s.base.plus(gradients=s.states.gradients, comm_buffers=s.work.buckets,
+                       transients=s.acts.kept_logits,
                        optimizer_temporaries=s.states.optimizer_temporaries
                        + s.work.step_extra)
 
 
 MOMENTS = {
+    Phase.INIT: initialization,
     Phase.FORWARD: forward,
     Phase.LOSS_BWD: loss_backward,
     Phase.BLOCK_BWD: block_backward,

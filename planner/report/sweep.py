@@ -13,13 +13,13 @@ throughput, GPU-hours x price).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from planner.activations import plan_activations
 from planner.candidates import (
     OFFLOAD_ORDER,
     UnsupportedCandidate,
@@ -30,7 +30,7 @@ from planner.candidates import (
     skipped_on_one_gpu,
 )
 from planner.memory import PHASES, Overheads
-from planner.memory.estimator import evaluate, uses_autocast_amp
+from planner.memory.estimator import activation_plan, evaluate, uses_autocast_amp
 from planner.memory.moments import Activations
 from planner.params import total_params
 from planner.plan import TIE
@@ -39,11 +39,11 @@ from planner.report.request import ReportRequest
 from planner.search import smallest_n_many
 from planner.spec import Candidate, ModelSpec, Offload, TrainingSpec
 from planner.throughput import (
-    COLLECTIVES,
     DEFAULT_ASSUMPTIONS,
     OFFLOAD_TRAFFIC,
     RECOMPUTE,
     StepInputs,
+    collectives,
     default_compute_efficiency,
     gather_bytes,
     grad_reduce_bytes,
@@ -149,10 +149,9 @@ class Evaluator:
         inverse = inverse.reshape(-1)
         key = (c.checkpointing, uses_autocast_amp(c.strategy), uniq.tobytes(), inverse.tobytes())
         if key not in self._acts:
-            plans = [Activations.of(plan_activations(
-                self.model, batch=int(b), seq=int(s), precision=self.training.precision,
-                attention=self.training.attention, checkpointing=c.checkpointing,
-                uses_autocast=uses_autocast_amp(c.strategy))) for b, s in uniq]
+            plans = [Activations.of(activation_plan(
+                self.model, dataclasses.replace(self.training, micro_batch=int(b), seq=int(s)),
+                c)) for b, s in uniq]
             fields = {f: np.array([getattr(p, f) for p in plans], dtype=np.int64)[inverse]
                       for f in Activations.__slots__ if f != "residual_bytes"}
             self._acts[key] = Activations(**fields, residual_bytes=plans[0].residual_bytes)
@@ -186,7 +185,8 @@ class Evaluator:
             cpu_rate=a.cpu_adam_params_per_s, bucket=float(a.ddp_bucket_bytes),
             overlap=a.overlap_fraction, gather_b=float(gather_bytes(p)),
             grad_b=float(grad_reduce_bytes(p, c.strategy)), master_b=float(p.param_bytes),
-            comm=COLLECTIVES[c.strategy], recompute=RECOMPUTE[c.checkpointing],
+            comm=collectives(c.strategy, self.training.grad_sync),
+            recompute=RECOMPUTE[c.checkpointing],
             offload=OFFLOAD_TRAFFIC[c.offload])
         return step_core(x)
 
