@@ -304,14 +304,20 @@ def test_vectorized_sweep_equals_the_scalar_planner_on_random_samples():
                           ffn_hidden=int(rng.integers(1, 64)) * 128,
                           vocab=int(rng.integers(100, 100_000)),
                           tied_embeddings=bool(rng.integers(0, 2)))
-        req = dataclasses.replace(
-            request.build_request(models="gpt2", gpus=",".join(gpus), ns="1,2,8,16,64",
-                                  seqs="128,2048", micro_batches="1,3",
-                                  grad_accum=int(rng.choice([1, 4]))),
-            precision=Precision(rng.choice([p.value for p in Precision])),
-            optimizer=OptimizerKind(rng.choice([o.value for o in OptimizerKind])),
-            optimizer_impl=OptimizerImpl(rng.choice([o.value for o in OptimizerImpl])),
-            attention=Attention(rng.choice([a.value for a in Attention])))
+        req = request.build_request(
+            models="gpt2", gpus=",".join(gpus), ns="1,2,8,16,64", seqs="128,2048",
+            micro_batches="1,3", grad_accum=int(rng.choice([1, 4])),
+            precision=str(rng.choice([p.value for p in Precision])),
+            optimizer=str(rng.choice([o.value for o in OptimizerKind])),
+            optimizer_impl=str(rng.choice([o.value for o in OptimizerImpl])),
+            attention=str(rng.choice([a.value for a in Attention])),
+            grad_sync=str(rng.choice(["every", "last"])),
+            loss=str(rng.choice(["fp32", "bf16", "chunked:4", "fused"])),
+            keep_logits=bool(rng.integers(0, 2)),
+            compile=str(rng.choice(["none", "blocks"])),
+            allocator=str(rng.choice(["default", "expandable"])),
+            fsdp_version=int(rng.choice([1, 2])),
+            init=str(rng.choice(["meta", "rank0", "full", "full-gpu"])))
         grid, _ = sweep._grid(req)
         ev = sweep.Evaluator(req, model)
         cands = sweep.candidates(req)
@@ -319,11 +325,8 @@ def test_vectorized_sweep_equals_the_scalar_planner_on_random_samples():
             mem, st = ev.memory(grid, c), ev.step(grid, c)
             for i in rng.choice(len(grid), 8, replace=False):
                 g = req.gpus[int(grid.gpu[i])]
-                training = TrainingSpec(seq=int(grid.seq[i]), micro_batch=int(grid.mb[i]),
-                                        grad_accum=req.grad_accum, precision=req.precision,
-                                        optimizer=req.optimizer,
-                                        optimizer_impl=req.optimizer_impl,
-                                        attention=req.attention)
+                training = dataclasses.replace(req.training, seq=int(grid.seq[i]),
+                                               micro_batch=int(grid.mb[i]))
                 cl = _cl(int(grid.n[i]), g)
                 e = estimate(model, training, cl, c, margin=req.margin)
                 for phase in PHASES:

@@ -11,12 +11,11 @@ from typing import Any
 
 import click
 
+from planner.cli import field_options
+from planner.fields import FIELDS, cli_values
 from planner.memory import DEFAULT_MARGIN
-from planner.spec import OptimizerKind, Precision, Strategy
-
-
-def _choice(enum_cls: type) -> click.Choice:
-    return click.Choice([str(e) for e in enum_cls], case_sensitive=False)
+from planner.report.request import SWEPT
+from planner.spec import Strategy
 
 
 @click.command("report")
@@ -31,8 +30,6 @@ def _choice(enum_cls: type) -> click.Choice:
               help="Sequence lengths.")
 @click.option("--micro-batch", "micro_batches", default="1", show_default=True,
               metavar="B[,B]", help="Sequences per GPU per forward.")
-@click.option("--grad-accum", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Micro-batches per optimizer step.")
 @click.option("--strategy", "strategies", multiple=True, metavar="NAME[,NAME]",
               help="Strategies (repeat or comma-separate): "
               + ", ".join(str(s) for s in Strategy) + ". Default: all.")
@@ -41,8 +38,7 @@ def _choice(enum_cls: type) -> click.Choice:
 @click.option("--offload", type=click.Choice(["auto", "none", "all"], case_sensitive=False),
               default="auto", show_default=True,
               help="auto: offload candidates only where nothing else fits (as `fitcheck plan`).")
-@click.option("--precision", type=_choice(Precision), default="bf16-amp", show_default=True)
-@click.option("--optimizer", type=_choice(OptimizerKind), default="adamw", show_default=True)
+@field_options([f.path for f in FIELDS if f.section == "training" and f.path not in SWEPT])
 @click.option("--margin", type=float, default=DEFAULT_MARGIN, show_default=True,
               help="Fraction of GPU memory kept free.")
 @click.option("--tokens", default="1e12", show_default=True, metavar="N",
@@ -55,10 +51,10 @@ def _choice(enum_cls: type) -> click.Choice:
               "matplotlib: the plots extra).")
 @click.option("--progress/--no-progress", default=None,
               help="Progress bar on stderr (default: only when stderr is a terminal).")
-def report_cmd(models: str, gpus: str, ns: str, seqs: str, micro_batches: str, grad_accum: int,
-               strategies: tuple[str, ...], checkpointing: str, offload: str, precision: str,
-               optimizer: str, margin: float, tokens: str, prices: str | None, out_dir: str,
-               formats: str, progress: bool | None, **_: Any) -> int:
+def report_cmd(models: str, gpus: str, ns: str, seqs: str, micro_batches: str,
+               strategies: tuple[str, ...], checkpointing: str, offload: str, margin: float,
+               tokens: str, prices: str | None, out_dir: str, formats: str,
+               progress: bool | None, **training: Any) -> int:
     """Sweep models x GPU types x GPU counts x strategies x checkpointing and write a
     capacity-planning report (report.csv, report.md, report.html, plots) into --out.
 
@@ -72,8 +68,8 @@ def report_cmd(models: str, gpus: str, ns: str, seqs: str, micro_batches: str, g
     check_formats(fmts)  # before the sweep: a missing matplotlib fails fast
     req = build_request(models=models, gpus=gpus, ns=ns, seqs=seqs, micro_batches=micro_batches,
                         strategies=strategies, checkpointing=checkpointing, offload=offload.lower(),
-                        precision=precision, optimizer=optimizer, grad_accum=grad_accum,
-                        margin=margin, tokens=tokens, prices=prices)
+                        margin=margin, tokens=tokens, prices=prices,
+                        training=cli_values(training))
     written = write_report(req, out_dir, fmts, progress=progress_wanted(progress),
                            stream=sys.stderr)
     rows = written.report.rows

@@ -122,7 +122,7 @@ def _first(req: ReportRequest) -> tuple[int, int]:
 
 def _plot_setting(req: ReportRequest) -> str:
     seq, mb = _first(req)
-    return f"seq {seq}, micro-batch {mb}, {req.precision}"
+    return f"seq {seq}, micro-batch {mb}, {req.training.precision}"
 
 
 def _hide_unused(axes: Any, used: int, ncols: int) -> None:
@@ -239,7 +239,7 @@ def plot_min_gpus(report: Report) -> Any:
         ax.grid(True, axis="y", alpha=0.3)
     _hide_unused(axes, len(combos), ncols)
     return lay.finish(f"Fewest GPUs for which some strategy fits, without offload "
-                      f"({req.precision})", *axes[0][0].get_legend_handles_labels(),
+                      f"({req.training.precision})", *axes[0][0].get_legend_handles_labels(),
                       len(req.gpus))
 
 

@@ -5,22 +5,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from planner.candidates import CHECKPOINTING_ORDER
 from planner.errors import UsageError
 from planner.memory import DEFAULT_MARGIN
-from planner.spec import (
-    Attention,
-    Checkpointing,
-    GpuProfile,
-    ModelSpec,
-    OptimizerImpl,
-    OptimizerKind,
-    Precision,
-    Strategy,
-)
+from planner.spec import Checkpointing, GpuProfile, ModelSpec, Strategy, TrainingSpec
 
 OFFLOAD_MODES = ("auto", "none", "all")
 
@@ -38,11 +29,8 @@ class ReportRequest:
     offload: str = "auto"
     """auto: no offload, plus offload candidates where nothing else fits (as `fitcheck plan`);
     none: never offload; all: every offload mode for every configuration."""
-    precision: Precision = Precision.BF16_AMP
-    optimizer: OptimizerKind = OptimizerKind.ADAMW
-    optimizer_impl: OptimizerImpl = OptimizerImpl.FOREACH
-    attention: Attention = Attention.SDPA
-    grad_accum: int = 1
+    training: TrainingSpec = field(default_factory=TrainingSpec)
+    """Everything about the run but the swept seq and micro-batch (as a plan's)."""
     margin: float = DEFAULT_MARGIN
     tokens: float = 1e12
     """Tokens to train, for the time and cost columns."""
@@ -148,17 +136,25 @@ def model_label(name: str, typed: Sequence[str]) -> str:
     return label if sum(short(t) == label for t in typed) == 1 else name
 
 
+SWEPT = ("training.seq", "training.micro_batch", "training.global_batch")
+"""Training fields the report sweeps as lists (the others are one value, as for a plan)."""
+
+
 def build_request(*, models: str | Iterable[str], gpus: str | Iterable[str],
                   ns: str | Iterable[str], seqs: str | Iterable[str] = "2048",
                   micro_batches: str | Iterable[str] = "1",
                   strategies: str | Iterable[str] = (),
                   checkpointing: str | Iterable[str] = "none,selective,full",
-                  offload: str = "auto", precision: str = "bf16-amp", optimizer: str = "adamw",
-                  grad_accum: int = 1, margin: float = DEFAULT_MARGIN, tokens: str | float = "1e12",
-                  prices: str | None = None) -> ReportRequest:
-    """Strings as typed -> a request; bad values raise planner.errors.UsageError (one line)."""
-    from planner.fields import Naming
-    from planner.request import resolve_gpu, resolve_model
+                  offload: str = "auto", margin: float = DEFAULT_MARGIN,
+                  tokens: str | float = "1e12", prices: str | None = None,
+                  training: dict[str, Any] | None = None, **training_kw: Any) -> ReportRequest:
+    """Strings as typed -> a request; bad values raise planner.errors.UsageError (one line).
+
+    ``training`` holds the plan's training fields by spec path ({"training.precision":
+    "bf16", ...}; planner/fields.py); keywords such as ``precision="bf16"`` or
+    ``grad_accum=4`` are the same fields by key."""
+    from planner.fields import BY_PATH, FLAGS, Naming, parse
+    from planner.request import resolve_gpu, resolve_model, training_from
     from planner.validate import looks_like_path
 
     models_naming = Naming(lambda path: "--models", UsageError)
@@ -178,13 +174,15 @@ def build_request(*, models: str | Iterable[str], gpus: str | Iterable[str],
         strategies if isinstance(strategies, str) else list(strategies)) else tuple(Strategy)
     if offload not in OFFLOAD_MODES:
         raise UsageError(f"--offload: choose from {', '.join(OFFLOAD_MODES)}, got {offload!r}")
-    from planner.fields import BY_PATH, FLAGS
-
-    for path, value in (("margin", margin), ("training.grad_accum", grad_accum)):
-        try:
-            BY_PATH[path].check(value)
-        except ValueError as exc:
-            raise FLAGS.fail(path, str(exc)) from None
+    try:
+        BY_PATH["margin"].check(margin)
+    except ValueError as exc:
+        raise FLAGS.fail("margin", str(exc)) from None
+    values = {**(training or {}), **{f"training.{k}": v for k, v in training_kw.items()}}
+    unknown = [p for p in values if p not in BY_PATH or p in SWEPT]
+    if unknown:
+        raise UsageError(f"report: not a training field: {', '.join(unknown)}")
+    template = training_from(parse(values, FLAGS))
     from planner.validate import params as parse_count
 
     try:
@@ -198,6 +196,5 @@ def build_request(*, models: str | Iterable[str], gpus: str | Iterable[str],
         strategies=strategies_t,
         checkpointings=tuple(sorted(_enum_list(Checkpointing, checkpointing, "--checkpointing"),
                                     key=CHECKPOINTING_ORDER.index)),
-        offload=offload, precision=_enum_list(Precision, precision, "--precision")[0],
-        optimizer=_enum_list(OptimizerKind, optimizer, "--optimizer")[0],
-        grad_accum=grad_accum, margin=margin, tokens=tokens_f, prices=parse_prices(prices, ids))
+        offload=offload, training=template, margin=margin, tokens=tokens_f,
+        prices=parse_prices(prices, ids))

@@ -37,7 +37,7 @@ from planner.plan import TIE
 from planner.report.progress import Progress
 from planner.report.request import ReportRequest
 from planner.search import smallest_n_many
-from planner.spec import Candidate, ModelSpec, Offload, TrainingSpec
+from planner.spec import Candidate, ModelSpec, Offload
 from planner.throughput import (
     DEFAULT_ASSUMPTIONS,
     OFFLOAD_TRAFFIC,
@@ -126,19 +126,12 @@ def candidates(req: ReportRequest) -> list[Candidate]:
     return out
 
 
-def _training(req: ReportRequest) -> TrainingSpec:
-    """The categorical part of the run (seq and micro-batch come from the grid)."""
-    return TrainingSpec(grad_accum=req.grad_accum, precision=req.precision,
-                        optimizer=req.optimizer, optimizer_impl=req.optimizer_impl,
-                        attention=req.attention)
-
-
 class Evaluator:
     """The planner's memory and step-time model of one model on a grid, per candidate."""
 
     def __init__(self, req: ReportRequest, model: ModelSpec) -> None:
         self.req, self.model = req, model
-        self.training = _training(req)
+        self.training = req.training
         self.ov = Overheads()
         self._acts: dict[tuple, Activations] = {}
 
@@ -295,8 +288,8 @@ def _rows(req: ReportRequest, mname: str, grid: Grid, cands: list[Candidate],
         "model": np.full(len(gi), mname, dtype=object),
         "gpu": np.array([g.id for g in req.gpus], dtype=object)[grid.gpu[gi]],
         "n": n, "nodes": -(-n // grid.gpn[gi]), "seq": grid.seq[gi],
-        "micro_batch": grid.mb[gi], "grad_accum": np.full(len(gi), req.grad_accum),
-        "precision": np.full(len(gi), str(req.precision), dtype=object),
+        "micro_batch": grid.mb[gi], "grad_accum": np.full(len(gi), req.training.grad_accum),
+        "precision": np.full(len(gi), str(req.training.precision), dtype=object),
         "strategy": strat[ci], "checkpointing": ckpt[ci], "offload": offl[ci],
         "fits": r.fits[ci, gi],
         "fits_gpu": pick([e.fits_gpu for e in mem]), "fits_host": pick([e.fits_host for e in mem]),

@@ -23,15 +23,18 @@ def fmt_count(x: float) -> str:
 
 def describe(req: ReportRequest) -> list[str]:
     """The request, as bullet lines (both the Markdown and the HTML header)."""
+    t = req.training
     price = ("none given (no cost columns)" if not req.prices else
              ", ".join(f"{g} ${p:g}" for g, p in req.prices.items()))
     return [
         f"models: {', '.join(m for m, _ in req.models)}",
         f"GPUs: {', '.join(g.id for g in req.gpus)}; n: {', '.join(map(str, req.ns))}",
         f"seq: {', '.join(map(str, req.seqs))}; micro-batch: "
-        f"{', '.join(map(str, req.micro_batches))}; grad-accum: {req.grad_accum}",
-        f"precision: {req.precision}; optimizer: {req.optimizer} ({req.optimizer_impl}); "
-        f"attention: {req.attention}; margin: {req.margin:g}",
+        f"{', '.join(map(str, req.micro_batches))}; grad-accum: {t.grad_accum} "
+        f"(gradient sync {t.grad_sync})",
+        f"precision: {t.precision}; optimizer: {t.optimizer} ({t.optimizer_impl}); "
+        f"attention: {t.attention}; loss: {t.loss}; compile: {t.compile}; allocator: "
+        f"{t.allocator}; margin: {req.margin:g}",
         f"strategies: {', '.join(map(str, req.strategies))}; checkpointing: "
         f"{', '.join(map(str, req.checkpointings))}; offload: {req.offload}",
         f"tokens to train: {fmt_count(req.tokens)}; $ per GPU-hour: {price}",
