@@ -18,90 +18,20 @@ from planner.errors import EXIT_FITS, EXIT_NOTHING_FITS
 from planner.fields import SpecError
 from planner.spec import Checkpointing, Offload, Strategy
 
-__all__ = ["ADMIT", "REJECT", "SpecError", "error_verdict", "exit_code", "gate",
-           "parse_spec_text", "read_spec", "request_from_spec"]
+__all__ = ["ADMIT", "REJECT", "SpecError", "error_verdict", "exit_code", "gate", "gate_job",
+           "gate_path", "inline_model", "parse_spec_text", "read_spec", "request_from_spec",
+           "verdict_for"]
 
 GATE_SCHEMA_VERSION = 1
 ADMIT, REJECT = "admit", "reject"
 GiB = 2**30
 
 
-def _type(v: Any) -> str:
-    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean",
-            type(None): "null", int: "an integer", float: "a number"}.get(type(v), type(v).__name__)
-
-
 # ---------------------------------------------------------------------------------------------
 # Reading a spec
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise SpecError(f"spec: duplicate key {k!r}")
-        out[k] = v
-    return out
-
-
-def _no_constant(name: str) -> Any:
-    raise SpecError(f"spec: {name} is not a valid number")
-
-
-def parse_spec_text(text: str, name: str = "spec") -> dict[str, Any]:
-    """JSON always; YAML when PyYAML is importable. A mapping, or SpecError."""
-    stripped = text.lstrip("\ufeff \t\r\n")
-    if not stripped:
-        raise SpecError(f"{name}: empty spec")
-    if stripped[0] in "{[":
-        import json
-
-        try:
-            doc = json.loads(stripped, object_pairs_hook=_no_duplicates,
-                             parse_constant=_no_constant)
-        except json.JSONDecodeError as exc:
-            raise SpecError(f"{name}: invalid JSON: {exc}") from None
-        except RecursionError:
-            raise SpecError(f"{name}: JSON nested too deeply") from None
-    else:
-        try:
-            import yaml
-        except ImportError:
-            raise SpecError("YAML spec needs PyYAML (pip install pyyaml) or use JSON") from None
-        try:
-            doc = yaml.safe_load(stripped)
-        except yaml.YAMLError as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise SpecError(f"{name}: invalid YAML: {first}") from None
-        except RecursionError:
-            raise SpecError(f"{name}: YAML nested too deeply") from None
-    if not isinstance(doc, dict):
-        raise SpecError(f"{name}: must be a mapping (a JSON object), got {_type(doc)}")
-    return doc
-
-
-MAX_SPEC_BYTES = 1 << 20
-
-
-def read_spec(path: str) -> tuple[dict[str, Any], str | None]:
-    """The spec at path ('-' = stdin) and the folder relative paths inside it resolve against."""
-    import sys
-
-    if path == "-":
-        text = sys.stdin.read(MAX_SPEC_BYTES + 1)
-        base = None
-        name = "stdin"
-    else:
-        try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read(MAX_SPEC_BYTES + 1)
-        except UnicodeDecodeError:
-            raise SpecError(f"{path}: not UTF-8 text") from None
-        base = os.path.dirname(os.path.abspath(path))
-        name = path
-    if len(text) > MAX_SPEC_BYTES:
-        raise SpecError(f"{name}: spec larger than {MAX_SPEC_BYTES} bytes")
-    return parse_spec_text(text, name), base
+from planner.specfile import MAX_SPEC_BYTES, parse_spec_text, read_spec
 
 
 # ---------------------------------------------------------------------------------------------
@@ -121,7 +51,39 @@ def request_from_spec(spec: Mapping[str, Any], *, base_dir: str | None = None,
     values = spec_values(spec)
     if values.get("hardware.n") is None:
         raise SpecError("hardware.n: required (the total number of GPUs of the job)")
-    return build_request(values, SPEC, allow_files=allow_files, base_dir=base_dir)
+    values, model = inline_model(values, SPEC)
+    request = build_request(values, SPEC, allow_files=allow_files, base_dir=base_dir)
+    if model is not None:
+        request = dataclasses.replace(request, model=model, model_source="config")
+    return request
+
+
+def inline_model(values: Mapping[str, Any], naming) -> tuple[dict[str, Any], Any]:
+    """``model.config`` given as the config.json mapping itself (a webhook annotation cannot
+    name a file): its ModelSpec, and the values with the model described by its shape fields
+    (the placeholder build_request resolves; the caller puts the exact spec in its place)."""
+    values = dict(values)
+    cfg = values.get("model.config")
+    if not isinstance(cfg, Mapping):
+        return values, None
+    from planner.hf_config import ConfigError, spec_from_hf_config
+
+    label = f"{naming.name('model.config')} (inline config.json)"
+    try:
+        spec = spec_from_hf_config(dict(cfg), label)
+    except ConfigError as exc:
+        raise naming.error(str(exc)) from None
+    for p in [p for p in values if p.startswith("model.")]:
+        if values[p] is not None and p not in ("model.config",):
+            raise naming.error(f"give only one of {naming.name('model.config')} (inline) and "
+                               f"{naming.name(p)}")
+    del values["model.config"]
+    values.update({
+        "model.layers": spec.n_layers, "model.hidden": spec.q_dim, "model.heads": spec.n_heads,
+        "model.kv_heads": spec.n_kv_heads, "model.ffn": spec.ffn_hidden,
+        "model.vocab": spec.vocab, "model.mlp": str(spec.mlp),
+        "model.experts": spec.n_experts, "model.experts_per_token": spec.experts_per_token})
+    return values, spec
 
 
 # ---------------------------------------------------------------------------------------------
@@ -222,12 +184,16 @@ def _hw(r) -> str:
 def gate(spec: Mapping[str, Any], *, base_dir: str | None = None,
          allow_files: bool = True) -> dict[str, Any]:
     """The verdict for a spec (SpecError for a bad one). See docs/gating.md."""
+    request = request_from_spec(spec, base_dir=base_dir, allow_files=allow_files)
+    pinned = len(request.options.strategies) == 1 and spec.get("strategy") is not None
+    return verdict_for(request, pinned=pinned, warnings=list(request.warnings))
+
+
+def verdict_for(request, *, pinned: bool, warnings: list[str]) -> dict[str, Any]:
+    """The verdict for a built request: any candidate, or the pinned strategy."""
     from planner.candidates import label
     from planner.plan import plan
 
-    request = request_from_spec(spec, base_dir=base_dir, allow_files=allow_files)
-    pinned = len(request.options.strategies) == 1 and spec.get("strategy") is not None
-    warnings = list(request.warnings)
     if not pinned:
         answer = plan(request)
         e, st = answer.chosen()
@@ -286,3 +252,75 @@ def gate(spec: Mapping[str, Any], *, base_dir: str | None = None,
                        recommendation=_cand(ae) if ae is not None else None,
                        predicted=None if e is None else _predicted(e, st), pinned=True,
                        min_gpus=need, warnings=warnings)
+
+
+# ---------------------------------------------------------------------------------------------
+# Any job file (planner/jobs): torchtitan, DeepSpeed, accelerate, HF, axolotl, litgpt, Kubeflow
+
+
+def _is_plain_spec(doc: Any) -> bool:
+    """A fitcheck spec without a job config: only spec keys, or a spec section among others
+    (a misspelt key is then the spec's error, naming it)."""
+    from planner.fields import TOP_KEYS
+
+    if not isinstance(doc, dict) or "job" in doc:
+        return False
+    return set(doc) <= set(TOP_KEYS) or any(
+        isinstance(doc.get(k), dict) for k in ("model", "training", "hardware"))
+
+
+def gate_path(path: str, *, fmt: str | None = None,
+              overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The verdict for the job in ``path`` ('-': stdin): a fitcheck spec, or any job config
+    planner.jobs reads (by content, or ``fmt``). ``overrides`` ({path: raw}: the gate's --gpu,
+    --n, --gpus-per-node, --model) win over the file. A plain spec without overrides never
+    loads planner.jobs."""
+    import sys
+
+    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+    if path == "-":
+        text = sys.stdin.read(MAX_SPEC_BYTES + 1)
+        name, base = "stdin", None
+    else:
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read(MAX_SPEC_BYTES + 1)
+        except UnicodeDecodeError:
+            raise SpecError(f"{path}: not UTF-8 text") from None
+        name, base = path, os.path.dirname(os.path.abspath(path))
+    if fmt in (None, "spec") and not overrides and not name.endswith(".toml"):
+        try:
+            doc = parse_spec_text(text, name)
+        except SpecError:
+            if fmt == "spec":
+                raise
+            doc = None
+        if _is_plain_spec(doc):
+            return gate(doc, base_dir=base)
+    from planner.jobs import read_job
+
+    return gate_job(read_job(path, fmt, text=text), overrides)
+
+
+def gate_job(job, overrides: Mapping[str, Any] | None = None, *,
+             allow_files: bool = True) -> dict[str, Any]:
+    """The verdict for a planner.jobs Job. What it sets that fitcheck does not model is a
+    reject naming each setting: the memory of such a job cannot be checked."""
+    from planner.errors import UsageError
+    from planner.fields import FLAGS
+    from planner.jobs import JobError, build
+
+    request, resolved = build(job, overrides or {}, FLAGS.name, UsageError,
+                              allow_files=allow_files)
+    if resolved.values.get("hardware.n") is None:
+        raise JobError(f"{job.path}: does not say how many GPUs the job uses; give --n")
+    warnings = [*resolved.warnings, *request.warnings]
+    if resolved.unmodelled:
+        doc = verdict_doc(REJECT, f"{job.path} sets what fitcheck does not model, so its memory "
+                          f"cannot be checked: {'; '.join(resolved.unmodelled)}.",
+                          warnings=warnings)
+        doc["unmodelled"] = list(resolved.unmodelled)
+        return doc
+    strategy = resolved.values.get("strategy")
+    pinned = strategy is not None and len(request.options.strategies) == 1
+    return verdict_for(request, pinned=pinned, warnings=warnings)

@@ -7,39 +7,79 @@ validating admission webhook of planner.webhook.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 import click
 
+from planner.cli import JOB_FORMATS
 from planner.errors import FitcheckError, UsageError
 
 ON_ERROR = click.Choice(["admit", "reject"], case_sensitive=False)
 
 
-class GateTimeout(Exception):
-    pass
+GATE_TIMEOUT_S = (0.1, 3600.0)
+"""gate --timeout: 0 (no limit) or within these seconds."""
+SERVE_TIMEOUT_S = (0.1, 30.0)
+"""serve --timeout: within these seconds (the API server waits 30 s at most)."""
 
 
-def _alarm(seconds: float):
-    """SIGALRM after `seconds` (main thread on POSIX only; elsewhere no limit)."""
+class Seconds(click.ParamType):
+    """A finite number of seconds in [lo, hi], or 0 when zero_ok ("no limit")."""
+
+    name = "seconds"
+
+    def __init__(self, lo: float, hi: float, *, zero_ok: bool = False) -> None:
+        self.lo, self.hi, self.zero_ok = lo, hi, zero_ok
+
+    def convert(self, value: object, param: click.Parameter | None,
+                ctx: click.Context | None) -> float:
+        try:
+            x = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            self.fail(f"a number of seconds, got {value!r}", param, ctx)
+        if self.zero_ok and x == 0:
+            return 0.0
+        if not self.lo <= x <= self.hi:  # also refuses nan and inf
+            zero = "0 (no limit) or " if self.zero_ok else ""
+            self.fail(f"must be {zero}between {self.lo:g} and {self.hi:g} seconds, got {value!r}",
+                      param, ctx)
+        return x
+
+
+class GateTimeout(BaseException):
+    """The gate's --timeout passed. A BaseException, so that no `except Exception` on the way
+    takes it for an error of its own."""
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float) -> Iterator[None]:
+    """GateTimeout in the main thread after `seconds` (POSIX; 0 or elsewhere: no limit). The
+    timer fires once and never after the block: a late signal raises nothing."""
     import signal
     import threading
 
     if seconds <= 0 or not hasattr(signal, "setitimer") \
             or threading.current_thread() is not threading.main_thread():
-        return None
+        yield
+        return
+    armed = True
 
-    def fire(_sig, _frame):
-        raise GateTimeout(f"timed out after {seconds:g} s")
+    def fire(_sig: int, _frame: object) -> None:
+        nonlocal armed
+        if armed:
+            armed = False
+            raise GateTimeout(f"timed out after {seconds:g} s")
 
     old = signal.signal(signal.SIGALRM, fire)
     signal.setitimer(signal.ITIMER_REAL, seconds)
-
-    def cancel() -> None:
+    try:
+        yield
+    finally:
+        armed = False
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
-
-    return cancel
 
 
 @click.command("gate", context_settings={"help_option_names": ["-h", "--help"]})
@@ -47,25 +87,39 @@ def _alarm(seconds: float):
 @click.option("--on-error", type=ON_ERROR, default="reject", show_default=True,
               help="What an internal error or a timeout means: the verdict printed (with an "
               "\"error\" key) and its exit code, 0 admit or 3 reject.")
-@click.option("--timeout", type=click.FloatRange(min=0), default=10.0, show_default=True,
-              help="Seconds before the evaluation counts as an internal error (0: none).")
+@click.option("--timeout", type=Seconds(*GATE_TIMEOUT_S, zero_ok=True), default=10.0,
+              show_default=True, help="Seconds before reading and evaluating the spec counts "
+              f"as an internal error: 0 (none) or {GATE_TIMEOUT_S[0]:g} to {GATE_TIMEOUT_S[1]:g}.")
 @click.option("--compact", is_flag=True, help="The verdict on one line.")
-def gate_cmd(spec: str, on_error: str, timeout: float, compact: bool) -> int:
-    """Admit or reject the job described by SPEC (a JSON or YAML file, - for stdin).
+@click.option("--format", "job_format", type=click.Choice(JOB_FORMATS, case_sensitive=False),
+              help="The format of SPEC when it is a job config (default: told by its content; "
+              "docs/jobs.md).")
+@click.option("--gpu", metavar="NAME|PATH", help="GPU profile, when SPEC does not say.")
+@click.option("--n", metavar="N", help="Total GPUs (overrides SPEC's).")
+@click.option("--gpus-per-node", metavar="N", help="GPUs per node (overrides SPEC's).")
+@click.option("--model", metavar="PRESET", help="The model, when SPEC does not name one "
+              "fitcheck knows (a preset or hub-style id).")
+def gate_cmd(spec: str, on_error: str, timeout: float, compact: bool, job_format: str | None,
+             gpu: str | None, n: str | None, gpus_per_node: str | None,
+             model: str | None) -> int:
+    """Admit or reject the job described by SPEC (- for stdin): a fitcheck spec (JSON or
+    YAML) or a job config (torchtitan TOML, DeepSpeed JSON, accelerate / HF / axolotl / litgpt
+    YAML, Kubeflow manifest; docs/jobs.md).
 
     Prints one JSON verdict. Exit codes: 0 admit, 3 reject, 4 bad spec, 2 usage.
     """
     import json
 
-    from planner.gate import error_verdict, exit_code, gate, read_spec
+    from planner.gate import error_verdict, exit_code, gate_path
 
     on_error = on_error.lower()
     if spec != "-" and not os.path.isfile(spec):
         raise UsageError(f"SPEC: no such file: {spec!r}")
-    cancel = _alarm(timeout)
     try:
-        doc, base = read_spec(spec)
-        verdict = gate(doc, base_dir=base)
+        with _time_limit(timeout):
+            verdict = gate_path(spec, fmt=job_format and job_format.lower(), overrides={
+                "hardware.gpu": gpu, "hardware.n": n, "hardware.gpus_per_node": gpus_per_node,
+                "model.preset": model})
     except (FitcheckError, click.ClickException, KeyboardInterrupt):
         raise  # a bad spec (exit 4) or usage (2) is not an internal error
     except (GateTimeout, Exception) as exc:  # internal error: fail open or closed, as asked
@@ -77,68 +131,87 @@ def gate_cmd(spec: str, on_error: str, timeout: float, compact: bool) -> int:
         verdict = error_verdict(err, on_error)
         click.echo(f"fitcheck: internal error: {err}; verdict {verdict['verdict']} per "
                    f"--on-error", err=True)
-    finally:
-        if cancel is not None:
-            cancel()
     click.echo(json.dumps(verdict, separators=(",", ":")) if compact
                else json.dumps(verdict, indent=2))
     return exit_code(verdict)
 
 
+LOOPBACK = "127.0.0.1"
+
+
 @click.command("serve", context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
+@click.option("--host", default=None, help="Address to listen on [default: 0.0.0.0 with TLS, "
+              f"{LOOPBACK} with --insecure].")
 @click.option("--port", type=click.IntRange(0, 65535), default=8443, show_default=True,
               help="Port (0: any free port, printed on start).")
 @click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False),
-              help="PEM certificate (chain); with --tls-key serves HTTPS (Kubernetes requires it).")
+              help="PEM certificate (chain) for HTTPS; required, with --tls-key, unless "
+              "--insecure.")
 @click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), help="PEM private key.")
+@click.option("--client-ca", type=click.Path(exists=True, dir_okay=False),
+              help="PEM CA bundle: require a client certificate signed by it (the API "
+              "server's, docs/gating.md).")
+@click.option("--insecure", is_flag=True,
+              help=f"Plain HTTP without TLS, for local tests; listens on {LOOPBACK} unless "
+              "--host says otherwise.")
 @click.option("--require-annotation", is_flag=True,
               help="Deny objects without the fitcheck.io/spec annotation (default: allow them "
               "with a warning).")
 @click.option("--on-error", type=ON_ERROR, default="reject", show_default=True,
               help="What an internal error or an evaluation timeout means: allow (admit) or "
               "deny (reject).")
-@click.option("--timeout", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
-              help="Seconds per request: reading the body, and the evaluation.")
-@click.option("--max-body-bytes", type=click.IntRange(min=1024), default=1 << 20,
+@click.option("--timeout", type=Seconds(*SERVE_TIMEOUT_S), default=5.0, show_default=True,
+              help="Seconds for a whole request: TLS handshake, reading it, waiting for a worker "
+              f"and evaluating ({SERVE_TIMEOUT_S[0]:g} to {SERVE_TIMEOUT_S[1]:g}).")
+@click.option("--max-body-bytes", type=click.IntRange(1024, 64 << 20), default=1 << 20,
               show_default=True, help="Larger requests get 413.")
-@click.option("--max-concurrent", type=click.IntRange(min=1), default=32, show_default=True,
-              help="Requests evaluated at once; more get 503.")
+@click.option("--workers", "--max-concurrent", "workers", type=click.IntRange(1, 64), default=2,
+              show_default=True, help="Evaluation processes: reviews evaluated at once; more "
+              "wait for one within --timeout.")
+@click.option("--max-connections", type=click.IntRange(1, 1 << 20), default=256,
+              show_default=True, help="Open connections at most (about 0.3 MiB each with TLS); "
+              "past it the oldest idle or unfinished one is closed.")
 @click.option("--quiet", is_flag=True, help="No per-request log lines on stderr.")
-def serve_cmd(host: str, port: int, tls_cert: str | None, tls_key: str | None,
-              require_annotation: bool, on_error: str, timeout: float, max_body_bytes: int,
-              max_concurrent: int, quiet: bool) -> int:
-    """Kubernetes validating admission webhook: POST /validate, GET /healthz."""
+def serve_cmd(host: str | None, port: int, tls_cert: str | None, tls_key: str | None,
+              client_ca: str | None, insecure: bool, require_annotation: bool, on_error: str,
+              timeout: float, max_body_bytes: int, workers: int, max_connections: int,
+              quiet: bool) -> int:
+    """Kubernetes validating admission webhook: POST /validate, GET /healthz (HTTPS)."""
     from planner.webhook import WebhookConfig, make_server
 
     if (tls_cert is None) != (tls_key is None):
         raise UsageError("--tls-cert and --tls-key go together")
+    if insecure and tls_cert:
+        raise UsageError("--insecure serves plain HTTP: drop it, or drop --tls-cert/--tls-key")
+    if insecure and client_ca:
+        raise UsageError("--client-ca needs TLS: drop --insecure and give --tls-cert/--tls-key")
+    if not insecure and not tls_cert:
+        raise UsageError("--tls-cert and --tls-key are required (Kubernetes calls webhooks over "
+                         f"HTTPS); --insecure serves plain HTTP on {LOOPBACK} for local tests")
+    host = host or (LOOPBACK if insecure else "0.0.0.0")
     cfg = WebhookConfig(require_annotation=require_annotation, on_error=on_error.lower(),
-                        timeout_s=timeout, max_body_bytes=max_body_bytes,
-                        max_concurrent=max_concurrent, quiet=quiet)
+                        timeout_s=timeout, max_body_bytes=max_body_bytes, workers=workers,
+                        max_connections=max_connections, quiet=quiet)
     try:
-        server = make_server(host, port, cfg, tls_cert=tls_cert, tls_key=tls_key)
+        server = make_server(host, port, cfg, tls_cert=tls_cert, tls_key=tls_key,
+                             client_ca=client_ca)
     except OSError as exc:
         raise UsageError(f"--host/--port: cannot listen on {host}:{port}: {exc}") from None
     except ValueError as exc:
-        raise UsageError(f"--tls-cert/--tls-key: {exc}") from None
-    scheme = "https" if tls_cert else "http"
+        raise UsageError(str(exc)) from None
     bound_host, bound_port = server.server_address[:2]
-    click.echo(f"fitcheck serve: listening on {scheme}://{bound_host}:{bound_port} "
-               "(POST /validate, GET /healthz)", err=True)
-    import signal
-
-    def _stop(signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt  # unwinds serve_forever in the main thread
-
-    # SIGTERM is how Kubernetes stops a pod; SIGINT is set explicitly because a process
-    # started in the background by a non-interactive shell inherits it as ignored.
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
+    click.echo(f"fitcheck serve: listening on {'http' if insecure else 'https'}://{bound_host}:"
+               f"{bound_port} (POST /validate, GET /healthz; {workers} evaluation processes"
+               f"{', client certificates required' if client_ca else ''})", err=True)
+    if insecure:
+        click.echo(f"fitcheck serve: plain HTTP (--insecure): not for Kubernetes"
+                   f"{'' if bound_host in (LOOPBACK, '::1') else ', and reachable from other hosts'}",
+                   err=True)
+    if server.cfg.max_connections < max_connections:
+        click.echo(f"fitcheck serve: --max-connections lowered to {server.cfg.max_connections} "
+                   "by the open-file limit (ulimit -n)", err=True)
     try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
+        server.serve_forever(handle_signals=True)  # until SIGTERM (how Kubernetes stops a pod)
+    finally:                                       # or SIGINT
         server.server_close()
     return 0

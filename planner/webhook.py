@@ -1,41 +1,76 @@
 """Kubernetes validating admission webhook: AdmissionReview v1 in, the gate's verdict out.
 
-Stdlib only (http.server, ssl, threading). ``POST /validate`` takes an AdmissionReview whose
-object carries the job spec in the annotation ``fitcheck.io/spec`` (a JSON string); the GPU
-count comes from the pod templates when the spec has no ``hardware.n``. ``GET /healthz``
-answers 200. Hostile input gets an HTTP error, never a crash or a hang: bodies over the limit
-413, bad JSON 400, other methods 405, other paths 404, slow clients a socket timeout, a slow
-evaluation the --on-error verdict after the per-request timeout. docs/gating.md.
+``POST /validate`` takes an AdmissionReview whose object carries the job spec in the
+annotation ``fitcheck.io/spec``; the GPU count comes from the pod templates when the spec has
+no ``hardware.n``. ``GET /healthz`` answers 200. Standard library only: an asyncio HTTP/1.1
+server (TLS with ``ssl``) in front of a few evaluation processes.
+
+Every request is bounded: one deadline (``timeout_s``) covers the TLS handshake, reading the
+request, waiting for an evaluation process and the evaluation; a client still sending at the
+deadline is cut off (408), an evaluation still running is killed with its process and answered
+by the ``on_error`` rule. Open connections are capped (the oldest idle or unfinished one makes
+way), bodies are capped one by one and in total, and the event loop that answers /healthz
+never runs a spec. docs/gating.md, "Kubernetes".
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
+import os
 import socket
+import ssl
 import sys
 import threading
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from enum import Enum
+from http import HTTPStatus
 from typing import Any
 
-from planner.gate import ADMIT, REJECT, SpecError, error_verdict, gate, parse_spec_text
+from planner.gate import ADMIT, REJECT, SpecError, error_verdict, gate
+from planner.specfile import parse_spec_text
 
 ANNOTATION = "fitcheck.io/spec"
 GPU_RESOURCE = "nvidia.com/gpu"
 API_VERSION = "admission.k8s.io/v1"
 MAX_WARNING_CHARS = 256  # the API server may truncate longer ones
+MAX_HEAD_BYTES = 16 * 1024
+"""Request line and headers together; longer heads get 431."""
+MAX_HEADERS = 100
+WRITE_GRACE_S = 1.0
+"""Past the deadline, how long writing the answer (an on-error verdict, a 408) may take."""
+LISTEN_BACKLOG = 1024
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WebhookConfig:
     require_annotation: bool = False
+    """Deny objects without the annotation (default: allow them with a warning)."""
     on_error: str = REJECT
     """admit or reject: the answer when evaluation fails or times out."""
     timeout_s: float = 5.0
+    """Whole-request deadline: TLS handshake, reading, waiting for a worker, evaluating."""
+    idle_timeout_s: float = 120.0
+    """How long a keep-alive connection may wait for its next request."""
     max_body_bytes: int = 1 << 20
-    max_concurrent: int = 32
+    """One request's body; larger ones get 413."""
+    max_buffered_bytes: int = 16 << 20
+    """Bodies held at once, all connections together (at least one of max_body_bytes); past
+    it 503."""
+    workers: int = 2
+    """Evaluation processes: reviews evaluated at once (more wait, within their deadline)."""
+    max_connections: int = 256
+    """Open connections; past it the oldest idle or unfinished one is closed to make room.
+    Each costs about 0.3 MiB with TLS (asyncio's 256 KiB read buffer): size memory to it."""
+    worker_memory_bytes: int = 512 << 20
+    """Address-space limit (RLIMIT_AS) of each evaluation process; 0: none."""
+    evaluator: str = "planner.webhook:evaluate"
+    """module:function the evaluation processes call: fn(uid, request, config) -> review."""
     quiet: bool = False
+    """No per-request log lines on stderr."""
 
 
 class BadRequest(Exception):
@@ -235,185 +270,647 @@ def evaluate(uid: str, req: dict[str, Any], cfg: WebhookConfig) -> dict[str, Any
                      warnings, verdict)
 
 
-def review_with_deadline(uid: str, req: dict[str, Any], cfg: WebhookConfig) -> dict[str, Any]:
-    """evaluate() in a worker thread; past the deadline or on a crash: the --on-error answer."""
-    box: dict[str, Any] = {}
-
-    def work() -> None:
-        try:
-            box["out"] = evaluate(uid, req, cfg)
-        except BaseException as exc:  # noqa: BLE001 - reported as the on-error verdict
-            box["err"] = f"{type(exc).__name__}: {exc}"
-
-    t = threading.Thread(target=work, name=f"fitcheck-review-{uid[:16]}", daemon=True)
-    t.start()
-    t.join(cfg.timeout_s)
-    if "out" in box:
-        return box["out"]
-    err = box.get("err", f"timed out after {cfg.timeout_s:g} s")
+def error_response(uid: str, err: str, cfg: WebhookConfig) -> dict[str, Any]:
+    """The answer when evaluation failed or ran past the deadline: allowed per on_error."""
     v = error_verdict(err, cfg.on_error)
     return _response(uid, v["verdict"] == ADMIT, f"fitcheck: {v['reason']}",
                      [f"fitcheck: evaluation failed: {_short(err)}"])
 
 
 # ---------------------------------------------------------------------------------------------
-# HTTP
+# Evaluation processes
+#
+# Each is `python -c "from planner.webhook import _worker_main; _worker_main()"`, talking in
+# frames (a 4-byte big-endian length, then the bytes) on its stdin and stdout: first the
+# configuration in, "ready" out; then a raw AdmissionReview body in, ["ok", review] or
+# ["err", message] out (JSON), until its stdin closes. A plain subprocess rather than
+# multiprocessing: no pickling, and no re-import of the parent's __main__ in the child.
+
+WORKER_START_S = 60.0
+"""How long an evaluation process may take to start (imports and a warm-up evaluation)."""
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server_version = "fitcheck-webhook"
-    sys_version = ""
-    cfg: WebhookConfig = WebhookConfig()
-    slots: threading.BoundedSemaphore
+def _write_frame(f: Any, data: bytes) -> None:
+    f.write(len(data).to_bytes(4, "big") + data)
+    f.flush()
 
-    def setup(self) -> None:
-        self.timeout = self.cfg.timeout_s  # socket timeout: slow clients cannot hold a thread
-        super().setup()
-        do_handshake = getattr(self.request, "do_handshake", None)
-        if do_handshake is not None:  # TLS: handshake here, off the accept loop
-            do_handshake()
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-        if not self.cfg.quiet:
-            sys.stderr.write(f"fitcheck serve: {self.address_string()} {format % args}\n")
+def _read_frame(f: Any) -> bytes | None:
+    """The next frame, or None at the end of the stream."""
+    head = f.read(4)
+    if len(head) < 4:
+        return None
+    n = int.from_bytes(head, "big")
+    data = f.read(n)
+    return data if len(data) == n else None
 
-    def _send(self, code: int, doc: dict[str, Any] | None = None, *, close: bool = False,
-              headers: dict[str, str] | None = None) -> None:
-        body = b"" if doc is None else json.dumps(doc).encode()
+
+def _worker_main() -> None:
+    """The evaluation process (see above)."""
+    import dataclasses
+    import importlib
+    import signal
+
+    inp = sys.stdin.buffer
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # a stray print goes to stderr, never into the frames
+    sys.stdout = sys.stderr
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server stops it; Ctrl-C is for the server
+    init = _read_frame(inp)
+    if init is None:
+        return
+    doc = json.loads(init)
+    sys.path[:] = doc["sys_path"]
+    names = {f.name for f in dataclasses.fields(WebhookConfig)}
+    cfg = WebhookConfig(**{k: v for k, v in doc["config"].items() if k in names})
+    if cfg.worker_memory_bytes:
+        import resource
+
         try:
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            for k, v in (headers or {}).items():
-                self.send_header(k, v)
-            if close:
-                self.send_header("Connection", "close")
-                self.close_connection = True
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(body)
-        except OSError:
-            self.close_connection = True
-
-    def _path(self) -> str:
-        return self.path.split("?", 1)[0]
-
-    def do_GET(self) -> None:  # noqa: N802
-        if self._path() == "/healthz":
-            self._send(200, {"status": "ok"})
-        elif self._path() == "/validate":
-            self._send(405, {"error": "use POST"}, headers={"Allow": "POST"})
-        else:
-            self._send(404, {"error": f"no such path: {self._path()[:100]}"})
-
-    def _not_allowed(self) -> None:
-        if self._path() in ("/validate", "/healthz"):
-            allow = "POST" if self._path() == "/validate" else "GET"
-            self._send(405, {"error": f"method {self.command} not allowed"},
-                       headers={"Allow": allow}, close=True)
-        else:
-            self._send(404, {"error": f"no such path: {self._path()[:100]}"}, close=True)
-
-    do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _not_allowed  # noqa: N815
-
-    def _drain(self, length: int) -> None:
-        """Read and drop a refused body (up to a bound), so closing does not reset the
-        connection under a client still sending it and it sees the 413."""
-        left = min(length, 8 * self.cfg.max_body_bytes)
-        try:
-            while left > 0:
-                chunk = self.rfile.read(min(left, 65536))
-                if not chunk:
-                    break
-                left -= len(chunk)
-        except OSError:
+            resource.setrlimit(resource.RLIMIT_AS, (cfg.worker_memory_bytes,
+                                                    resource.getrlimit(resource.RLIMIT_AS)[1]))
+        except (ValueError, OSError):
             pass
+    module, _, name = cfg.evaluator.partition(":")
+    fn = getattr(importlib.import_module(module), name)
+    try:  # load the profiles and presets now rather than in the first request's time
+        gate({"model": {"preset": "llama3-8b"}, "hardware": {"gpu": "h100-80", "n": 8}},
+             allow_files=False)
+    except Exception as exc:  # noqa: BLE001 - a warm-up only
+        sys.stderr.write(f"fitcheck serve: evaluation process warm-up: {exc}\n")
+    _write_frame(out, b'"ready"')
+    while (body := _read_frame(inp)) is not None:
+        try:
+            uid, req = parse_review(json.loads(body))
+            answer = json.dumps(["ok", fn(uid, req, cfg)]).encode()
+        except BaseException as exc:  # noqa: BLE001 - reported as the on-error verdict
+            answer = json.dumps(["err", f"{type(exc).__name__}: {exc}"[:1000]]).encode()
+        try:
+            _write_frame(out, answer)
+        except (OSError, ValueError):
+            return
 
-    def do_POST(self) -> None:  # noqa: N802
-        if self._path() != "/validate":
-            self._send(404, {"error": f"no such path: {self._path()[:100]}"}, close=True)
-            return
-        if self.headers.get("Transfer-Encoding"):
-            self._send(411, {"error": "chunked bodies are not accepted; send Content-Length"},
-                       close=True)
-            return
-        length_text = self.headers.get("Content-Length")
-        if length_text is None:
-            self._send(411, {"error": "Content-Length required"}, close=True)
-            return
+
+class _WorkerDied(Exception):
+    pass
+
+
+class _Worker:
+    """One evaluation process. start() and call() block: run them off the event loop."""
+
+    def __init__(self, cfg: WebhookConfig) -> None:
+        import dataclasses
+        import subprocess
+
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "from planner.webhook import _worker_main; _worker_main()"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
+        init = {"config": dataclasses.asdict(cfg), "sys_path": sys.path}
         try:
-            length = int(length_text)
-            if length < 0:
-                raise ValueError
-        except ValueError:
-            self._send(400, {"error": f"bad Content-Length: {length_text[:40]!r}"}, close=True)
-            return
-        if length > self.cfg.max_body_bytes:
-            self._drain(length)
-            self._send(413, {"error": f"body of {length} bytes exceeds the limit of "
-                             f"{self.cfg.max_body_bytes}"}, close=True)
-            return
+            _write_frame(self.proc.stdin, json.dumps(init).encode())
+        except OSError:
+            pass  # it died already: wait_ready says so
+
+    def wait_ready(self, timeout: float = WORKER_START_S) -> None:
+        import select
+
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not ready or _read_frame(self.proc.stdout) != b'"ready"':
+            self.kill()
+            raise _WorkerDied(f"an evaluation process did not start (exit code "
+                              f"{self.proc.poll()}; its error is on stderr above)")
+
+    def call(self, body: bytes) -> bytes:
         try:
-            raw = self.rfile.read(length)
-        except (TimeoutError, socket.timeout, OSError):
-            self._send(408, {"error": "timed out reading the body"}, close=True)
-            return
-        if len(raw) < length:
-            self._send(400, {"error": "body shorter than Content-Length"}, close=True)
-            return
+            _write_frame(self.proc.stdin, body)
+            out = _read_frame(self.proc.stdout)
+        except (OSError, ValueError) as exc:
+            raise _WorkerDied(str(exc)) from None
+        if out is None:
+            raise _WorkerDied(f"exit code {self.proc.poll()}")
+        return out
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+        self.proc.wait()
+
+
+class EvaluatorPool:
+    """cfg.workers evaluation processes, each evaluating one review at a time. A review waits
+    for a free one; one past its deadline is killed with its process, which is replaced."""
+
+    def __init__(self, cfg: WebhookConfig) -> None:
+        self.cfg = cfg
+        self._idle: deque[_Worker] = deque()
+        self._waiting: deque[asyncio.Future[_Worker]] = deque()  # first come, first served
+        self._all: set[_Worker] = set()
+        self._closed = False
+        # the threads that talk to the processes: one per busy process, plus replacements
+        self._threads = ThreadPoolExecutor(2 * cfg.workers + 2,
+                                           thread_name_prefix="fitcheck-evaluate")
+        started = [_Worker(cfg) for _ in range(cfg.workers)]
         try:
-            body = json.loads(raw)
-        except (ValueError, RecursionError) as exc:
-            self._send(400, {"error": f"invalid JSON: {str(exc)[:200]}"})
+            for w in started:
+                w.wait_ready()
+        except _WorkerDied:
+            for w in started:
+                w.kill()
+            self._threads.shutdown()
+            raise
+        for w in started:
+            self._add(w)
+
+    def _add(self, w: _Worker) -> None:
+        if self._closed:
+            w.kill()
             return
+        self._all.add(w)
+        self._give(w)
+
+    def _give(self, w: _Worker) -> None:
+        """A free process to the longest-waiting review, else to the idle ones."""
+        while self._waiting:
+            fut = self._waiting.popleft()
+            if not fut.done():
+                fut.set_result(w)
+                return
+        self._idle.append(w)
+
+    async def _take(self, deadline: float) -> _Worker:
+        while self._waiting and self._waiting[0].done():  # gave up waiting
+            self._waiting.popleft()
+        if self._idle and not self._waiting:
+            return self._idle.popleft()
+        fut: asyncio.Future[_Worker] = asyncio.get_running_loop().create_future()
+        self._waiting.append(fut)
         try:
-            uid, req = parse_review(body)
-        except BadRequest as exc:
-            self._send(400, {"error": str(exc)})
-            return
-        if not self.slots.acquire(blocking=False):
-            self._send(503, {"error": "too many requests in flight"}, headers={"Retry-After": "1"})
-            return
+            async with asyncio.timeout_at(deadline):
+                return await fut
+        except BaseException:
+            if fut.done() and not fut.cancelled():
+                self._give(fut.result())  # handed over just as we gave up: pass it on
+            fut.cancel()
+            raise
+
+    def _replace(self, w: _Worker) -> None:
+        """Kill w and start another, off the event loop."""
+        self._all.discard(w)
+        loop = asyncio.get_running_loop()
+
+        def work() -> None:
+            w.kill()
+            if self._closed:
+                return
+            try:
+                new = _Worker(self.cfg)
+                new.wait_ready()
+            except (OSError, _WorkerDied) as exc:
+                sys.stderr.write(f"fitcheck serve: cannot start an evaluation process: {exc}\n")
+                return
+            loop.call_soon_threadsafe(self._add, new)
+
+        self._threads.submit(work)
+
+    async def review(self, body: bytes, deadline: float) -> tuple[str, Any]:
+        """("ok", AdmissionReview) or ("err", message); TimeoutError past the deadline
+        (event-loop time)."""
+        loop = asyncio.get_running_loop()
+        w = await self._take(deadline)
         try:
-            out = review_with_deadline(uid, req, self.cfg)
+            async with asyncio.timeout_at(deadline):
+                raw = await loop.run_in_executor(self._threads, w.call, body)
+        except _WorkerDied as exc:
+            self._replace(w)
+            return "err", f"the evaluation process exited ({exc})"
+        except BaseException:  # the deadline, or the server is stopping
+            self._replace(w)
+            raise
+        self._give(w)
+        status, payload = json.loads(raw)
+        return status, payload
+
+    def close(self) -> None:
+        self._closed = True
+        for w in list(self._all):
+            w.kill()
+        self._all.clear()
+        self._threads.shutdown(wait=False, cancel_futures=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# HTTP/1.1
+
+
+class _HTTPError(Exception):
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.headers = status, headers or {}
+
+
+class _State(Enum):
+    NEW = "new"          # handshake or first request not yet read
+    READING = "reading"  # a request under way
+    IDLE = "idle"        # keep-alive, between requests
+    BUSY = "busy"        # evaluating or answering
+
+
+class _Conn:
+    __slots__ = ("peer", "since", "state", "task", "writer")
+
+    def __init__(self, writer: asyncio.StreamWriter, task: asyncio.Task | None,
+                 since: float) -> None:
+        self.writer, self.task, self.since = writer, task, since
+        self.state = _State.NEW
+        peer = writer.get_extra_info("peername")
+        self.peer = str(peer[0]) if isinstance(peer, tuple) else "-"
+
+
+@dataclass(frozen=True, slots=True)
+class _Request:
+    method: str
+    path: str
+    version: str
+    headers: dict[str, str]
+
+    @property
+    def keep_alive(self) -> bool:
+        conn = self.headers.get("connection", "").lower()
+        if self.version == "HTTP/1.0":
+            return "keep-alive" in conn
+        return "close" not in conn
+
+
+def _parse_head(head: bytes) -> _Request:
+    """The request line and headers (lower-case names) of one request head, or _HTTPError."""
+    lines = head.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or not parts[0].isalpha() or not parts[1].startswith("/"):
+        raise _HTTPError(400, f"bad request line: {lines[0][:100]!r}")
+    method, target, version = parts
+    if version not in ("HTTP/1.1", "HTTP/1.0"):
+        raise _HTTPError(505, f"HTTP version not supported: {version[:20]!r}")
+    fields = [line for line in lines[1:] if line]
+    if len(fields) > MAX_HEADERS:
+        raise _HTTPError(431, f"more than {MAX_HEADERS} header lines")
+    headers: dict[str, str] = {}
+    for line in fields:
+        name, sep, value = line.partition(":")
+        if not sep or not name or any(c in name for c in " \t"):  # no folding, no spaces
+            raise _HTTPError(400, f"bad header line: {line[:100]!r}")
+        key, value = name.lower(), value.strip(" \t")
+        if key not in headers:
+            headers[key] = value
+        elif key == "content-length":
+            if headers[key] != value:
+                raise _HTTPError(400, "conflicting Content-Length headers")
+        else:
+            headers[key] = f"{headers[key]}, {value}"
+    return _Request(method, target.split("?", 1)[0], version, headers)
+
+
+def _http_response(status: int, doc: dict[str, Any] | None, *, close: bool,
+                   headers: dict[str, str] | None = None) -> bytes:
+    """A whole response, head and body in one buffer: one write, no Nagle wait between."""
+    body = b"" if doc is None else json.dumps(doc).encode()
+    lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}", "Server: fitcheck-webhook",
+             "Content-Type: application/json", f"Content-Length: {len(body)}"]
+    lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+    if close:
+        lines.append("Connection: close")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+class WebhookServer:
+    """The webhook bound to a socket. serve_forever() runs it in the calling thread until
+    shutdown() (from another thread) or, with handle_signals, SIGTERM/SIGINT."""
+
+    def __init__(self, sock: socket.socket, cfg: WebhookConfig,
+                 ssl_context: ssl.SSLContext | None) -> None:
+        self.socket = sock
+        self.server_address = sock.getsockname()
+        self.cfg = cfg
+        self.ssl_context = ssl_context
+        self.client_certs = ssl_context is not None and ssl_context.verify_mode != ssl.CERT_NONE
+        """/validate needs a client certificate (verified in the handshake); /healthz does not,
+        so that the kubelet's probes, which present none, still reach it."""
+        self.pool = EvaluatorPool(cfg)
+        self._conns: dict[_Conn, None] = {}  # in order of arrival
+        self._buffered = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._done = threading.Event()
+        self._serving = False
+
+    # -- life cycle --------------------------------------------------------------------------
+
+    def serve_forever(self, *, handle_signals: bool = False) -> None:
+        self._serving = True
+        try:
+            asyncio.run(self._serve(handle_signals))
         finally:
-            self.slots.release()
-        r = out["response"]
-        self.log_message("validate uid=%s allowed=%s %s", uid[:64], r["allowed"],
-                         r["status"]["message"][:200])
-        self._send(200, out)
+            self._done.set()
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Stop serve_forever (from another thread) and wait for it."""
+        loop, stop = self._loop, self._stop
+        if loop is not None and stop is not None:
+            try:
+                loop.call_soon_threadsafe(stop.set)
+            except RuntimeError:  # the loop has closed already
+                pass
+        if self._serving:
+            self._done.wait(timeout)
+
+    def server_close(self) -> None:
+        self.socket.close()
+        if not self._serving:
+            self.pool.close()
+
+    async def _serve(self, handle_signals: bool) -> None:
+        loop = asyncio.get_running_loop()
+        self._loop, self._stop = loop, asyncio.Event()
+        loop.set_exception_handler(self._loop_error)
+        if handle_signals:
+            import signal
+
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self._stop.set)
+        server = await asyncio.start_server(self._on_connect, sock=self.socket,
+                                            limit=MAX_HEAD_BYTES, backlog=LISTEN_BACKLOG)
+        try:
+            await self._stop.wait()
+        finally:
+            server.close()
+            busy = [c.task for c in self._conns if c.task is not None
+                    and c.state in (_State.READING, _State.BUSY)]
+            if busy:  # let requests under way finish, within their deadline
+                await asyncio.wait(busy, timeout=self.cfg.timeout_s + WRITE_GRACE_S)
+            rest = [c.task for c in self._conns if c.task is not None]
+            for t in rest:
+                t.cancel()
+            if rest:
+                await asyncio.wait(rest, timeout=2 * WRITE_GRACE_S)
+            self.pool.close()
+
+    def _loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        exc = context.get("exception")
+        if isinstance(exc, (ConnectionError, ssl.SSLError, TimeoutError)):
+            return  # a client's broken connection: nothing to do
+        if not self.cfg.quiet:
+            what = f"{type(exc).__name__}: {exc}" if exc else context.get("message", "")
+            sys.stderr.write(f"fitcheck serve: {what}\n")
+
+    # -- connections -------------------------------------------------------------------------
+
+    def _log(self, conn: _Conn, text: str) -> None:
+        if not self.cfg.quiet:
+            sys.stderr.write(f"fitcheck serve: {conn.peer} {text}\n")
+
+    def _make_room(self) -> bool:
+        """Close the oldest idle keep-alive connection, else the oldest one still sending its
+        request (a real request takes milliseconds): True if one was closed."""
+        for states in ((_State.IDLE,), (_State.NEW, _State.READING)):
+            for c in self._conns:  # oldest first
+                if c.state in states and c.task is not None:
+                    del self._conns[c]
+                    c.task.cancel()
+                    return True
+        return False
+
+    async def _on_connect(self, reader: asyncio.StreamReader,
+                          writer: asyncio.StreamWriter) -> None:
+        conn = _Conn(writer, asyncio.current_task(), asyncio.get_running_loop().time())
+        try:
+            if len(self._conns) >= self.cfg.max_connections and not self._make_room():
+                self._log(conn, f"refused: {len(self._conns)} connections open, all busy")
+                return
+            self._conns[conn] = None
+            await self._serve_connection(conn, reader, writer)
+        except asyncio.CancelledError:
+            pass  # closed to make room for another, or the server is stopping
+        except (OSError, ssl.SSLError, asyncio.IncompleteReadError, TimeoutError):
+            pass  # the client went away, or did not finish in time
+        except Exception as exc:  # noqa: BLE001 - one connection's bug is not the server's
+            self._log(conn, f"connection error: {type(exc).__name__}: {exc}")
+        finally:
+            try:  # flush what was written; a TLS peer gets WRITE_GRACE_S to close cleanly
+                writer.close()
+                await asyncio.wait_for(writer.wait_closed(), WRITE_GRACE_S)
+            except BaseException:  # noqa: BLE001, S110 - closing anyway
+                pass
+            writer.transport.abort()
+            self._conns.pop(conn, None)
+
+    async def _serve_connection(self, conn: _Conn, reader: asyncio.StreamReader,
+                                writer: asyncio.StreamWriter) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = conn.since + self.cfg.timeout_s
+        sock = writer.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # asyncio's default too
+        if self.ssl_context is not None:
+            async with asyncio.timeout_at(deadline):
+                await writer.start_tls(self.ssl_context)
+        first = b""
+        while True:
+            conn.state = _State.READING
+            if not await self._one_request(conn, reader, writer, deadline, first):
+                return
+            conn.state = _State.IDLE
+            async with asyncio.timeout(self.cfg.idle_timeout_s):
+                first = await reader.read(1)
+            if not first:
+                return
+            deadline = loop.time() + self.cfg.timeout_s  # from the next request's first byte
+
+    async def _one_request(self, conn: _Conn, reader: asyncio.StreamReader,
+                           writer: asyncio.StreamWriter, deadline: float, first: bytes) -> bool:
+        """Read, answer and log one request; whether the connection stays open."""
+        head_read = False
+        try:
+            async with asyncio.timeout_at(deadline):
+                try:
+                    head = first + await reader.readuntil(b"\r\n\r\n")
+                except asyncio.LimitOverrunError:
+                    raise _HTTPError(431, f"request head over {MAX_HEAD_BYTES} bytes") from None
+                except asyncio.IncompleteReadError:
+                    return False  # the client went away
+                head_read = True
+                req = _parse_head(head)
+                body = await self._read_body(req, reader, writer)
+        except _HTTPError as exc:
+            await self._answer(conn, writer, deadline, "-", exc.status, {"error": str(exc)},
+                               close=True, headers=exc.headers)
+            return False
+        except TimeoutError:
+            if head_read:  # a body that does not arrive in time
+                await self._answer(conn, writer, deadline, "POST /validate", 408, {
+                    "error": f"the request did not arrive within {self.cfg.timeout_s:g} s"},
+                    close=True)
+            return False
+        conn.state = _State.BUSY
+        what = f"{req.method} {req.path[:100]}"
+        if body is None:
+            status, doc, headers, keep = self._other(req)
+        else:
+            try:
+                status, doc = await self._validate(body, deadline)
+            finally:
+                self._buffered -= len(body)
+            headers, keep = {}, req.keep_alive
+        await self._answer(conn, writer, deadline, what, status, doc, close=not keep,
+                           headers=headers)
+        return keep
+
+    async def _answer(self, conn: _Conn, writer: asyncio.StreamWriter, deadline: float,
+                      what: str, status: int, doc: dict[str, Any], *, close: bool,
+                      headers: dict[str, str] | None = None) -> None:
+        if status != 200:
+            self._log(conn, f"{what} {status} {doc.get('error', '')}"[:300])
+        writer.write(_http_response(status, doc, close=close, headers=headers))
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout_at(max(deadline, loop.time()) + WRITE_GRACE_S):
+            await writer.drain()
+
+    @staticmethod
+    def _other(req: _Request) -> tuple[int, dict[str, Any], dict[str, str], bool]:
+        """(status, document, headers, keep open) for everything but POST /validate."""
+        bodyless = req.headers.get("content-length", "0") == "0" \
+            and "transfer-encoding" not in req.headers
+        keep = req.keep_alive and bodyless and req.method == "GET"  # never leave a body unread
+        if req.method == "GET" and req.path == "/healthz":
+            return 200, {"status": "ok"}, {}, keep
+        if req.path in ("/validate", "/healthz"):
+            allow = "POST" if req.path == "/validate" else "GET"
+            return 405, {"error": f"method {req.method} not allowed"}, {"Allow": allow}, keep
+        return 404, {"error": f"no such path: {req.path[:100]}"}, {}, keep
+
+    async def _read_body(self, req: _Request, reader: asyncio.StreamReader,
+                         writer: asyncio.StreamWriter) -> bytes | None:
+        """POST /validate's body (counted in self._buffered until answered), None for other
+        requests; _HTTPError when it cannot be taken."""
+        if req.method != "POST" or req.path != "/validate":
+            return None
+        if self.client_certs and not writer.get_extra_info("peercert"):
+            raise _HTTPError(403, "a client certificate is required (serve --client-ca)")
+        if "transfer-encoding" in req.headers:
+            raise _HTTPError(411, "chunked bodies are not accepted; send Content-Length")
+        length_text = req.headers.get("content-length")
+        if length_text is None:
+            raise _HTTPError(411, "Content-Length required")
+        if not length_text.isdigit() or len(length_text) > 18:
+            raise _HTTPError(400, f"bad Content-Length: {length_text[:40]!r}")
+        length = int(length_text)
+        if length > self.cfg.max_body_bytes:
+            await self._drain(reader, length)
+            raise _HTTPError(413, f"body of {length} bytes exceeds the limit of "
+                             f"{self.cfg.max_body_bytes}")
+        if self._buffered + length > max(self.cfg.max_buffered_bytes, self.cfg.max_body_bytes):
+            raise _HTTPError(503, "too many request bodies held at once", {"Retry-After": "1"})
+        if req.headers.get("expect", "").lower() == "100-continue":
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        self._buffered += length
+        try:
+            return await reader.readexactly(length)
+        except BaseException:
+            self._buffered -= length
+            raise
+
+    async def _drain(self, reader: asyncio.StreamReader, length: int) -> None:
+        """Read and drop a refused body (up to a bound, within the deadline), so closing does
+        not reset the connection under a client still sending it and it sees the 413."""
+        left = min(length, 8 * self.cfg.max_body_bytes)
+        while left > 0:
+            chunk = await reader.read(min(left, 65536))
+            if not chunk:
+                return
+            left -= len(chunk)
+
+    async def _validate(self, body: bytes, deadline: float) -> tuple[int, dict[str, Any]]:
+        """(HTTP status, document) for a POST /validate body."""
+        try:
+            doc = json.loads(body)
+        except (ValueError, RecursionError) as exc:
+            return 400, {"error": f"invalid JSON: {str(exc)[:200]}"}
+        try:
+            uid, _ = parse_review(doc)
+        except BadRequest as exc:
+            return 400, {"error": str(exc)}
+        del doc  # the evaluation process parses its own copy; hold only the bytes meanwhile
+        try:
+            status, payload = await self.pool.review(body, deadline)
+        except TimeoutError:
+            status, payload = "err", f"timed out after {self.cfg.timeout_s:g} s"
+        out = payload if status == "ok" else error_response(uid, payload, self.cfg)
+        if not self.cfg.quiet:
+            r = out["response"]
+            sys.stderr.write(f"fitcheck serve: validate uid={uid[:64]} allowed={r['allowed']} "
+                             f"{r['status']['message'][:200]}\n")
+        return 200, out
 
 
-class WebhookServer(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 64
+def _ssl_context(tls_cert: str, tls_key: str | None,
+                 client_ca: str | None) -> ssl.SSLContext:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.set_alpn_protocols(["http/1.1"])
+    # No TLS 1.3 session tickets: sent after the handshake, they held the first request of
+    # each new connection ~40 ms (a delayed ACK; measured), and nothing here resumes sessions.
+    ctx.num_tickets = 0
+    try:
+        ctx.load_cert_chain(tls_cert, tls_key)
+    except (ssl.SSLError, OSError) as exc:
+        raise ValueError(f"--tls-cert/--tls-key: cannot load the certificate/key: {exc}") \
+            from None
+    if client_ca:
+        try:
+            ctx.load_verify_locations(cafile=client_ca)
+        except (ssl.SSLError, OSError) as exc:
+            raise ValueError(f"--client-ca: cannot load {client_ca!r}: {exc}") from None
+        ctx.verify_mode = ssl.CERT_OPTIONAL  # a certificate given must verify; /validate needs one
+    return ctx
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        exc = sys.exc_info()[1]
-        cfg = getattr(self.RequestHandlerClass, "cfg", None)
-        if cfg is None or not cfg.quiet:
-            sys.stderr.write(f"fitcheck serve: {client_address[0]}: connection error: "
-                             f"{type(exc).__name__}: {exc}\n")
+
+def _fit_connections(cfg: WebhookConfig) -> WebhookConfig:
+    """cfg with max_connections within the open-file limit (raised toward its hard limit)."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not POSIX
+        return cfg
+    spare = 64 + 4 * cfg.workers  # listening socket, pipes, files
+    need = cfg.max_connections + spare
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    if soft != resource.RLIM_INFINITY and soft < need:
+        return replace(cfg, max_connections=max(1, soft - spare))
+    return cfg
 
 
 def make_server(host: str, port: int, cfg: WebhookConfig, *, tls_cert: str | None = None,
-                tls_key: str | None = None) -> WebhookServer:
-    """A bound server (port 0: any free one; see server.server_address); call serve_forever."""
-    handler = type("FitcheckHandler", (_Handler,),
-                   {"cfg": cfg, "slots": threading.BoundedSemaphore(cfg.max_concurrent)})
-    server = WebhookServer((host, port), handler)
-    if tls_cert:
-        import ssl
-
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-        try:
-            ctx.load_cert_chain(tls_cert, tls_key)
-        except (ssl.SSLError, OSError) as exc:
-            server.server_close()
-            raise ValueError(f"cannot load the certificate/key: {exc}") from None
-        server.socket = ctx.wrap_socket(server.socket, server_side=True,
-                                        do_handshake_on_connect=False)
-    return server
+                tls_key: str | None = None, client_ca: str | None = None) -> WebhookServer:
+    """A bound server with its evaluation processes started; call serve_forever. Port 0: any
+    free one (see server.server_address). server.cfg.max_connections is cfg's, lowered if the
+    open-file limit is smaller. ValueError for a bad certificate, OSError if it cannot listen."""
+    if client_ca and not tls_cert:
+        raise ValueError("--client-ca needs --tls-cert and --tls-key")
+    ctx = _ssl_context(tls_cert, tls_key, client_ca) if tls_cert else None
+    cfg = _fit_connections(cfg)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.create_server((host, port), family=family, backlog=LISTEN_BACKLOG)
+    try:
+        return WebhookServer(sock, cfg, ctx)
+    except BaseException:
+        sock.close()
+        raise

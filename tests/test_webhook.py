@@ -1,34 +1,107 @@
-"""`fitcheck serve`: real HTTP against the admission webhook on 127.0.0.1 (port 0)."""
+"""`fitcheck serve`: real HTTP(S) against the admission webhook on 127.0.0.1 (port 0)."""
 
 from __future__ import annotations
 
 import http.client
 import json
+import os
 import shutil
 import socket
 import ssl
+import statistics
 import subprocess
+import sys
 import threading
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from planner.cli import cli
 from planner.webhook import ANNOTATION, WebhookConfig, count_gpus, make_server
 
 SPEC_8B = {"model": {"preset": "llama3-8b"}, "hardware": {"gpu": "h100-80"}}
 SPEC_70B_DDP = {"model": {"preset": "llama3-70b"}, "hardware": {"gpu": "h100-80"},
                 "strategy": "ddp"}
+HERE = "test_webhook"  # this module, as the evaluation processes import it (tests/ on sys.path)
+
+
+# Evaluators the evaluation processes run instead of planner.webhook.evaluate
+def sleepy_evaluator(uid, req, cfg):
+    time.sleep(60)
+
+
+def spinning_evaluator(uid, req, cfg):
+    while True:
+        pass
+
+
+def crashing_evaluator(uid, req, cfg):
+    raise RuntimeError("kaboom")
+
+
+def dying_evaluator(uid, req, cfg):
+    os._exit(7)
+
+
+def hungry_evaluator(uid, req, cfg):
+    hoard = []
+    while True:
+        hoard.append(bytearray(16 << 20))
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    p = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, timeout=60,
+                       check=False)
+    if p.returncode:
+        pytest.skip(f"openssl failed: {p.stderr[:200]!r}")
+
+
+def make_tls_files(tmp_path_factory) -> dict[str, str]:
+    """A self-signed server certificate for 127.0.0.1, and a CA with a client certificate."""
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command")
+    d = tmp_path_factory.mktemp("tls")
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    _openssl("req", "-x509", *ec, "-days", "1", "-subj", "/CN=127.0.0.1", "-addext",
+             "subjectAltName=IP:127.0.0.1", "-keyout", "tls.key", "-out", "tls.crt", cwd=d)
+    _openssl("req", "-x509", *ec, "-days", "1", "-subj", "/CN=test-ca", "-keyout", "ca.key",
+             "-out", "ca.crt", cwd=d)
+    _openssl("req", *ec, "-subj", "/CN=kube-apiserver", "-keyout", "client.key", "-out",
+             "client.csr", cwd=d)
+    _openssl("x509", "-req", "-in", "client.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+             "-CAcreateserial", "-days", "1", "-out", "client.crt", cwd=d)
+    return {k: str(d / f) for k, f in [("cert", "tls.crt"), ("key", "tls.key"),
+                                       ("ca", "ca.crt"), ("client_cert", "client.crt"),
+                                       ("client_key", "client.key")]}
+
+
+@pytest.fixture(scope="session")
+def tls_files(tmp_path_factory) -> dict[str, str]:
+    return make_tls_files(tmp_path_factory)
+
+
+def client_context(tls: dict[str, str], client_cert: bool = False) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=tls["cert"])
+    if client_cert:
+        ctx.load_cert_chain(tls["client_cert"], tls["client_key"])
+    return ctx
 
 
 @contextmanager
 def server(**cfg):
+    """A webhook on 127.0.0.1 in a thread; yields its port. tls=tls_files serves HTTPS,
+    client_ca=path requires client certificates."""
     cfg.setdefault("quiet", True)
     cfg.setdefault("timeout_s", 2.0)
+    cfg.setdefault("workers", 1)
     tls = cfg.pop("tls", None)
-    srv = make_server("127.0.0.1", 0, WebhookConfig(**cfg),
-                      **({"tls_cert": tls[0], "tls_key": tls[1]} if tls else {}))
-    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    client_ca = cfg.pop("client_ca", None)
+    kw = {"tls_cert": tls["cert"], "tls_key": tls["key"], "client_ca": client_ca} if tls else {}
+    srv = make_server("127.0.0.1", 0, WebhookConfig(**cfg), **kw)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
     try:
         yield srv.server_address[1]
@@ -212,48 +285,129 @@ def test_keep_alive_connection_serves_several_reviews():
 
 
 @pytest.mark.parametrize("on_error, allowed", [("admit", True), ("reject", False)])
-def test_evaluation_timeout_and_crash_follow_on_error(monkeypatch, on_error, allowed):
-    import planner.webhook
-
-    def slow(*a, **k):
-        time.sleep(1.5)
-        raise AssertionError("not reached in time")
-
-    monkeypatch.setattr(planner.webhook, "gate", slow)
-    with server(on_error=on_error, timeout_s=0.3) as port:
-        status, doc = post(port, review(pytorchjob(SPEC_8B)))
-    r = doc["response"]
-    assert status == 200 and r["allowed"] is allowed
-    assert "timed out" in r["status"]["message"]
-
-    def boom(*a, **k):
-        raise RuntimeError("kaboom")
-
-    monkeypatch.setattr(planner.webhook, "gate", boom)
-    with server(on_error=on_error) as port:
-        _, doc = post(port, review(pytorchjob(SPEC_8B)))
-    assert doc["response"]["allowed"] is allowed and "kaboom" in doc["response"]["status"]["message"]
+def test_evaluation_past_the_deadline_is_killed_and_follows_on_error(on_error, allowed):
+    """The evaluation runs in a process: past --timeout it is killed (not left running) and the
+    answer follows --on-error; a fresh process serves the next request."""
+    with server(on_error=on_error, timeout_s=0.5, evaluator=f"{HERE}:spinning_evaluator") as port:
+        for i in range(2):  # the second is served by the replacement process
+            t0 = time.monotonic()
+            status, doc = post(port, review(pytorchjob(SPEC_8B), uid=f"t-{i}"))
+            assert time.monotonic() - t0 < 2.0
+            r = doc["response"]
+            assert status == 200 and r["uid"] == f"t-{i}" and r["allowed"] is allowed, r
+            assert "timed out after 0.5 s" in r["status"]["message"]
+            assert any("evaluation failed" in w for w in r["warnings"])
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
-def test_tls(tmp_path):
-    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
-    p = subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
-                        "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1", "-subj",
-                        "/CN=127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-                       capture_output=True, timeout=30)
-    if p.returncode:
-        pytest.skip(f"openssl failed: {p.stderr[:200]!r}")
-    with server(tls=(str(cert), str(key))) as port:
+@pytest.mark.parametrize("evaluator, needle", [("crashing_evaluator", "RuntimeError: kaboom"),
+                                               ("dying_evaluator", "evaluation process exited"),
+                                               ("hungry_evaluator", "MemoryError")])
+def test_evaluation_crash_follows_on_error(evaluator, needle):
+    with server(on_error="admit", evaluator=f"{HERE}:{evaluator}", timeout_s=5.0,
+                worker_memory_bytes=256 << 20) as port:
+        for i in range(2):
+            _, doc = post(port, review(pytorchjob(SPEC_8B), uid=f"c-{i}"))
+            r = doc["response"]
+            assert r["allowed"] is True and needle in r["status"]["message"], r
+
+
+def test_healthz_answers_while_evaluations_run():
+    with server(timeout_s=1.5, evaluator=f"{HERE}:spinning_evaluator") as port:
+        t = threading.Thread(target=post, args=(port, review(pytorchjob(SPEC_8B))))
+        t.start()
+        time.sleep(0.3)  # the evaluation process is spinning now
+        for _ in range(5):
+            t0 = time.monotonic()
+            assert request(port, "GET", "/healthz")[0] == 200
+            assert time.monotonic() - t0 < 0.5
+        t.join(10)
+
+
+def test_alias_bomb_annotation_is_denied_at_once():
+    """516 bytes of YAML anchors (9**9 items) used to freeze the server, /healthz included,
+    for tens of seconds and gigabytes: now a bad spec, answered at once."""
+    from test_specfile import alias_bomb
+
+    obj = pytorchjob(None)
+    obj["metadata"]["annotations"] = {ANNOTATION: alias_bomb()}
+    with server(timeout_s=5.0) as port:
+        t0 = time.monotonic()
+        status, doc = post(port, review(obj, uid="bomb"))
+        assert time.monotonic() - t0 < 2.0
+        r = doc["response"]
+        assert status == 200 and r["allowed"] is False
+        assert "bad job spec" in r["status"]["message"] and "anchors" in r["status"]["message"]
+        assert request(port, "GET", "/healthz")[0] == 200
+
+
+def test_tls(tls_files):
+    with server(tls=tls_files) as port:
         # a client that connects and never handshakes must not block the others
         idle = socket.create_connection(("127.0.0.1", port))
-        ctx = ssl.create_default_context(cafile=str(cert))
-        ctx.check_hostname = False
-        c = http.client.HTTPSConnection("127.0.0.1", port, timeout=10, context=ctx)
+        c = http.client.HTTPSConnection("127.0.0.1", port, timeout=10,
+                                        context=client_context(tls_files))
         status, doc = post(port, review(pytorchjob(SPEC_8B)), conn=c)
         assert status == 200 and doc["response"]["allowed"] is True
         c.close()
+        # and it is closed by the deadline (2 s)
+        idle.settimeout(5)
+        t0 = time.monotonic()
+        assert idle.recv(100) == b""
+        assert time.monotonic() - t0 < 3.0
         idle.close()
+
+
+def test_tls_keep_alive_has_no_nagle_floor(tls_files):
+    """Head and body go out in one write: no 40 ms delayed-ACK wait per keep-alive request
+    (it was ~44 ms each before)."""
+    with server(tls=tls_files, timeout_s=5.0) as port:
+        c = http.client.HTTPSConnection("127.0.0.1", port, timeout=10,
+                                        context=client_context(tls_files))
+        for path, body in [("/healthz", None), ("/validate", review(pytorchjob(SPEC_8B)))]:
+            times = []
+            for _ in range(15):
+                t0 = time.perf_counter()
+                status, _ = request(port, "POST" if body else "GET", path, body,
+                                    {"Content-Type": "application/json"}, conn=c)
+                times.append(time.perf_counter() - t0)
+                assert status == 200
+            assert statistics.median(times) < 0.030, (path, times)
+        c.close()
+        times = []  # and the first request of a new connection (TLS 1.3 session tickets)
+        for _ in range(10):
+            c = http.client.HTTPSConnection("127.0.0.1", port, timeout=10,
+                                            context=client_context(tls_files))
+            c.connect()
+            t0 = time.perf_counter()
+            assert request(port, "GET", "/healthz", conn=c)[0] == 200
+            times.append(time.perf_counter() - t0)
+            c.close()
+        assert statistics.median(times) < 0.030, times
+
+
+def test_client_certificates_required_with_client_ca(tls_files):
+    """--client-ca: /validate only for clients with a certificate signed by that CA (the API
+    server's); /healthz stays open for the kubelet's probes, which present none."""
+    body = review(pytorchjob(SPEC_8B))
+    with server(tls=tls_files, client_ca=tls_files["ca"]) as port:
+        c = http.client.HTTPSConnection("127.0.0.1", port, timeout=10,
+                                        context=client_context(tls_files, client_cert=True))
+        status, doc = post(port, body, conn=c)
+        assert status == 200 and doc["response"]["allowed"] is True
+        c.close()
+        c = http.client.HTTPSConnection("127.0.0.1", port, timeout=10,
+                                        context=client_context(tls_files))
+        assert request(port, "GET", "/healthz", conn=c)[0] == 200
+        status, doc = post(port, body, conn=c)
+        assert status == 403 and "client certificate is required" in doc["error"]
+        c.close()
+        # a certificate from another CA fails the handshake
+        other = ssl.create_default_context(cafile=tls_files["cert"])
+        other.load_cert_chain(tls_files["cert"], tls_files["key"])
+        c = http.client.HTTPSConnection("127.0.0.1", port, timeout=10, context=other)
+        with pytest.raises((ssl.SSLError, ConnectionError)):
+            request(port, "GET", "/healthz", conn=c)
+        c.close()
 
 
 def test_example_pytorchjob_manifest_is_admitted():
@@ -281,17 +435,20 @@ def test_example_pytorchjob_manifest_is_admitted():
     assert "on 16 x h100-80" in out["response"]["status"]["message"]
 
 
+def serve_cli(*args: str):
+    return CliRunner().invoke(cli, ["serve", *args])
+
+
 def test_serve_command_starts_answers_and_stops():
     import re
     import signal
-    import sys
 
     p = subprocess.Popen([sys.executable, "-c", "from planner.cli import main; main()", "serve",
-                          "--host", "127.0.0.1", "--port", "0", "--quiet"],
+                          "--insecure", "--port", "0", "--quiet"],
                          stderr=subprocess.PIPE, text=True)
     try:
         line = p.stderr.readline()
-        m = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+        m = re.search(r"http://127\.0\.0\.1:(\d+)", line)  # --insecure: loopback by default
         assert m, line
         port = int(m.group(1))
         assert request(port, "GET", "/healthz")[0] == 200
@@ -301,3 +458,56 @@ def test_serve_command_starts_answers_and_stops():
         p.send_signal(signal.SIGTERM)  # how Kubernetes stops the pod
         assert p.wait(10) == 0
         p.stderr.close()
+
+
+@pytest.mark.parametrize("args, needle", [
+    ([], "--tls-cert and --tls-key are required"),
+    (["--host", "127.0.0.1"], "--insecure serves plain HTTP on 127.0.0.1"),
+    (["--insecure", "--timeout", "nan"], "--timeout"),
+    (["--insecure", "--timeout", "inf"], "--timeout"),
+    (["--insecure", "--timeout", "0"], "between 0.1 and 30 seconds, got '0'"),
+    (["--insecure", "--timeout", "31"], "--timeout"),
+])
+def test_serve_usage_errors(args, needle):
+    r = serve_cli(*args)
+    assert r.exit_code == 2, (r.exit_code, r.output)
+    err = r.stderr.strip()
+    assert len(err.splitlines()) == 1 and needle in err, err
+
+
+def test_serve_tls_flag_conflicts(tls_files):
+    for args, needle in [(["--insecure", "--tls-cert", tls_files["cert"], "--tls-key",
+                           tls_files["key"]], "--insecure serves plain HTTP"),
+                         (["--insecure", "--client-ca", tls_files["ca"]], "--client-ca needs TLS"),
+                         (["--tls-cert", tls_files["cert"]], "go together"),
+                         (["--tls-cert", tls_files["cert"], "--tls-key", tls_files["cert"]],
+                          "--tls-cert/--tls-key: cannot load")]:
+        r = serve_cli(*args, "--port", "0")
+        assert r.exit_code == 2 and needle in r.stderr, (args, r.output)
+
+
+def test_serve_cli_surface_is_frozen():
+    """Flags are a contract (the manifests script against them): none may vanish."""
+    from planner.gate_cli import serve_cmd
+
+    names = {opt for p in serve_cmd.params for opt in p.opts + p.secondary_opts}
+    assert {"--host", "--port", "--tls-cert", "--tls-key", "--client-ca", "--insecure",
+            "--require-annotation", "--on-error", "--timeout", "--max-body-bytes", "--workers",
+            "--max-concurrent", "--max-connections", "--quiet"} <= names
+
+
+def test_kubernetes_manifest_serves_tls_with_accepted_flags(tls_files):
+    """integrations/kubernetes/webhook.yaml's args parse, and serve HTTPS (not --insecure)."""
+    import yaml
+
+    from planner.gate_cli import serve_cmd
+
+    text = (Path(__file__).resolve().parent.parent / "integrations" / "kubernetes"
+            / "webhook.yaml").read_text()
+    deploy = next(d for d in yaml.safe_load_all(text) if d and d["kind"] == "Deployment")
+    args = deploy["spec"]["template"]["spec"]["containers"][0]["args"]
+    args = [a.replace("/tls/tls.crt", tls_files["cert"]).replace("/tls/tls.key", tls_files["key"])
+            for a in args]
+    params = serve_cmd.make_context("serve", args).params
+    assert params["tls_cert"] and params["tls_key"] and not params["insecure"]
+    assert params["host"] is None  # 0.0.0.0 with TLS: the pod is reached through its Service
