@@ -15,7 +15,8 @@ import re
 
 from planner.spec import MlpKind, ModelSpec, NormKind, PositionKind
 
-__all__ = ["PRESETS", "UnknownModelError", "get_preset", "list_presets", "resolve_name"]
+__all__ = ["PRESETS", "UnknownModelError", "base_name", "get_preset", "list_presets",
+           "resolve_name"]
 
 
 class UnknownModelError(ValueError, KeyError):
@@ -201,7 +202,31 @@ _ALIASES: dict[str, str] = {
     "bigscience/bloom-7b1": "bloom-7b1",
     "microsoft/phi-3-mini-4k-instruct": "phi3-mini",
     "phi-3-mini": "phi3-mini",
+    # Repositories with the same architecture fields as a preset's base config
+    # (/work/notes/issue13/hub_ids.md; -Instruct/-Chat/-it/-hf variants need no entry:
+    # resolve_name strips those suffixes).
+    "nousresearch/meta-llama-3-8b": "llama3-8b",  # ungated mirrors of the Meta repositories
+    "nousresearch/meta-llama-3-70b": "llama3-70b",
+    "nousresearch/meta-llama-3.1-8b": "llama3.1-8b",
+    "nousresearch/meta-llama-3.1-70b": "llama3.1-70b",
+    "casperhansen/llama-3-70b-fp16": "llama3-70b",
+    "meta-llama/llama-3.3-70b-instruct": "llama3.1-70b",  # same shape as 3.1-70B
+    "qwen/qwen2-7b": "qwen2.5-7b",  # 3584 x 28, GQA 28/4, ffn 18944, vocab 152064, q/k/v bias
+    # rope_theta 1e6 and no sliding window; parameters and (flash) attention memory are equal
+    "mistralai/mistral-7b-instruct-v0.2": "mistral-7b",
+    "microsoft/phi-3-mini-128k-instruct": "phi3-mini",  # longrope only; params equal
+    "microsoft/phi-3.5-mini-instruct": "phi3-mini",
 }
+
+# Post-trained variants whose config is NOT the base's, so the suffix must not be stripped
+# (hub_ids.md): Mistral v0.3 and Mixtral-8x22B-Instruct use the 32768-token v3 tokenizer.
+_DIFFERENT_VARIANTS: frozenset[str] = frozenset({
+    "mistralai/mistral-7b-instruct-v0.3",
+    "mistralai/mixtral-8x22b-instruct-v0.1",
+})
+_VARIANT_TOKENS = ("instruct", "chat", "it", "hf")
+"""Trailing name tokens of post-trained or converted repositories that keep the base config
+(Llama-2-7b-chat-hf, Llama-3.1-8B-Instruct, gemma-2-9b-it, Mistral-7B-Instruct-v0.1)."""
 
 
 def _key(name: str) -> str:
@@ -209,11 +234,29 @@ def _key(name: str) -> str:
     return re.sub(r"[\s_.\-]+", "", name.lower())
 
 
+def base_name(name: str) -> str:
+    """The name without variant tokens: 'meta-llama/Llama-2-7b-chat-hf' ->
+    'meta-llama/llama-2-7b', 'mistralai/Mistral-7B-Instruct-v0.1' -> 'mistralai/mistral-7b-v0.1'.
+    A version tail (-v0.1) stays; only tokens right before it or at the end go."""
+    tokens = name.strip().lower().split("-")
+    out: list[str] = []
+    for i, tok in enumerate(tokens):
+        later = tokens[i + 1:]
+        tail = all(t in _VARIANT_TOKENS or re.fullmatch(r"v\d+(\.\d+)*", t) for t in later)
+        if tok in _VARIANT_TOKENS and i > 0 and tail:
+            continue
+        out.append(tok)
+    return "-".join(out)
+
+
 _LOOKUP: dict[str, str] = {}
 for _name in PRESETS:
     _LOOKUP[_key(_name)] = _name
 for _alias, _target in _ALIASES.items():
     _LOOKUP.setdefault(_key(_alias), _target)
+_BASE_LOOKUP: dict[str, str] = {}
+for _alias, _target in [*((p, p) for p in PRESETS), *_ALIASES.items()]:
+    _BASE_LOOKUP.setdefault(_key(base_name(_alias)), _target)
 
 
 def list_presets() -> list[str]:
@@ -222,11 +265,15 @@ def list_presets() -> list[str]:
 
 
 def resolve_name(name: str) -> str | None:
-    """The preset id ``name`` refers to (exact id, HF repo id or loose spelling), or None."""
+    """The preset id ``name`` refers to (exact id, HF repo id or loose spelling, with or without
+    an -Instruct/-Chat/-it/-hf suffix that keeps the base config), or None."""
     name = name.strip()
     if name in PRESETS:
         return name
-    return _LOOKUP.get(_key(name))
+    found = _LOOKUP.get(_key(name))
+    if found is not None or name.lower() in _DIFFERENT_VARIANTS:
+        return found
+    return _BASE_LOOKUP.get(_key(base_name(name)))
 
 
 def get_preset(name: str) -> ModelSpec:

@@ -1,0 +1,188 @@
+"""An accelerate config YAML (``accelerate launch --config_file``).
+
+distributed_type FSDP: fsdp_config's sharding strategy (FULL_SHARD/SHARD_GRAD_OP/NO_SHARD/
+HYBRID_SHARD, or 1-5; accelerate >= 1.6 also spells it fsdp_reshard_after_forward, a bool for
+FSDP2), fsdp_offload_params -> params_and_optimizer, fsdp_activation_checkpointing -> full,
+fsdp_version, fsdp_cpu_ram_efficient_loading -> init rank0 (else every rank loads: full).
+DEEPSPEED: deepspeed_config's zero_stage / offload devices / gradient_accumulation_steps, or the
+deepspeed_config_file it names. MULTI_GPU: DDP. num_processes (all machines) -> hardware.n;
+/ num_machines -> gpus_per_node. mixed_precision sets the precision unless the training
+arguments do (the HF Trainer's bf16/fp16 win).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from planner.jobs.readers.common import MISSING, PRECISIONS, Reader
+from planner.jobs.record import JobFormat, Vocab
+
+SHARDING = {"FULL_SHARD": "full_shard", "SHARD_GRAD_OP": "shard_grad_op",
+            "NO_SHARD": "no_shard", "HYBRID_SHARD": "hybrid_shard",
+            "HYBRID_SHARD_ZERO2": Vocab("hybrid_shard_zero2"),
+            "_HYBRID_SHARD_ZERO2": Vocab("hybrid_shard_zero2"),
+            "1": "full_shard", "2": "shard_grad_op", "3": "no_shard", "4": "hybrid_shard",
+            "5": Vocab("hybrid_shard_zero2")}
+"""torch.distributed.fsdp.ShardingStrategy by name, or by its value (1-5)."""
+OFFLOAD_DEVICES = {"none": None, "cpu": "cpu", "nvme": "nvme"}
+
+
+def detect(doc: Any) -> int:
+    score = 3 * ("distributed_type" in doc) + 2 * ("compute_environment" in doc)
+    score += sum(1 for k in ("num_processes", "num_machines", "machine_rank", "mixed_precision",
+                             "main_training_function", "rdzv_backend", "downcast_bf16",
+                             "use_cpu", "same_network") if k in doc)
+    fc = doc.get("fsdp_config")
+    if isinstance(fc, dict) and any(str(k).startswith("fsdp_") for k in fc) \
+            and "base_model" not in doc:
+        score += 2
+    dc = doc.get("deepspeed_config")
+    if isinstance(dc, dict) and ("zero_stage" in dc or "deepspeed_config_file" in dc):
+        score += 2
+    return score
+
+
+def read(r: Reader) -> None:
+    doc = r.mapping(r.doc, "file")
+    dist = (r.text(doc.get("distributed_type"), "distributed_type") or "NO").upper()
+    mp = r.choose(doc.get("mixed_precision"), "mixed_precision",
+                  {**PRECISIONS, "fp8": "bf16-amp"})
+    if mp is not None:
+        r.fallback("training.precision", mp, "")
+    if str(doc.get("mixed_precision", "")).lower() == "fp8":
+        r.set("training.float8", True, "mixed_precision")
+    hardware(r, doc)
+    if dist == "FSDP":
+        fsdp(r, r.mapping(doc.get("fsdp_config"), "fsdp_config"), "fsdp_config", prefix="fsdp_")
+        parallelism(r, r.mapping(doc.get("parallelism_config"), "parallelism_config"))
+        if "training.fsdp_version" not in r.raw:
+            r.set("training.fsdp_version", 1, "fsdp_config (no fsdp_version: FSDP1)")
+    elif dist == "DEEPSPEED":
+        deepspeed(r, r.mapping(doc.get("deepspeed_config"), "deepspeed_config"))
+    elif dist in ("MULTI_GPU", "NO"):
+        r.set("strategy", "ddp", "distributed_type")
+    elif dist == "MEGATRON_LM":
+        r.set("strategy", Vocab("megatron-lm"), "distributed_type")
+    else:
+        r.set("strategy", Vocab(dist.lower()), "distributed_type")
+    dyn = r.mapping(doc.get("dynamo_config"), "dynamo_config")
+    backend = r.text(dyn.get("dynamo_backend"), "dynamo_config.dynamo_backend")
+    if backend and backend.upper() != "NO":
+        r.set("training.compile", "model", "dynamo_config.dynamo_backend")
+
+
+def hardware(r: Reader, doc: dict) -> None:
+    n = r.count(doc.get("num_processes"), "num_processes")
+    machines = r.count(doc.get("num_machines"), "num_machines") or 1
+    if n is None:
+        return
+    if n % machines:
+        raise r.fail("num_processes", f"({n}) must be a multiple of num_machines ({machines}): "
+                     "it counts the processes of all machines")
+    r.set("hardware.n", n, "num_processes")
+    r.set("hardware.gpus_per_node", n // machines,
+          "num_processes / num_machines" if machines > 1 else "num_processes")
+
+
+def fsdp(r: Reader, fc: Any, where: str, *, prefix: str) -> None:
+    """An FSDP plugin config: accelerate's fsdp_* keys, or the same without the prefix (HF
+    TrainingArguments.fsdp_config, axolotl with fsdp_version 2)."""
+
+    def key(name: str) -> str:
+        return next((k for k in (f"{prefix}{name}", name, f"fsdp_{name}") if k in fc), name)
+
+    def get(name: str) -> Any:
+        return fc.get(key(name), MISSING)
+
+    version = get("version")
+    v = r.count(version, f"{where}.{key('version')}") if version is not MISSING else None
+    if v is not None and v not in (1, 2):
+        raise r.fail(f"{where}.{key('version')}", f"must be 1 or 2, got {version!r}")
+    if v is not None:
+        r.set("training.fsdp_version", v, f"{where}.{key('version')}")
+    strategy = None
+    raw = get("sharding_strategy")
+    if raw is not MISSING and raw is not None:
+        strategy = r.choose(str(raw), f"{where}.{key('sharding_strategy')}", SHARDING)
+        r.set("strategy", strategy, f"{where}.{key('sharding_strategy')}")
+    reshard = get("reshard_after_forward")
+    if reshard is not MISSING and reshard is not None:
+        k = f"{where}.{key('reshard_after_forward')}"
+        if isinstance(reshard, bool) or str(reshard).lower() in ("true", "false"):
+            value = "full_shard" if r.boolean(reshard, k) else "shard_grad_op"
+            if strategy == "hybrid_shard" and value == "full_shard":
+                value = "hybrid_shard"
+            if strategy in (None, "full_shard", "shard_grad_op", "hybrid_shard"):
+                # FSDP2: reshard_after_forward decides; an FSDP1 sharding_strategy beside it is
+                # what accelerate < 1.6 read, and the two must agree
+                if strategy is not None and strategy != value and v != 2:
+                    raise r.fail(k, f"{reshard!r} contradicts "
+                                 f"{key('sharding_strategy')} {raw!r}")
+                r.replace("strategy", value, k)
+        else:  # accelerate >= 1.6 FSDP1: the sharding strategy under its new name
+            r.set("strategy", r.choose(str(reshard), k, SHARDING), k)
+    if "strategy" not in r.raw:
+        r.set("strategy", "full_shard", f"{where} (FULL_SHARD: accelerate's default)")
+    off = get("offload_params")
+    if off is not MISSING:
+        k = f"{where}.{key('offload_params')}"
+        r.set("offload", "params_and_optimizer" if r.boolean(off, k) else "none", k)
+    ac = get("activation_checkpointing")
+    if ac is not MISSING:
+        k = f"{where}.{key('activation_checkpointing')}"
+        r.set("checkpointing", "full" if r.boolean(ac, k) else "none", k)
+    eff = get("cpu_ram_efficient_loading")
+    if eff is not MISSING:
+        k = f"{where}.{key('cpu_ram_efficient_loading')}"
+        r.set("training.init", "rank0" if r.boolean(eff, k) else "full", k)
+
+
+def parallelism(r: Reader, pc: Any) -> None:
+    """accelerate's ParallelismConfig (dp_replicate x dp_shard x tp x cp)."""
+
+    def size(name: str) -> int | None:
+        for k in (f"parallelism_config_{name}_size", f"{name}_size", name):
+            if k in pc:
+                return r.count(pc[k], f"parallelism_config.{k}")
+        return None
+
+    rep, shard = size("dp_replicate"), size("dp_shard")
+    if rep and rep > 1 and shard and shard > 1:
+        r.replace("strategy", "hybrid_shard", "parallelism_config (dp_replicate x dp_shard)")
+    elif rep and rep > 1 and (shard or 1) == 1:
+        r.replace("strategy", "ddp", "parallelism_config (dp_replicate only)")
+    for name, path in (("tp", "parallel.tp"), ("cp", "parallel.cp")):
+        d = size(name)
+        if d and d > 1:
+            r.set(path, d, f"parallelism_config.parallelism_config_{name}_size")
+
+
+def deepspeed(r: Reader, dc: Any) -> None:
+    if dc.get("deepspeed_config_file"):
+        ref = r.reference(dc["deepspeed_config_file"], "deepspeed_config.deepspeed_config_file",
+                          JobFormat.DEEPSPEED)
+        if ref is not None:
+            r.peers.append(ref)
+        else:
+            r.set("strategy", "zero1,zero2,zero3", "deepspeed_config.deepspeed_config_file")
+        return
+    stage = dc.get("zero_stage")
+    if stage is not None:
+        if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
+            raise r.fail("deepspeed_config.zero_stage", f"unknown value {stage!r}; expected 0-3")
+        r.set("strategy", ["ddp", "zero1", "zero2", "zero3"][stage], "deepspeed_config.zero_stage")
+    opt = r.choose(dc.get("offload_optimizer_device"), "deepspeed_config.offload_optimizer_device",
+                   OFFLOAD_DEVICES) if "offload_optimizer_device" in dc else None
+    par = r.choose(dc.get("offload_param_device"), "deepspeed_config.offload_param_device",
+                   OFFLOAD_DEVICES) if "offload_param_device" in dc else None
+    if par and not opt:
+        r.set("offload", Vocab("params"), "deepspeed_config.offload_param_device")
+    elif opt or par:
+        value = "params_and_optimizer" if par else "optimizer"
+        k = "deepspeed_config.offload_" + ("param" if par else "optimizer") + "_device"
+        r.set("offload", value if {opt, par} <= {"cpu", None} else Vocab(f"{value}-nvme"), k)
+    else:
+        r.set("offload", "none", "deepspeed_config (no offload device)")
+    key = "deepspeed_config.gradient_accumulation_steps"
+    r.set("training.grad_accum", r.count(dc.get("gradient_accumulation_steps"), key, auto=True),
+          key)
