@@ -17,7 +17,14 @@ from typing import Any
 import click
 
 from planner import __version__
-from planner.errors import EXIT_CRASH, EXIT_FITS, EXIT_NOTHING_FITS, EXIT_USAGE, FitcheckError
+from planner.errors import (
+    EXIT_CRASH,
+    EXIT_FITS,
+    EXIT_NOTHING_FITS,
+    EXIT_USAGE,
+    FitcheckError,
+    UsageError,
+)
 from planner.fields import FIELDS, Field
 
 # ---------------------------------------------------------------------------------------------
@@ -238,6 +245,11 @@ def cli() -> None:
     """fitcheck: will this training run fit, with which strategy?"""
 
 
+JOB_FORMATS = ("torchtitan", "deepspeed", "accelerate", "trainer", "axolotl", "litgpt",
+               "kubeflow", "spec")
+"""planner.jobs.JobFormat's names (a test keeps them equal) without importing planner.jobs."""
+
+
 @cli.command("plan")
 @field_options(MODEL + TRAINING + HARDWARE + CANDIDATES)
 @click.option("--find", type=click.Choice(["min-gpus", "max-micro-batch", "max-seq"]),
@@ -247,32 +259,128 @@ def cli() -> None:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout (docs/cli.md).")
 @click.option("--wide", is_flag=True, help="Every memory term and speed figure, in two tables "
               "(default: one table with the columns that fit the terminal).")
+@click.option("--from-trace", "from_trace", is_flag=True,
+              help="With --config: answer from traces of the real Hugging Face class on fake "
+              "tensors (any architecture; seconds; cached) instead of the formulas; exit 5 when "
+              "it cannot be traced (docs/trace.md).")
 @click.option("--list-gpus", is_flag=True, expose_value=False, is_eager=True, callback=_list_gpus,
               help="List the embedded GPU profiles and exit.")
 @click.option("--list-models", is_flag=True, expose_value=False, is_eager=True,
               callback=_list_models, help="List the model presets and exit.")
-def plan_cmd(as_json: bool, wide: bool, find: str | None, **kw: Any) -> int:
+@click.option("--job", "job_paths", multiple=True, metavar="FILE",
+              type=click.Path(exists=True, dir_okay=False, allow_dash=True),
+              help="Plan the job a config file describes (torchtitan TOML, DeepSpeed JSON, "
+              "accelerate / HF Trainer / TRL / axolotl / litgpt YAML, Kubeflow manifest, gate "
+              "spec; repeat for the files of one job); flags given override it (docs/jobs.md).")
+@click.option("--format", "job_format", type=click.Choice(JOB_FORMATS, case_sensitive=False),
+              help="The --job file's format (default: told by its content).")
+@click.option("--write-job", metavar="OUT", type=click.Path(dir_okay=False),
+              help="Write the --job file with the recommended strategy, offload and "
+              "checkpointing to OUT (atomically; OUT may be the file itself).")
+@click.option("--job-diff", is_flag=True, help="Print the change --write-job would make, as a "
+              "unified diff, instead of the table.")
+def plan_cmd(as_json: bool, wide: bool, find: str | None, job_paths: tuple[str, ...],
+             job_format: str | None, write_job: str | None, job_diff: bool, **kw: Any) -> int:
     """Predict per-GPU memory for every strategy and recommend one.
 
     Exit codes: 0 a candidate fits, 3 nothing fits, 2 usage error, 4 bad input data
-    (profile, config), 1 crash.
+    (profile, config, job file), 1 crash.
     """
+    if kw.pop("from_trace", False):  # memory from traces of the real module (probes/)
+        from probes.trace_plan import plan_command
+
+        if job_paths:
+            raise UsageError("--from-trace plans the --config it is given, not a --job file")
+        return plan_command(kw, as_json=as_json, wide=wide, width=terminal_width(), find=find)
     from planner.plan import find as find_value
     from planner.plan import plan
     from planner.render import answer_json, table
 
-    request = request_from_options(kw)
+    job = resolved = rw = None
+    if job_paths:
+        from planner.jobs import plan_request
+
+        request, job, resolved = plan_request(job_paths, job_format, given_values(kw))
+    elif job_format or write_job or job_diff:
+        raise UsageError("--format, --write-job and --job-diff need --job FILE")
+    else:
+        request = request_from_options(kw)
     found = find_value(request, find) if find else None
     answer = found.answer if found else plan(request)
+    notes = job_notes(job, resolved) if job is not None else []
+    if write_job or job_diff:
+        from planner.jobs.write import rewrite, write_atomic
+
+        rw, alt = rewrite(job, request, fixed=resolved.given, given=given_values(kw))
+        if rw is None:
+            raise click.exceptions.Exit(_nothing_to_write(job, alt))
+        same = "no change: the job already asks for the recommendation"
+        for line in [*rw.changes, *rw.notes] or [same]:
+            click.echo(f"fitcheck: {job.path}: {line}", err=True)
+        if write_job:
+            write_atomic(write_job, rw.text, like=job.path)
+            click.echo(f"fitcheck: wrote {write_job}", err=True)
     if as_json:
         import json
 
-        click.echo(json.dumps(answer_json(answer, found), indent=2))
+        doc = answer_json(answer, found)
+        doc["assumptions"] += notes
+        doc["warnings"] = [*(resolved.warnings if resolved else []), *request.warnings]
+        if job is not None:
+            doc["job"] = {"files": list(job.files), "format": str(job.format),
+                          "layout": job.layout or None, "unmodelled": list(resolved.unmodelled),
+                          "rewrite": None if rw is None else {
+                              "path": write_job, "changes": rw.changes, "notes": rw.notes,
+                              "candidate": {"strategy": str(rw.candidate.strategy),
+                                            "offload": str(rw.candidate.offload),
+                                            "checkpointing": str(rw.candidate.checkpointing)},
+                              "diff": rw.diff()}}
+        click.echo(json.dumps(doc, indent=2))
+    elif job_diff and rw is not None:
+        click.echo(rw.diff(), nl=False)
+        return EXIT_FITS
     else:
-        click.echo(table(answer, found, width=terminal_width(), wide=wide))
+        from planner.render import _wrap
+
+        width = terminal_width()
+        text = table(answer, found, width=width, wide=wide)
+        click.echo("\n".join([text, *(line for n in notes for line in _wrap(
+            f"  - {n}", 10**6 if wide else width, "    "))]))
+    if rw is not None:
+        return EXIT_FITS
     if found is not None and found.value is None:
         return EXIT_NOTHING_FITS
     return EXIT_FITS if answer.any_fits else EXIT_NOTHING_FITS
+
+
+def given_values(kw: dict[str, Any]) -> dict[str, Any]:
+    """{path: raw} of the plan flags given on the command line (not their defaults)."""
+    from click.core import ParameterSource
+
+    from planner.fields import FIELDS
+
+    ctx = click.get_current_context()
+    out = {}
+    for f in FIELDS:
+        if f.dest in kw and ctx.get_parameter_source(f.dest) not in (
+                None, ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP):
+            out[f.path] = kw[f.dest]
+    return out
+
+
+def job_notes(job, resolved) -> list[str]:
+    """The job's lines for the assumptions block: what was read, assumed, not modelled."""
+    head = f"job: {', '.join(job.files)} read as {job.format}" + (
+        f" ({job.layout})" if job.layout else "")
+    return [head, *resolved.warnings, *(f"NOT MODELLED: {u}" for u in resolved.unmodelled)]
+
+
+def _nothing_to_write(job, answer) -> int:
+    need = answer.min_gpus if answer is not None else None
+    click.echo(f"fitcheck: {job.path}: nothing it can say fits on this hardware"
+               + (f" (needs at least {need} GPUs of the type)" if need else "")
+               + "; not written", err=True)
+    return EXIT_NOTHING_FITS
 
 
 def terminal_width() -> int:

@@ -1,5 +1,11 @@
 """`fitcheck trace`: trace real training steps on fake tensors and print them beside the plan.
 
+What is traced: with ``--config`` (a config.json, its directory, or a hub id cached locally)
+the real Hugging Face class (probes/hf.py), at full depth or, with ``--depth scaled``, from
+two shallow traces (probes/trace_plan.py); otherwise (``--model``, ``--params``, shape flags,
+or ``--config`` with ``--reference-model``) fitcheck's reference transformer of that shape
+(probes/models.py). The planner's column is left empty for architectures it does not model.
+
 Each candidate runs in its own subprocess (probes.runner) with a timeout; a crash or hang in
 torch is a failed probe with its reason. Exit codes: 0 every probe ran, 5 some probe failed
 or is unsupported (others still reported), 2 usage, 4 bad input data, 1 crash.
@@ -14,11 +20,19 @@ from typing import Any
 
 import click
 
-from planner.cli import CANDIDATES, HARDWARE, MODEL, TRAINING, field_options, request_from_options
+from planner.cli import (
+    CANDIDATES,
+    HARDWARE,
+    MODEL,
+    TRAINING,
+    field_options,
+    request_from_options,
+)
 from planner.errors import EXIT_FITS
 from planner.spec import Candidate, Checkpointing, Offload, Strategy
+from probes.trace_plan import EXIT_TRACE_REFUSED
 
-EXIT_PROBE_FAILED = 5
+EXIT_PROBE_FAILED = EXIT_TRACE_REFUSED  # 5: a probe failed or the model cannot be traced
 TRACEABLE = (Strategy.DDP, Strategy.NO_SHARD, Strategy.SHARD_GRAD_OP, Strategy.FULL_SHARD,
              Strategy.HYBRID_SHARD)
 GiB = 2**30
@@ -36,82 +50,157 @@ def _pct(x: float | None) -> str:
 @field_options(MODEL + TRAINING + HARDWARE + CANDIDATES,
                gpu={"default": "h100-80", "show_default": True,
                     "help": "GPU profile (only sets capacity, which a trace does not use)."})
+@click.option("--reference-model", is_flag=True,
+              help="With --config: trace fitcheck's reference transformer of the config's "
+              "shape instead of the Hugging Face class.")
+@click.option("--depth", type=click.Choice(["full", "scaled"]), default="full",
+              show_default=True,
+              help="Hugging Face models: trace every layer, or two shallow depths scaled to the "
+              "real one (what --from-trace plans use; seconds instead of minutes for 70B).")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=600.0,
               show_default=True, help="Seconds per traced candidate.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
-def trace_cmd(as_json: bool, timeout_s: float, **kw: Any) -> int:
+def trace_cmd(as_json: bool, timeout_s: float, reference_model: bool, depth: str,
+              **kw: Any) -> int:
     """Trace one training step per candidate (FakeTensorMode, any world size, no GPU) and print
     the traced memory beside the planner's prediction, term by term.
 
-    Same flags as the plan. --gpu defaults to h100-80 (it only sets capacity, which a trace
-    does not use); --strategy defaults to the traceable ones (ddp and the FSDP2 strategies;
-    ZeRO and offload are reported unsupported); --checkpointing auto traces none.
+    Same flags as the plan. --config traces the real Hugging Face class built from the
+    config (no weights, no download); --gpu defaults to h100-80 (it only sets capacity,
+    which a trace does not use); --strategy defaults to the traceable ones (ddp and the
+    FSDP2 strategies; ZeRO and offload are reported unsupported); --checkpointing auto
+    traces none.
     """
-    from probes.compare import compare, comparison_json
+    from probes.compare import compare, comparison_json, traced_only
     from probes.runner import run_trace
 
-    request = request_from_options(kw)
+    hf = bool(kw.get("config")) and not reference_model
+    config: dict[str, Any] = {}
+    if hf:
+        from probes.trace_plan import request_for_config
+
+        request, config, name = request_for_config(kw)
+    else:
+        request = request_from_options(kw)
+        name = request.model.name
     opts = request.options
     strategies = opts.strategies if kw["strategy"] else TRACEABLE
     ck = Checkpointing.NONE if opts.checkpointing is Checkpointing.AUTO else opts.checkpointing
     offload = opts.offloads[0] if opts.offloads else Offload.NONE
     q = request.resolved()
+    analytic = q.model_source != "trace" and not (hf and q.model_source != "config")
+    notes = _analytic_notes(config) if hf and analytic else []
+    tracer = None
+    if hf:
+        from probes.trace_plan import HfTracer
+
+        tracer = HfTracer(config, name, depth=depth, timeout_s=timeout_s, jobs=1)
     results = []
     for strategy in strategies:
         cand = Candidate(strategy=strategy, offload=offload, checkpointing=ck)
-        click.echo(f"tracing {strategy} (checkpointing {ck}, offload {offload}) at world size "
-                   f"{q.cluster.n_gpus} ...", err=True)
-        r = run_trace(q.model, q.training, cand, q.cluster.n_gpus, q.cluster.gpus_per_node,
-                      timeout_s=timeout_s)
-        data = dict(r.data) if r.ok else {"ok": False, "reason": r.reason,
-                                          "unsupported": r.unsupported}
-        results.append(compare(q.model, q.training, q.cluster, cand, data, wall_s=r.wall_s,
-                               max_rss_bytes=r.max_rss_bytes, overheads=q.runtime.overheads))
+        what = f"{name} ({config.get('model_type')}, Hugging Face class)" if hf else name
+        click.echo(f"tracing {what}: {strategy} (checkpointing {ck}, offload {offload}) at "
+                   f"world size {q.cluster.n_gpus} ...", err=True)
+        if tracer is not None:
+            from probes.trace_plan import TraceJob
+
+            t = tracer.trace([TraceJob(candidate=cand, training=q.training,
+                                       world_size=q.cluster.n_gpus,
+                                       gpus_per_node=q.cluster.gpus_per_node)])[0]
+            data = dict(t.result) if t.ok else {"ok": False, "reason": t.reason,
+                                                "unsupported": t.unsupported}
+            wall, rss, cached = t.wall_s, t.max_rss_bytes, t.cached
+        else:
+            r = run_trace(q.model, q.training, cand, q.cluster.n_gpus, q.cluster.gpus_per_node,
+                          timeout_s=timeout_s)
+            data = dict(r.data) if r.ok else {"ok": False, "reason": r.reason,
+                                              "unsupported": r.unsupported}
+            wall, rss, cached = r.wall_s, r.max_rss_bytes, False
+        if analytic:
+            c = compare(q.model, q.training, q.cluster, cand, data, wall_s=wall,
+                        max_rss_bytes=rss, overheads=q.runtime.overheads)
+        else:
+            c = traced_only(cand, q.cluster.n_gpus, data, wall_s=wall, max_rss_bytes=rss)
+        results.append(dataclasses.replace(c, model=dict(data.get("model", {}),
+                                                         layers=data.get("n_blocks"),
+                                                         scaled_from=data.get("scaled_from")),
+                                           cached=cached))
     failed = any(not c.ok for c in results)
     if as_json:
+        model = ({"source": "trace", "config": name, "model_type": config.get("model_type"),
+                  "analytic": dataclasses.asdict(q.model) if analytic else None}
+                 if hf else dataclasses.asdict(q.model) | {"source": q.model_source})
         doc = {
             "schema_version": 1,
-            "model": dataclasses.asdict(q.model) | {"source": q.model_source},
+            "model": model,
             "training": {k: str(v) if not isinstance(v, int) else v
                          for k, v in dataclasses.asdict(q.training).items()},
             "world_size": q.cluster.n_gpus,
             "gpus_per_node": q.cluster.gpus_per_node,
+            "planner_compared": analytic,
+            "notes": notes,
             "candidates": [comparison_json(c) for c in results],
         }
         click.echo(json.dumps(doc, indent=2, default=str))
     else:
-        click.echo(_table(results))
+        click.echo(_table(results, analytic, notes))
     return EXIT_PROBE_FAILED if failed else EXIT_FITS
 
 
-def _table(results: list) -> str:
+def _analytic_notes(config: dict[str, Any]) -> list[str]:
+    from planner.hf_config import SUPPORTED_MODEL_TYPES
+
+    mt = str(config.get("model_type", "")).lower()
+    if mt in SUPPORTED_MODEL_TYPES:
+        return []
+    return [f"the planner does not model model_type {mt!r}: its column reads the config as a "
+            "Llama-style decoder (planner/hf_config.py)"]
+
+
+def _table(results: list, analytic: bool = True, notes: list[str] | None = None) -> str:
     from tabulate import tabulate
 
     lines = []
     for c in results:
         head = (f"{c.candidate.strategy}  checkpointing {c.candidate.checkpointing}  offload "
                 f"{c.candidate.offload}  world {c.world_size}")
+        m = c.model or {}
+        if m.get("class") and m.get("source") == "hf":
+            depth = (f", scaled from {m['scaled_from'][0]} and {m['scaled_from'][1]} layers"
+                     if m.get("scaled_from") else "")
+            head += f"  [{m['class']}, {m.get('layers')} layers{depth}]"
         if not c.ok:
             word = "unsupported" if c.unsupported else "FAILED"
             lines.append(f"{head}: {word}: {c.reason}")
             lines.append("")
             continue
-        rows = [["peak allocated", f"{c.peak.traced_bytes / GiB:.3f}",
-                 f"{c.peak.predicted_bytes / GiB:.3f}", _pct(c.peak.rel_error),
-                 f"{c.traced_peak_phase} / {c.predicted_peak_phase}"]]
+
+        def gib(x: int | None) -> str:
+            return "-" if x is None else f"{x / GiB:.3f}"
+
+        rows = [["peak allocated", gib(c.peak.traced_bytes), gib(c.peak.predicted_bytes),
+                 _pct(c.peak.rel_error),
+                 f"{c.traced_peak_phase} / {c.predicted_peak_phase or '-'}"]]
         for name, p in c.moments.items():
-            rows.append([f"  at {name}", f"{p.traced_bytes / GiB:.3f}",
-                         f"{p.predicted_bytes / GiB:.3f}", _pct(p.rel_error), ""])
+            rows.append([f"  at {name}", gib(p.traced_bytes), gib(p.predicted_bytes),
+                         _pct(p.rel_error), ""])
         for name, p in c.categories.items():
-            rows.append([f"  {name}", f"{p.traced_bytes / GiB:.3f}",
-                         f"{p.predicted_bytes / GiB:.3f}", _pct(p.rel_error), ""])
-        lines.append(f"{head}  (probe {c.wall_s:.1f} s, {c.max_rss_bytes / 2**20:.0f} MiB RSS)")
+            rows.append([f"  {name}", gib(p.traced_bytes), gib(p.predicted_bytes),
+                         _pct(p.rel_error), ""])
+        probe = "cached" if c.cached else (f"probe {c.wall_s:.1f} s, "
+                                           f"{c.max_rss_bytes / 2**20:.0f} MiB RSS")
+        lines.append(f"{head}  ({probe})")
         lines.append(tabulate(rows, headers=["GiB per GPU", "traced", "planner", "error",
                                              "peak at (trace / planner)"],
                               tablefmt="simple", disable_numparse=True))
         lines.append("")
+    if not analytic:
+        lines.append("(the planner has no model of this architecture: traced only; "
+                     "fitcheck --config X --from-trace plans from traces)")
+    for n in notes or []:
+        lines.append(f"({n})")
     lines.append("(excluded from both: cuBLAS workspace, CUDA context, NCCL, allocator reserve, "
-                 "DDP buckets, token ids, host-side optimizer step counters)")
+                 "DDP buckets, token ids, module buffers, host-side optimizer step counters)")
     return "\n".join(lines)
 
 

@@ -15,6 +15,9 @@ Categories compared (planner term <-> trace category), each at the moment named:
                  (+ autocast's cached weights, which the trace files under activations)
 - fsdp_buffers   gathered_params + comm_buffers <-> unsharded_params + all_gather
                                                     + reduce_scatter        (block_bwd)
+
+``traced_only`` gives the same rows for a trace the planner has no model of (an architecture
+it cannot read): the planner's column is None.
 """
 
 from __future__ import annotations
@@ -26,15 +29,17 @@ from planner.memory import PHASES, Breakdown, Estimate, Overheads, estimate
 from planner.spec import Candidate, Cluster, ModelSpec, Strategy, TrainingSpec
 
 
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Pair:
     traced_bytes: int
-    predicted_bytes: int
+    predicted_bytes: int | None
+    """None: the planner has no model of this architecture (a traced-only row)."""
 
     @property
     def rel_error(self) -> float | None:
-        """(predicted - traced) / traced; None when nothing was traced."""
+        """(predicted - traced) / traced; None when nothing was traced or predicted."""
+        if self.predicted_bytes is None:
+            return None
         if self.traced_bytes == 0:
             return None if self.predicted_bytes == 0 else float("inf")
         return (self.predicted_bytes - self.traced_bytes) / self.traced_bytes
@@ -54,6 +59,10 @@ class Comparison:
     moments: dict[str, Pair] = field(default_factory=dict)
     wall_s: float = 0.0
     max_rss_bytes: int = 0
+    model: dict[str, Any] = field(default_factory=dict)
+    """What was traced: the trace's "model" facts (class, source, depth)."""
+    cached: bool = False
+    """The trace was read from the cache (probes/trace_cache.py)."""
 
 
 def _invisible(e: Estimate, b: Breakdown, candidate: Candidate, n: int) -> int:
@@ -132,6 +141,46 @@ def compare(model: ModelSpec, training: TrainingSpec, cluster: Cluster, candidat
                       wall_s=wall_s, max_rss_bytes=max_rss_bytes)
 
 
+def traced_only(candidate: Candidate, world_size: int, result: dict[str, Any], *,
+                wall_s: float = 0.0, max_rss_bytes: int = 0) -> Comparison:
+    """A trace with no planner counterpart (an architecture the analytic model does not
+    know): the same rows, the planner's column empty. The same exclusions as ``compare``
+    (inputs, buffers, host-side step counters) keep the numbers comparable."""
+    if not result.get("ok"):
+        return Comparison(candidate=candidate, world_size=world_size, ok=False,
+                          reason=str(result.get("reason", "probe failed")),
+                          unsupported=bool(result.get("unsupported")), wall_s=wall_s,
+                          max_rss_bytes=max_rss_bytes)
+    moments = result.get("moments", {})
+    out_moments = {str(m): Pair(traced_bytes=moments[m]["peak_bytes"]
+                                - _trace_extra(result, moments[m]["at_peak"]),
+                                predicted_bytes=None)
+                   for m in map(str, PHASES) if m in moments}
+    cats: dict[str, Pair] = {}
+    opt = moments.get("optimizer", {}).get("at_peak", {})
+    if opt:
+        cats["params"] = Pair(traced_bytes=_cat(opt, "params"), predicted_bytes=None)
+        cats["gradients"] = Pair(traced_bytes=_cat(opt, "grads", "unsharded_grads"),
+                                 predicted_bytes=None)
+        cats["optimizer"] = Pair(traced_bytes=_cat(opt, "optimizer")
+                                 - result.get("optimizer_scalar_bytes", 0), predicted_bytes=None)
+    loss = moments.get("loss_bwd", {}).get("at_peak", {})
+    if loss:
+        cats["activations"] = Pair(traced_bytes=_cat(loss, "activations", "temp"),
+                                   predicted_bytes=None)
+    bb = moments.get("block_bwd", {}).get("at_peak", {})
+    if candidate.strategy.is_fsdp and bb:
+        cats["fsdp_buffers"] = Pair(traced_bytes=_cat(bb, "unsharded_params", "all_gather",
+                                                      "reduce_scatter"), predicted_bytes=None)
+    return Comparison(candidate=candidate, world_size=world_size, ok=True,
+                      peak=Pair(traced_bytes=result["peak_bytes"]
+                                - _trace_extra(result, result["at_peak"]), predicted_bytes=None),
+                      traced_peak_phase=str(result.get("peak_moment")
+                                            or result.get("peak_phase", "")),
+                      categories=cats, moments=out_moments, wall_s=wall_s,
+                      max_rss_bytes=max_rss_bytes)
+
+
 def comparison_json(c: Comparison) -> dict[str, Any]:
     def pair(p: Pair) -> dict[str, Any]:
         return {"traced_bytes": p.traced_bytes, "predicted_bytes": p.predicted_bytes,
@@ -147,6 +196,8 @@ def comparison_json(c: Comparison) -> dict[str, Any]:
         "unsupported": c.unsupported,
         "wall_s": c.wall_s,
         "max_rss_bytes": c.max_rss_bytes,
+        "cached": c.cached,
+        "traced_model": c.model or None,
     }
     if c.ok and c.peak is not None:
         out.update({
@@ -154,7 +205,7 @@ def comparison_json(c: Comparison) -> dict[str, Any]:
             "predicted_peak_allocated_bytes": c.peak.predicted_bytes,
             "peak_rel_error": c.peak.rel_error,
             "traced_peak_phase": c.traced_peak_phase,
-            "predicted_peak_phase": c.predicted_peak_phase,
+            "predicted_peak_phase": c.predicted_peak_phase or None,
             "categories": {k: pair(v) for k, v in c.categories.items()},
             "moments": {k: pair(v) for k, v in c.moments.items()},
         })

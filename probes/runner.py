@@ -1,12 +1,15 @@
 """Run one trace configuration in its own subprocess, safely.
 
-``run_trace(model, training, candidate, world_size, gpus_per_node, timeout_s=...)`` starts
-``python -m probes.trace`` in a new process group (session), sends the configuration as one
-JSON object on stdin and reads the child's single JSON result line from stdout. Whatever
-happens in the child (a Python exception, a C++ abort/SIGABRT or segfault, running past the
-timeout, garbage on stdout) comes back as a ``TraceResult`` with ``ok=False`` and a
-``reason``; ``run_trace`` itself never raises for a failed probe and never hangs (on timeout
-the whole process group is killed with SIGKILL).
+``run_job(job, timeout_s=...)`` starts ``python -m probes.trace`` in a new process group
+(session), sends the job (probes/trace.py: a reference-model trace, a Hugging Face trace or
+inspection, or a batch of those) as one JSON object on stdin and reads the child's single
+JSON result line from stdout. Whatever happens in the child (a Python exception, a C++
+abort/SIGABRT or segfault, running past the timeout, garbage on stdout) comes back as a
+``TraceResult`` with ``ok=False`` and a ``reason``; it never raises for a failed probe and
+never hangs (on timeout the whole process group is killed with SIGKILL).
+``run_trace(model, training, candidate, ...)`` is the reference-model job;
+``run_batch(jobs)`` runs several jobs in one child (one torch import) and, if that child
+dies, each job again in its own child, so one crash is charged to the job that caused it.
 
 The child's wall time and peak resident set size (``wait4``'s rusage ``ru_maxrss``, KiB on
 Linux) are measured by the parent and reported as ``wall_s`` and ``max_rss_bytes``.
@@ -34,6 +37,10 @@ from planner.spec import Candidate, ModelSpec, TrainingSpec
 
 __all__ = [
     "TraceResult",
+    "job_specs",
+    "job_to_dict",
+    "run_batch",
+    "run_job",
     "run_trace",
     "spec_to_dict",
     "spec_from_dict",
@@ -53,6 +60,8 @@ def spec_to_dict(obj: Any) -> dict[str, Any]:
     def conv(v: Any) -> Any:
         if isinstance(v, enum.Enum):
             return v.value
+        if dataclasses.is_dataclass(v):
+            return spec_to_dict(v)
         if isinstance(v, dict):
             return {k: conv(x) for k, x in v.items()}
         if isinstance(v, (list, tuple)):
@@ -80,6 +89,10 @@ def spec_from_dict(cls: type, data: dict[str, Any]) -> Any:
         typ = getattr(spec_mod, ann_name, None)
         if isinstance(typ, type) and issubclass(typ, enum.Enum) and value is not None:
             value = typ(value)
+        elif isinstance(typ, type) and dataclasses.is_dataclass(typ) and isinstance(value, dict):
+            value = spec_from_dict(typ, value)
+        elif ann_name.startswith("tuple") and isinstance(value, list):
+            value = tuple(value)
         kwargs[name] = value
     return cls(**kwargs)
 
@@ -108,13 +121,34 @@ def config_to_json(
 
 def config_from_json(text: str) -> tuple[ModelSpec, TrainingSpec, Candidate, int, int]:
     d = json.loads(text)
+    return (spec_from_dict(ModelSpec, d["model"]), *job_specs(d))
+
+
+def job_specs(d: dict[str, Any]) -> tuple[TrainingSpec, Candidate, int, int]:
+    """A job's training run, candidate, world size and GPUs per node."""
     return (
-        spec_from_dict(ModelSpec, d["model"]),
         spec_from_dict(TrainingSpec, d.get("training", {})),
         spec_from_dict(Candidate, d["candidate"]),
         int(d.get("world_size", 1)),
         int(d.get("gpus_per_node", 8)),
     )
+
+
+def job_to_dict(source: dict[str, Any], training: TrainingSpec, candidate: Candidate,
+                world_size: int, gpus_per_node: int,
+                options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A trace job of a model given by ``source`` (probes/trace.py: ``{"kind": "hf",
+    "config": {...}, "layers": N}``)."""
+    d: dict[str, Any] = {
+        "source": source,
+        "training": spec_to_dict(training),
+        "candidate": spec_to_dict(candidate),
+        "world_size": int(world_size),
+        "gpus_per_node": int(gpus_per_node),
+    }
+    if options:
+        d["options"] = dict(options)
+    return d
 
 
 # --------------------------------------------------------------------------- results
@@ -163,11 +197,53 @@ def run_trace(
     env: dict[str, str] | None = None,
     options: dict[str, Any] | None = None,
 ) -> TraceResult:
-    """Trace one configuration in a fresh subprocess; never raises for a failed probe.
-    ``options`` are passed to ``trace_step`` as keyword arguments."""
-    payload = config_to_json(
-        model, training, candidate, world_size, gpus_per_node, options
-    ).encode()
+    """Trace one configuration of the reference model in a fresh subprocess; never raises
+    for a failed probe. ``options`` are passed to ``trace_step`` as keyword arguments."""
+    job = json.loads(config_to_json(model, training, candidate, world_size, gpus_per_node,
+                                    options))
+    return run_job(job, timeout_s=timeout_s, python=python, env=env)
+
+
+def run_batch(jobs: list[dict[str, Any]], *, timeout_s: float = 600.0,
+              python: str | None = None, env: dict[str, str] | None = None,
+              isolate_on_crash: bool = True) -> list[TraceResult]:
+    """Run ``jobs`` in one child (``timeout_s`` for all of them); one TraceResult each, in
+    order. The child's wall time and peak RSS are those of the whole batch. If the child
+    itself fails (crash, timeout), each job is run again in its own child
+    (``isolate_on_crash``) so that the failure is charged to the job that caused it."""
+    if not jobs:
+        return []
+    if len(jobs) == 1:
+        return [run_job(jobs[0], timeout_s=timeout_s, python=python, env=env)]
+    whole = run_job({"batch": jobs}, timeout_s=timeout_s, python=python, env=env)
+    items = whole.data.get("results") if whole.ok else None
+    if items is None or len(items) != len(jobs):
+        if not isolate_on_crash:
+            return [dataclasses.replace(whole, ok=False, data={}) for _ in jobs]
+        return [run_job(j, timeout_s=timeout_s, python=python, env=env) for j in jobs]
+    common = dict(wall_s=whole.wall_s, max_rss_bytes=whole.max_rss_bytes,
+                  returncode=whole.returncode, stderr_tail=whole.stderr_tail)
+    out = []
+    for item in items:
+        if item.get("ok"):
+            out.append(TraceResult(ok=True, data=item, **common))
+        else:
+            out.append(TraceResult(ok=False, reason=str(item.get("reason", "probe failed")),
+                                   unsupported=bool(item.get("unsupported")), data=item,
+                                   **common))
+    return out
+
+
+def run_job(
+    job: dict[str, Any],
+    *,
+    timeout_s: float = 600.0,
+    python: str | None = None,
+    env: dict[str, str] | None = None,
+) -> TraceResult:
+    """Run one job (or ``{"batch": [...]}``) of ``python -m probes.trace`` in a fresh
+    subprocess; never raises for a failed probe."""
+    payload = json.dumps(job).encode()
     child_env = dict(os.environ)
     # One CPU thread per probe: the work is bookkeeping, not math, and this keeps
     # several probes from fighting over the cores.

@@ -1,9 +1,14 @@
 """Trace one training configuration's per-GPU memory in this process, without a GPU.
 
-``trace_step(model, training, candidate, world_size, gpus_per_node) -> dict`` builds the
-reference module (``probes.models``), applies the distributed strategy, and runs training
-steps on **fake CPU tensors** (``FakeTensorMode``: shapes and dtypes only, no data) under
-PyTorch's memory trackers, which account every tensor storage by category:
+One loop for every model: ``trace_training_step(factory, training, candidate, world_size,
+gpus_per_node) -> dict`` asks ``factory`` for a module built on the meta device (a
+``TraceModel``: the module, its repeated blocks, how to make a batch and a loss), applies the
+distributed strategy, and runs training steps on **fake CPU tensors** (``FakeTensorMode``:
+shapes and dtypes only, no data) under PyTorch's memory trackers, which account every tensor
+storage by category. Factories: ``reference_factory(spec)`` (fitcheck's reference
+transformer, ``probes.models``; ``trace_step(spec, ...)`` is the shorthand), and
+``probes.hf.hf_factory(config)`` (the real Hugging Face class built from a config.json);
+``probes.api`` passes any user module.
 
 * FSDP strategies: FSDP2 ``fully_shard`` on every block, then on the root, with a fake process
   group (``torch.testing._internal.distributed.fake_pg``) so one process plays rank 0 of any
@@ -49,12 +54,17 @@ Result categories (bytes, one rank; fake CPU tensors so no 512-byte allocator ro
 temporaries incl. activation grads), ``all_gather`` / ``reduce_scatter`` (FSDP comm buffers),
 ``buffers``, ``inputs``, ``other``. ``at_peak`` is the breakdown at the moment of the peak,
 ``max_by_category`` each category's own maximum over the measured iteration, ``end_of_step``
-the breakdown after zero_grad. ``peak_phase`` is forward / backward / optimizer / zero_grad
-and ``peak_module`` the innermost module active at the peak (when known).
+the breakdown after zero_grad, ``moments`` the peak and its breakdown in each moment of the
+step (``planner.memory.Phase``). ``peak_phase`` is forward / backward / optimizer / zero_grad
+and ``peak_module`` the innermost module active at the peak (when known). A failure inside the
+step raises ``TraceFailure`` naming the phase, the module and the operation.
 
-CLI: ``python -m probes.trace [JSON]`` reads the configuration (see
-``probes.runner.config_to_json``) from argv[1] or stdin and prints one JSON line:
-``{"ok": true, ...}`` or ``{"ok": false, "reason": ..., "unsupported": bool}``.
+CLI: ``python -m probes.trace [JSON]`` reads one job (``probes.runner``) from argv[1] or stdin
+and prints one JSON line: ``{"ok": true, ...}`` or ``{"ok": false, "reason": ...,
+"unsupported": bool}``; ``{"batch": [job, ...]}`` runs several jobs in this one process and
+prints ``{"ok": true, "results": [...]}``. A job is a reference-model trace (``"model"``), a
+Hugging Face trace (``"source": {"kind": "hf", ...}``) or an inspection of a Hugging Face
+model's structure (``"inspect": {...}``, no trace; ``probes.hf.inspect``).
 ``FITCHECK_PROBE_FAULT=raise|abort|segv|hang|exit3`` injects a failure (tests of the runner).
 """
 
@@ -64,14 +74,18 @@ import json
 import os
 import sys
 import time
-from contextlib import nullcontext
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from planner.memory import Phase
 from planner.spec import (
+    Attention,
     Candidate,
     Checkpointing,
     ModelSpec,
@@ -83,7 +97,8 @@ from planner.spec import (
     TrainingSpec,
 )
 
-__all__ = ["trace_step", "UnsupportedConfig", "main"]
+__all__ = ["BuildOptions", "ModelFactory", "TraceFailure", "TraceModel", "UnsupportedConfig",
+           "main", "reference_factory", "trace_step", "trace_training_step"]
 
 _MAX_MICRO_BATCHES = 2
 
@@ -113,7 +128,83 @@ class UnsupportedConfig(Exception):
     """The configuration cannot be traced by this probe (not a crash)."""
 
 
-def _check_supported(model: ModelSpec, training: TrainingSpec, candidate: Candidate) -> None:
+class TraceFailure(RuntimeError):
+    """An operation failed inside the traced step; the message names the phase, the module
+    and the operation (one line)."""
+
+
+# --------------------------------------------------------------------------- the model
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BuildOptions:
+    """What a model factory needs to build the module of one trace."""
+
+    checkpointing: Checkpointing
+    """none, selective or full; applied per block by the factory."""
+    attention: Attention
+    precision: Precision
+    recompute_context: Callable[[], tuple] | None = None
+    """A ``torch.utils.checkpoint`` ``context_fn`` every checkpoint must add (it re-enters the
+    CUDA-autocast emulation during recomputation, for DDP under -amp); None: nothing."""
+    selective_policy: str = "op"
+    """What selective checkpointing means: "op" (torchtitan's op-level SAC) or, for the
+    reference model only, "regions"."""
+
+
+@dataclass(slots=True, kw_only=True)
+class TraceModel:
+    """A module built on the meta device and how to train it (what a factory returns)."""
+
+    module: nn.Module
+    blocks: Sequence[nn.Module]
+    """The repeated layers: one FSDP unit each (then the root), and what "block backward"
+    (``Phase.BLOCK_BWD``) means."""
+    block_path: str
+    """Module path of the blocks' container ("blocks", "model.layers"), for the record."""
+    make_batch: Callable[[int, int], tuple]
+    """(micro_batch, seq) -> the batch's tensors; called inside fake mode (device cpu)."""
+    loss: Callable[[nn.Module, tuple], torch.Tensor]
+    """(module, batch) -> the scalar loss (forward included)."""
+    kernel_context: Callable[[], AbstractContextManager] = nullcontext
+    """Entered around every forward and backward (e.g. CUDA kernel emulations)."""
+    info: dict[str, Any] = field(default_factory=dict)
+    """Facts about the model, copied into the result under "model"."""
+
+
+ModelFactory = Callable[[BuildOptions], TraceModel]
+"""Builds the module of one trace (a fresh one per call: sharding mutates it)."""
+
+
+def reference_factory(spec: ModelSpec) -> ModelFactory:
+    """fitcheck's reference transformer (``probes.models``) for ``spec``."""
+
+    def build(opts: BuildOptions) -> TraceModel:
+        from probes.models import build_model
+
+        net = build_model(spec, device="meta")
+        net.configure(checkpointing=opts.checkpointing, attention=opts.attention.value,
+                      context_fn=opts.recompute_context,
+                      selective_policy=opts.selective_policy)
+
+        def make_batch(b: int, t: int) -> tuple:
+            return (torch.randint(0, spec.vocab, (b, t), dtype=torch.int64),
+                    torch.randint(0, spec.vocab, (b, t), dtype=torch.int64))
+
+        return TraceModel(module=net, blocks=list(net.blocks), block_path="blocks",
+                          make_batch=make_batch, loss=lambda m, batch: m(*batch),
+                          info={"class": type(net).__name__, "source": "reference"})
+
+    return build
+
+
+# --------------------------------------------------------------------------- pieces
+
+
+def check_supported(training: TrainingSpec, candidate: Candidate) -> None:
+    if getattr(candidate, "tp", 1) != 1:
+        raise UnsupportedConfig(f"tensor parallel degree {candidate.tp}: not traced (FSDP2 "
+                                "over data-parallel ranks only)")
     if candidate.strategy.is_zero:
         raise UnsupportedConfig(
             f"strategy {candidate.strategy.value}: DeepSpeed ZeRO is not traced (no DeepSpeed"
@@ -184,7 +275,8 @@ def mesh_shape_for(strategy: Strategy, world_size: int, gpus_per_node: int) -> t
 
 
 def _tracker_class(base: type) -> type:
-    """Adds per-category maxima, the peak's phase and module, and a peak reset."""
+    """Adds per-category maxima, the peak's phase and module, per-moment peaks (and per
+    block within each moment) and a peak reset."""
 
     class _Tracker(base):  # type: ignore[misc, valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -196,21 +288,35 @@ def _tracker_class(base: type) -> type:
             self.peak_module = ""
             # Peak per moment of the step, the planner's five (planner.memory.Phase): forward,
             # loss_bwd (backward before any block), block_bwd, bwd_end (backward in the root
-            # after the blocks: embeddings), optimizer (step + zero_grad).
+            # after the blocks: embeddings), optimizer (step + zero_grad); and within each
+            # moment per block index (-1: outside the blocks), which a trace scaled by depth
+            # extrapolates (probes/trace_plan.py).
             self.moment_peaks: dict[str, int] = {}
             self.moment_snaps: dict[str, dict] = {}
+            self.sub_peaks: dict[tuple[str, int], int] = {}
+            self.sub_snaps: dict[tuple[str, int], dict] = {}
             self.seen_block_bwd = False
+            self.block = -1
+            """The block running now (-1: none); set by ``_watch_blocks``' hooks."""
+            self.closing = False
+            self.first_block: Any = None
+            self.last_op: Any = None
 
-        def _moment(self) -> str:
+        def _moment(self) -> tuple[str, int]:
             phase = self.phase
+            if self.closing:
+                name = self._mod_tracker._known_modules.get(self.first_block)
+                if name not in self._mod_tracker.parents:
+                    self.block, self.closing = -1, False
+            idx = self.block if phase in ("forward", "backward") else -1
             if phase == "backward":
-                if any(".blocks." in p for p in self._mod_tracker.parents):
+                if idx >= 0:
                     self.seen_block_bwd = True
-                    return Phase.BLOCK_BWD
-                return Phase.BWD_END if self.seen_block_bwd else Phase.LOSS_BWD
+                    return Phase.BLOCK_BWD, idx
+                return (Phase.BWD_END if self.seen_block_bwd else Phase.LOSS_BWD), -1
             if phase in ("optimizer", "zero_grad"):
-                return Phase.OPTIMIZER
-            return Phase.FORWARD if phase == "forward" else phase
+                return Phase.OPTIMIZER, -1
+            return (Phase.FORWARD if phase == "forward" else phase), idx
 
         def _update_peak_stats(self, peak_state: Any) -> None:
             # Replaces the base method, which also walks every tracked module's weak
@@ -227,15 +333,28 @@ def _tracker_class(base: type) -> type:
                     self._peak_mem[dev] = dev_total
                     self._peak_mem_snap[dev] = dict(dev_snap)
                 total += dev_total
-            moment = self._moment()
-            if total > self.moment_peaks.get(moment, -1):
-                self.moment_peaks[moment] = total
-                self.moment_snaps[moment] = {d: dict(v) for d, v in self._curr_mem_snap.items()}
+            moment, idx = self._moment()
+            if total > self.sub_peaks.get((moment, idx), -1):
+                snap = {d: dict(v) for d, v in self._curr_mem_snap.items()}
+                self.sub_peaks[moment, idx] = total
+                self.sub_snaps[moment, idx] = snap
+                if total > self.moment_peaks.get(moment, -1):
+                    self.moment_peaks[moment] = total
+                    self.moment_snaps[moment] = snap
             if total > self.peak_total:
                 self.peak_total = total
                 self.peak_phase = self.phase
-                parents = self._mod_tracker.parents
-                self.peak_module = max(parents, key=lambda s: (s.count("."), len(s)), default="")
+                self.peak_module = self.innermost()
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                               kwargs: Any = None) -> Any:
+            self.last_op = func  # named in the error if it fails
+            return super().__torch_dispatch__(func, types, args, kwargs)
+
+        def innermost(self) -> str:
+            """The deepest module active now ('' outside any)."""
+            parents = self._mod_tracker.parents
+            return max(parents, key=lambda s: (s.count("."), len(s)), default="")
 
         def reset_peak(self) -> None:
             snap = self.get_tracker_snapshot()
@@ -250,19 +369,91 @@ def _tracker_class(base: type) -> type:
             self.peak_module = ""
             self.moment_peaks = {}
             self.moment_snaps = {}
+            self.sub_peaks = {}
+            self.sub_snaps = {}
 
     _Tracker.__name__ = base.__name__
     return _Tracker
 
 
-def _module_name(fqn: str, root_cls: str) -> str:
-    """ModTracker names modules '<RootClass>.blocks.3.mlp'; drop the root prefix."""
+def _first_tensor(obj: Any) -> torch.Tensor | None:
+    from torch.utils._pytree import tree_leaves
+
+    return next((t for t in tree_leaves(obj) if isinstance(t, torch.Tensor)
+                 and t.is_floating_point() and t.requires_grad), None)
+
+
+def _watch_blocks(blocks: Sequence[nn.Module], tracker: Any) -> list:
+    """Tell the tracker which block runs: forward hooks around each block's forward, and in
+    backward gradient hooks on its output (its backward starts; the previous one's ends)
+    and on the first block's input (the blocks' backward ends).
+    (ModTracker's module stack cannot tell: modules whose backward post-hook never fires,
+    such as attention modules returning a tuple, stay in it.) Returns the hook handles."""
+    handles = []
+
+    def hooks(i: int) -> tuple:
+        def pre(mod: nn.Module, args: tuple, kwargs: dict) -> None:
+            tracker.block = i
+            x = _first_tensor((args, kwargs))
+            if i == 0 and x is not None and tracker.phase == "forward":
+                # the first block's input gradient: the blocks' backward ends once the block
+                # leaves the module stack (after its post-backward reduce-scatter); a block
+                # i > 0 ends when block i - 1's output gradient arrives
+                x.register_hook(lambda g: setattr(tracker, "closing", True))
+
+        def post(mod: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
+            tracker.block = -2  # after a block: -1 is before the first
+            y = _first_tensor(out)
+            if y is not None and tracker.phase == "forward":
+                y.register_hook(lambda g: setattr(tracker, "block", i))
+
+        return pre, post
+
+    tracker.first_block = blocks[0] if blocks else None
+    for i, blk in enumerate(blocks):
+        pre, post = hooks(i)
+        # prepended: before FSDP's hooks, so that a block's input gradient hook fires after
+        # its post-backward (reduce-scatter) and its output hook before its pre-backward
+        # (all-gather): both belong to the block
+        handles.append(blk.register_forward_pre_hook(pre, with_kwargs=True, prepend=True))
+        handles.append(blk.register_forward_hook(post, with_kwargs=True, prepend=True))
+    return handles
+
+
+class _ModuleStack:
+    """The modules whose forward is running, by name, kept as they were when an exception
+    went through them (forward hooks that do not run on exceptions): where a trace failed."""
+
+    def __init__(self, root: nn.Module) -> None:
+        from torch.nn.modules.module import (
+            register_module_forward_hook,
+            register_module_forward_pre_hook,
+        )
+
+        named = {m: n or "the root" for n, m in root.named_modules()}
+        self.names: list[str] = []
+
+        def enter(mod: nn.Module, args: Any) -> None:
+            self.names.append(named.get(mod, type(mod).__name__))
+
+        def leave(mod: nn.Module, args: Any, out: Any) -> None:
+            if self.names:
+                self.names.pop()
+
+        self._handles = [register_module_forward_pre_hook(enter),
+                         register_module_forward_hook(leave)]
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+
+
+def _module_name(fqn: str) -> str:
+    """ModTracker names modules '<RootClass>.blocks.3.mlp'; drop the root's class."""
     if not fqn or fqn == "Global":
         return ""
-    if fqn == root_cls:
-        return "root"
-    head, _, rest = fqn.partition(".")
-    return rest if head == root_cls else fqn
+    _, sep, rest = fqn.partition(".")
+    return rest if sep else "root"
 
 
 def _categories(snap_by_dev: dict) -> dict[str, int]:
@@ -282,8 +473,74 @@ def _cat_max(raw: dict) -> dict[str, int]:
     return out
 
 
-def trace_step(
-    model: ModelSpec,
+def _sub_moments(tracker: Any) -> dict[str, dict[str, dict[str, Any]]]:
+    """{moment: {block index: {"peak_bytes", "at_peak"}}} (outside the blocks: "-1" before
+    the first block runs, "-2" after one has)."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for (m, idx), v in sorted(tracker.sub_peaks.items(), key=lambda kv: (str(kv[0][0]),
+                                                                           kv[0][1])):
+        if m == "idle":
+            continue
+        out.setdefault(str(m), {})[str(idx)] = {
+            "peak_bytes": int(v), "at_peak": _categories(tracker.sub_snaps[m, idx])}
+    return out
+
+
+def first_line(exc: BaseException, limit: int = 400) -> str:
+    """'ExcType: the first non-empty line of the message' (torch's messages run long)."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    text = f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _to_empty(module: nn.Module) -> None:
+    """``module.to_empty(device="cpu")``, keeping shared (tied) parameters shared: under
+    FakeTensorMode ``Module._apply`` cannot swap a meta parameter's data in place, so it gives
+    each module a new parameter and a tied embedding / output head would come back untied
+    (counted twice, with two gradients and two optimizer states)."""
+    owners: dict[int, list[tuple[nn.Module, str]]] = {}
+    for mod in module.modules():
+        for name, p in mod._parameters.items():
+            if p is not None:
+                owners.setdefault(id(p), []).append((mod, name))
+    module.to_empty(device="cpu")
+    for group in owners.values():
+        first, name = group[0]
+        for mod, other in group[1:]:
+            mod._parameters[other] = first._parameters[name]
+
+
+def _apply_fsdp(tm: TraceModel, strategy: Strategy, low: torch.dtype | None, world_size: int,
+                gpus_per_node: int) -> tuple[int, ...]:
+    """FSDP2 on every block, then on the root, over a fake process group; the mesh shape."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if not dist.is_initialized():
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    elif dist.get_world_size() != world_size:
+        raise RuntimeError(
+            "a process group of another world size is already initialised in this process;"
+            " run each configuration in its own process (probes.runner)"
+        )
+    mesh_shape = mesh_shape_for(strategy, world_size, gpus_per_node)
+    names = ("dp",) if len(mesh_shape) == 1 else ("replicate", "shard")
+    mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=names)
+    reshard = strategy in (Strategy.FULL_SHARD, Strategy.HYBRID_SHARD)
+    mp = (MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32)
+          if low is not None else MixedPrecisionPolicy())
+    for blk in tm.blocks:
+        fully_shard(blk, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
+    fully_shard(tm.module, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
+    return mesh_shape
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+def trace_training_step(
+    factory: ModelFactory,
     training: TrainingSpec,
     candidate: Candidate,
     world_size: int = 1,
@@ -293,7 +550,7 @@ def trace_step(
     warmup: str = "optimizer",
     selective_policy: str = "op",
 ) -> dict[str, Any]:
-    """One rank's memory for one training step of this configuration (see module doc).
+    """One rank's memory for one training step of the model ``factory`` builds (module doc).
 
     ``warmup``: "optimizer" (default) creates the optimizer state with one step on zero
     gradients before tracking; "iteration" runs a whole tracked warm-up iteration first
@@ -301,50 +558,47 @@ def trace_step(
     step the optimizer on the DTensors' local shards (default) instead of the DTensors.
     ``selective_policy``: what ``checkpointing="selective"`` means: "op" (default:
     torchtitan's op-level SAC, the policy the planner models) or "regions" (attention core +
-    MLP activation product, Megatron-style); see probes/models.py.
+    MLP activation product, Megatron-style; reference model only); see probes/models.py.
     """
     had_pg = dist.is_initialized()
     try:
-        return _trace_step(
-            model,
-            training,
-            candidate,
-            world_size,
-            gpus_per_node,
-            local_optimizer=local_optimizer,
-            warmup=warmup,
-            selective_policy=selective_policy,
-        )
+        return _trace(factory, training, candidate, world_size, gpus_per_node,
+                      local_optimizer=local_optimizer, warmup=warmup,
+                      selective_policy=selective_policy)
     finally:
         # The fake process group this call created is torn down, so that one process can
-        # trace several FSDP configurations (tests); the CLI runs one per process anyway.
+        # trace several FSDP configurations (tests, batches); the CLI runs one per process.
         if not had_pg and dist.is_initialized():
             dist.destroy_process_group()
 
 
-def _trace_step(
+def trace_step(
     model: ModelSpec,
     training: TrainingSpec,
     candidate: Candidate,
     world_size: int = 1,
     gpus_per_node: int = 8,
-    *,
-    local_optimizer: bool = True,
-    warmup: str = "optimizer",
-    selective_policy: str = "op",
+    **options: Any,
 ) -> dict[str, Any]:
-    """See trace_step."""
+    """``trace_training_step`` of the reference transformer of ``model`` (probes.models)."""
+    return trace_training_step(reference_factory(model), training, candidate, world_size,
+                               gpus_per_node, **options)
+
+
+def _trace(factory: ModelFactory, training: TrainingSpec, candidate: Candidate,
+           world_size: int, gpus_per_node: int, *, local_optimizer: bool, warmup: str,
+           selective_policy: str) -> dict[str, Any]:
+    """See trace_training_step."""
     if warmup not in ("optimizer", "iteration"):
         raise ValueError(f"warmup must be 'optimizer' or 'iteration', got {warmup!r}")
     t_start = time.perf_counter()
-    _check_supported(model, training, candidate)
+    check_supported(training, candidate)
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
 
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from probes.autocast_emul import CudaAutocastEmulation, recompute_context_fn
-    from probes.models import build_model
 
     strategy = candidate.strategy
     fsdp = strategy.is_fsdp
@@ -352,48 +606,24 @@ def _trace_step(
     low = low_dtype(precision)
     emulate_autocast = low is not None and not fsdp
 
-    net = build_model(model, device="meta")
-    net.configure(
-        checkpointing=candidate.checkpointing,
-        attention=training.attention.value,
-        context_fn=recompute_context_fn(low) if emulate_autocast else None,
-        selective_policy=selective_policy,
-    )
+    tm = factory(BuildOptions(
+        checkpointing=candidate.checkpointing, attention=training.attention,
+        precision=precision,
+        recompute_context=recompute_context_fn(low) if emulate_autocast else None,
+        selective_policy=selective_policy))
     if precision is Precision.BF16:
-        net = net.to(torch.bfloat16)
+        tm.module.to(torch.bfloat16)
+    net = tm.module
     n_params = sum(p.numel() for p in net.parameters())
-
     mesh_shape: tuple[int, ...] = (1,)
     if fsdp:
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-        from torch.testing._internal.distributed.fake_pg import FakeStore
-
-        if not dist.is_initialized():
-            dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
-        elif dist.get_world_size() != world_size:
-            raise RuntimeError(
-                "a process group of another world size is already initialised in this process;"
-                " run each configuration in its own process (probes.runner)"
-            )
-        mesh_shape = mesh_shape_for(strategy, world_size, gpus_per_node)
-        names = ("dp",) if len(mesh_shape) == 1 else ("replicate", "shard")
-        mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=names)
-        reshard = strategy in (Strategy.FULL_SHARD, Strategy.HYBRID_SHARD)
-        mp = (
-            MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32)
-            if low is not None
-            else MixedPrecisionPolicy()
-        )
-        for blk in net.blocks:
-            fully_shard(blk, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
-        fully_shard(net, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
+        mesh_shape = _apply_fsdp(tm, strategy, low, world_size, gpus_per_node)
 
     t_built = time.perf_counter()
     b, t = training.micro_batch, training.seq
     n_micro = min(training.grad_accum, _MAX_MICRO_BATCHES)
     with FakeTensorMode(allow_non_fake_inputs=True):
-        net.to_empty(device="cpu")
+        _to_empty(net)
         params = list(net.parameters())
         opt_params = params
         if fsdp and local_optimizer:
@@ -404,8 +634,7 @@ def _trace_step(
             if not all(lp.is_leaf for lp in opt_params):
                 opt_params = params
         optimizer = make_optimizer(opt_params, training)
-        ids = torch.randint(0, model.vocab, (b, t), dtype=torch.int64)
-        targets = torch.randint(0, model.vocab, (b, t), dtype=torch.int64)
+        batch = tm.make_batch(b, t)
         t0 = time.perf_counter()
         if warmup == "optimizer":
             # Cheap warm-up: create the optimizer state with one step on zero gradients
@@ -419,12 +648,13 @@ def _trace_step(
             from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
             tracker = _tracker_class(FSDPMemTracker)(net, optimizer)
-            tracker.track_inputs((ids, targets))
+            tracker.track_inputs(batch)
         else:
             from torch.distributed._tools.mem_tracker import MemTracker
 
             tracker = _tracker_class(MemTracker)()
-            tracker.track_external(net, optimizer, ids, targets)
+            tracker.track_external(net, optimizer, *batch)
+        _watch_blocks(tm.blocks, tracker)
 
         def iteration() -> None:
             for _ in range(n_micro):
@@ -433,11 +663,13 @@ def _trace_step(
                 tracker.reset_mod_stats()
                 tracker.phase = "forward"
                 tracker.seen_block_bwd = False
+                tracker.block, tracker.closing = -1, False
                 ctx = CudaAutocastEmulation(low) if emulate_autocast else nullcontext()
-                with ctx:
-                    loss = net(ids, targets)
+                with tm.kernel_context(), ctx:
+                    loss = tm.loss(net, batch)
                 tracker.phase = "backward"
-                loss.backward()
+                with tm.kernel_context():
+                    loss.backward()
                 del loss
             tracker.phase = "optimizer"
             if opt_params is not params:
@@ -450,12 +682,24 @@ def _trace_step(
                 net.zero_grad(set_to_none=True)
             tracker.phase = "idle"
 
+        stack = _ModuleStack(net)
         with tracker:
-            if warmup == "iteration":
-                iteration()  # full warm-up iteration
-            t1 = time.perf_counter()
-            tracker.reset_peak()
-            iteration()  # measured
+            try:
+                if warmup == "iteration":
+                    iteration()  # full warm-up iteration
+                t1 = time.perf_counter()
+                tracker.reset_peak()
+                iteration()  # measured
+            except (UnsupportedConfig, TraceFailure):
+                raise
+            except Exception as exc:
+                where = (stack.names[-1] if stack.names else
+                         f"block {tracker.block}" if tracker.block >= 0 else "the root")
+                op = f" at {tracker.last_op}" if tracker.last_op is not None else ""
+                raise TraceFailure(f"{tracker.phase} failed in {where}{op}: "
+                                   f"{first_line(exc)}") from exc
+            finally:
+                stack.remove()
             t2 = time.perf_counter()
             end = tracker.get_tracker_snapshot()
             peak_snap = tracker.get_tracker_snapshot("peak")
@@ -469,18 +713,19 @@ def _trace_step(
         for v in st.values()
         if isinstance(v, torch.Tensor) and v.dim() == 0
     )
-    at_peak = _categories(peak_snap)
-    result = {
+    return {
         "ok": True,
         "peak_bytes": int(peak),
         "peak_phase": tracker.peak_phase,
-        "peak_module": _module_name(tracker.peak_module, type(net).__name__),
-        "at_peak": at_peak,
+        "peak_module": _module_name(tracker.peak_module),
+        "at_peak": _categories(peak_snap),
         "max_by_category": _cat_max(tracker.cat_max),
         "moments": {str(k): {"peak_bytes": int(v), "at_peak": _categories(tracker.moment_snaps[k])}
                     for k, v in tracker.moment_peaks.items() if k != "idle"},
+        "sub_moments": _sub_moments(tracker),
         "end_of_step": _categories(end),
         "tracker": type(tracker).__name__,
+        "model": dict(tm.info),
         "strategy": strategy.value,
         "world_size": world_size,
         "gpus_per_node": gpus_per_node,
@@ -493,6 +738,7 @@ def _trace_step(
         "optimizer": training.optimizer.value,
         "optimizer_impl": training.optimizer_impl.value,
         "n_params": int(n_params),
+        "n_blocks": len(tm.blocks),
         "optimizer_scalar_bytes": int(scalar_bytes),
         "optimizer_scalars_on_host": training.optimizer_impl is not OptimizerImpl.FUSED,
         "iterations": {"warmup": warmup, "measured": 1, "micro_batches": n_micro},
@@ -502,7 +748,9 @@ def _trace_step(
         "measured_s": round(t2 - t1, 3),
         "wall_s": round(time.perf_counter() - t_start, 3),
     }
-    return result
+
+
+# --------------------------------------------------------------------------- the child process
 
 
 def _inject_fault() -> None:
@@ -525,23 +773,53 @@ def _inject_fault() -> None:
         os._exit(3)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+def run_job(job: dict[str, Any]) -> dict[str, Any]:
+    """One job (see the module doc) -> its result dict; failures are results, not raised."""
     from probes.runner import config_from_json
 
     try:
-        text = argv[0] if argv else sys.stdin.read()
-        model, training, candidate, world_size, gpus_per_node = config_from_json(text)
-        options = json.loads(text).get("options", {})
         _inject_fault()
-        result = trace_step(model, training, candidate, world_size, gpus_per_node, **options)
+        if "inspect" in job:
+            from probes.hf import inspect
+
+            return {"ok": True, "inspect": inspect(job["inspect"])}
+        source = job.get("source") or {"kind": "reference"}
+        options = job.get("options", {})
+        if source["kind"] == "hf":
+            from probes.hf import hf_factory
+            from probes.runner import job_specs
+
+            training, candidate, world_size, gpus_per_node = job_specs(job)
+            factory = hf_factory(source["config"], layers=source.get("layers"))
+            result = trace_training_step(factory, training, candidate, world_size,
+                                         gpus_per_node, **options)
+            result["layers_traced"] = result["n_blocks"]
+            return result
+        model, training, candidate, world_size, gpus_per_node = config_from_json(json.dumps(job))
+        return trace_step(model, training, candidate, world_size, gpus_per_node, **options)
     except UnsupportedConfig as exc:
-        result = {"ok": False, "unsupported": True, "reason": str(exc)}
+        return {"ok": False, "unsupported": True, "reason": str(exc), "deterministic": True}
     except Exception as exc:  # noqa: BLE001 - reported to the parent, not raised
         import traceback
 
         traceback.print_exc(file=sys.stderr)
-        result = {"ok": False, "unsupported": False, "reason": f"{type(exc).__name__}: {exc}"}
+        reason = str(exc) if isinstance(exc, TraceFailure) else first_line(exc)
+        # an exception, not a crash: the same job fails the same way (probes/trace_cache.py)
+        deterministic = not os.environ.get("FITCHECK_PROBE_FAULT")
+        return {"ok": False, "unsupported": False, "reason": reason,
+                "deterministic": deterministic}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        job = json.loads(argv[0] if argv else sys.stdin.read())
+        if "batch" in job:
+            result = {"ok": True, "results": [run_job(j) for j in job["batch"]]}
+        else:
+            result = run_job(job)
+    except Exception as exc:  # noqa: BLE001 - a malformed job
+        result = {"ok": False, "unsupported": False, "reason": first_line(exc)}
     sys.stdout.write(json.dumps(result) + "\n")
     sys.stdout.flush()
     # Skip interpreter teardown (process-group / fake-mode finalizers can be slow or noisy).

@@ -1,0 +1,139 @@
+"""Trace results cached on disk, keyed by everything that changes them.
+
+A trace of a real model takes seconds; the same trace asked again (another --n with the same
+shard group, the report, the gate, a rerun) is read back. The key is the sha256 of the
+canonical JSON of:
+
+- ``format``: this module's ``FORMAT`` (bumped when the result layout changes);
+- ``code``: sha256 of the probe sources that produce the numbers (probes/trace.py, hf.py,
+  models.py, autocast_emul.py): any edit to them invalidates every entry;
+- ``torch`` and ``transformers`` versions (the kernels and classes traced);
+- the job: the model (the config.json's digest and the depth traced, or the reference spec),
+  the training run (every TrainingSpec field), the candidate, world size, GPUs per node and
+  the trace options.
+
+An entry is one JSON file ``<key>.json`` holding the key's inputs and the result; it is read
+back only if the stored inputs equal the asked ones. Writes go to a temporary file renamed
+into place (atomic on POSIX), so concurrent writers never leave a torn entry. A failure the
+child reported (an exception: the same inputs repeat it) is kept; crashes and timeouts are not.
+
+Location: ``$FITCHECK_TRACE_CACHE`` if set (``off`` disables the cache), else
+``$XDG_CACHE_HOME/fitcheck/traces``, else ``~/.cache/fitcheck/traces``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+FORMAT = 1
+ENV = "FITCHECK_TRACE_CACHE"
+CODE_FILES = ("trace.py", "hf.py", "models.py", "autocast_emul.py")
+
+
+def default_dir() -> Path | None:
+    """Where the cache lives (None: disabled)."""
+    env = os.environ.get(ENV)
+    if env is not None:
+        return None if env.strip().lower() in ("off", "0", "none", "") else Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "fitcheck" / "traces"
+
+
+@lru_cache(maxsize=1)
+def code_digest() -> str:
+    h = hashlib.sha256()
+    here = Path(__file__).resolve().parent
+    for name in CODE_FILES:
+        h.update(name.encode())
+        h.update((here / name).read_bytes())
+    return h.hexdigest()[:16]
+
+
+@lru_cache(maxsize=1)
+def versions() -> dict[str, str]:
+    """torch and transformers versions without importing them (importlib.metadata)."""
+    from importlib import metadata
+
+    out = {}
+    for dist in ("torch", "transformers"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = "absent"
+    return out
+
+
+def key_inputs(job: dict[str, Any]) -> dict[str, Any]:
+    """What a job's cache key is made of (the module doc)."""
+    job = dict(job)
+    source = dict(job.get("source") or {})
+    if "config" in source:  # the config's digest stands for its contents
+        from probes.hf import config_digest
+
+        source["config"] = config_digest(source["config"])
+    job["source"] = source
+    if "inspect" in job:
+        insp = dict(job["inspect"])
+        if "config" in insp:
+            from probes.hf import config_digest
+
+            insp["config"] = config_digest(insp["config"])
+        job["inspect"] = insp
+    return {"format": FORMAT, "code": code_digest(), **versions(), "job": job}
+
+
+def key_of(inputs: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+
+
+def _keep(result: dict[str, Any]) -> bool:
+    """A result worth keeping: a trace, or a failure the child reported (an exception in
+    Python: the same code and versions repeat it). Crashes and timeouts are not kept."""
+    return bool(result.get("ok") or result.get("deterministic"))
+
+
+@dataclass
+class TraceCache:
+    """Get and put trace results by job (``directory`` None: a cache that keeps nothing)."""
+
+    directory: Path | None
+
+    @classmethod
+    def default(cls) -> TraceCache:
+        return cls(default_dir())
+
+    def get(self, job: dict[str, Any]) -> dict[str, Any] | None:
+        if self.directory is None:
+            return None
+        inputs = key_inputs(job)
+        path = self.directory / f"{key_of(inputs)}.json"
+        try:
+            entry = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        if entry.get("inputs") != json.loads(json.dumps(inputs)):
+            return None
+        result = entry.get("result")
+        return result if isinstance(result, dict) and _keep(result) else None
+
+    def put(self, job: dict[str, Any], result: dict[str, Any], **meta: Any) -> None:
+        if self.directory is None or not _keep(result):
+            return
+        inputs = key_inputs(job)
+        entry = {"inputs": inputs, "result": result, "created": time.time(), **meta}
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
+            with os.fdopen(fd, "w") as fh:
+                json.dump(entry, fh)
+            os.replace(tmp, self.directory / f"{key_of(inputs)}.json")
+        except OSError:
+            pass  # a cache that cannot be written is a cache that misses
