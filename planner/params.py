@@ -13,7 +13,7 @@ import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from planner.spec import ModelSpec, NormKind, PositionKind
+from planner.spec import FineTune, ModelSpec, NormKind, PositionKind, Quantize
 
 Shape = tuple[int, ...]
 
@@ -151,3 +151,102 @@ def active_params(model: ModelSpec) -> int:
     """Parameters used per token (differs from total for MoE)."""
     c = count(model)
     return c.per_block_active * model.n_layers + c.root
+
+
+# ---------------------------------------------------------------------------------------------
+# What trains (planner.spec.FineTune)
+
+
+def linear_dims(model: ModelSpec) -> dict[str, tuple[int, int]]:
+    """(in_features, out_features) of each block linear a LoRA adapter may target."""
+    h, f, q, kv = model.hidden, model.ffn_hidden, model.q_dim, model.kv_dim
+    dims = {"q": (h, q), "k": (h, kv), "v": (h, kv), "o": (q, h), "up": (h, f), "down": (f, h)}
+    if model.mlp.gated:
+        dims["gate"] = (h, f)
+    return dims
+
+
+def _is_linear_weight(name: str) -> bool:
+    """A block linear's weight (what bitsandbytes quantizes): attention and MLP matrices."""
+    return name.endswith(".weight") and name.split(".")[0] in ("attn", "mlp") \
+        and "router" not in name
+
+
+@dataclass(frozen=True, slots=True)
+class Trainable:
+    """Element counts by role, for a model under a fine-tuning setup."""
+
+    groups: tuple[tuple[str, Shape, int], ...]
+    """Trainable tensors: (name, shape, how many), as tensor_groups."""
+    train_per_block: int
+    """Trainable elements of one trainable block (adapters under LoRA)."""
+    train_blocks: int
+    """Blocks whose parameters (or adapters) train."""
+    train_root: int
+    frozen_per_block: int
+    """Frozen elements of a block kept in the base dtype (not quantized)."""
+    quant_per_block: int
+    """Frozen block-linear elements stored quantized (QLoRA)."""
+    quant_rows_per_block: int
+    """Output rows of those linears (LLM.int8 keeps one fp32 scale per row)."""
+    frozen_root: int
+    largest_linear: int
+    """Elements of the largest block linear (its dequantized copy is a transient)."""
+
+    @property
+    def train(self) -> int:
+        return self.train_per_block * self.train_blocks + self.train_root
+
+
+@functools.lru_cache(maxsize=1024)
+def trainable(model: ModelSpec, ft: FineTune) -> Trainable:
+    """What trains and what is frozen (and quantized) under ``ft``.
+
+    LoRA (peft ``LoraLayer``): every base parameter is frozen; each targeted linear (in -> out)
+    gets A (r x in) and B (out x r), r·(in + out) trainable elements. A quantized base keeps
+    its block linears' weights in 4 or 8 bits. Frozen embeddings (a tied head with them) and
+    first blocks keep their parameters and get no gradient or optimizer state.
+    """
+    block = list(block_tensors(model))
+    root = list(root_tensors(model))
+    per_block = sum(numel(s) for _, s in block)
+    lin = [(n, s) for n, s in block if _is_linear_weight(n)]
+    lin_elems = sum(numel(s) for _, s in lin)
+    quant = ft.quantize_base is not Quantize.NONE
+    largest_linear = max((numel(s) for _, s in lin), default=0)
+    if ft.lora:
+        if model.is_moe and {"gate", "up", "down"} & set(ft.lora_targets):
+            raise ValueError("LoRA on MoE experts is not modelled; target attention (q,k,v,o)")
+        dims = linear_dims(model)
+        missing = [m for m in ft.lora_targets if m not in dims]
+        if missing:
+            raise ValueError(f"this model has no {', '.join(missing)} projection "
+                             f"(it has {', '.join(dims)})")
+        r = ft.lora_rank
+        groups = []
+        for m in ft.lora_targets:
+            i, o = dims[m]
+            groups += [(f"lora.{m}.A", (r, i), model.n_layers), (f"lora.{m}.B", (o, r),
+                                                                  model.n_layers)]
+        return Trainable(
+            groups=tuple(groups), train_per_block=sum(numel(s) for _, s, _ in groups),
+            train_blocks=model.n_layers, train_root=0,
+            frozen_per_block=per_block - (lin_elems if quant else 0),
+            quant_per_block=lin_elems if quant else 0,
+            quant_rows_per_block=sum(s[0] for _, s in lin) if quant else 0,
+            frozen_root=sum(numel(s) for _, s in root), largest_linear=largest_linear)
+    n_frozen = min(ft.freeze_layers, model.n_layers)
+    frozen_root_names = set()
+    if ft.freeze_embeddings:
+        frozen_root_names = {n for n, _ in root if n.split(".")[0] in ("embed", "pos_embed",
+                                                                       "type_embed")}
+        if model.tied_embeddings:
+            frozen_root_names.add("lm_head.weight")  # the tied head is the embedding
+    groups = [(n, s, model.n_layers - n_frozen) for n, s in block if n_frozen < model.n_layers]
+    groups += [(n, s, 1) for n, s in root if n not in frozen_root_names]
+    frozen_root = sum(numel(s) for n, s in root if n in frozen_root_names)
+    return Trainable(
+        groups=tuple(groups), train_per_block=per_block, train_blocks=model.n_layers - n_frozen,
+        train_root=sum(numel(s) for _, s in root) - frozen_root,
+        frozen_per_block=0, quant_per_block=0, quant_rows_per_block=0,
+        frozen_root=frozen_root, largest_linear=largest_linear)

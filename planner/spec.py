@@ -237,6 +237,63 @@ class ModelSpec:
         return self.n_experts > 1
 
 
+class Quantize(enum.StrEnum):
+    """Frozen base weights of a parameter-efficient fine-tune (bitsandbytes)."""
+
+    NONE = "none"
+    NF4 = "nf4"  # 4-bit NormalFloat, QLoRA (Dettmers et al. 2023)
+    INT8 = "int8"  # LLM.int8 (Dettmers et al. 2022)
+
+
+LINEAR_MODULES = ("q", "k", "v", "o", "gate", "up", "down")
+"""A block's linear layers (gate only in gated MLPs), by the names LoRA targets use."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FineTune:
+    """Which parameters train: everything (the default), LoRA adapters on a frozen (maybe
+    quantized) base, or all but frozen embeddings / first layers."""
+
+    lora_rank: int = 0
+    """0: no LoRA (the base trains unless frozen below)."""
+    lora_targets: tuple[str, ...] = ("q", "v")
+    """Adapted linears of each block (peft's default for Llama is q_proj, v_proj)."""
+    lora_fp32: bool = True
+    """Adapters in fp32 over a low-precision base (peft's autocast_adapter_dtype=True
+    default); False: in the base's dtype (torchtune)."""
+    lora_dropout: bool = False
+    """lora_dropout > 0 (peft default 0.0)."""
+    quantize_base: Quantize = Quantize.NONE
+    double_quant: bool = True
+    """NF4 absmax quantized again (QLoRA recipes; bitsandbytes' own default is False)."""
+    freeze_embeddings: bool = False
+    freeze_layers: int = 0
+    """The first N blocks frozen."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.lora_rank, int) or isinstance(self.lora_rank, bool) \
+                or self.lora_rank < 0:
+            raise ValueError(f"lora_rank must be a non-negative integer, got {self.lora_rank!r}")
+        bad = [m for m in self.lora_targets if m not in LINEAR_MODULES]
+        if bad or not self.lora_targets:
+            raise ValueError(f"lora_targets must be some of {', '.join(LINEAR_MODULES)}, got "
+                             f"{', '.join(self.lora_targets) or 'none'}")
+        if self.quantize_base is not Quantize.NONE and not self.lora_rank:
+            raise ValueError("a quantized base trains only adapters: give lora_rank")
+        if not isinstance(self.freeze_layers, int) or self.freeze_layers < 0:
+            raise ValueError(f"freeze_layers must be a non-negative integer, got "
+                             f"{self.freeze_layers!r}")
+
+    @property
+    def lora(self) -> bool:
+        return self.lora_rank > 0
+
+    @property
+    def full(self) -> bool:
+        """Every parameter trains."""
+        return not self.lora and not self.freeze_embeddings and not self.freeze_layers
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrainingSpec:
     seq: int = 2048
@@ -258,6 +315,7 @@ class TrainingSpec:
     fsdp_version: int = 2
     """FSDP1 (FullyShardedDataParallel) or FSDP2 (fully_shard), for the FSDP strategies."""
     init: InitMode = InitMode.META
+    finetune: FineTune = field(default_factory=FineTune)
 
     def __post_init__(self) -> None:
         for name in ("seq", "micro_batch", "grad_accum", "loss_chunks"):
@@ -277,6 +335,9 @@ class Candidate:
     strategy: Strategy
     offload: Offload = Offload.NONE
     checkpointing: Checkpointing = Checkpointing.NONE
+    tp: int = 1
+    """Tensor-parallel degree (with sequence parallel), composed with FSDP on a 2-D mesh as
+    torchtitan does; 1: none."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

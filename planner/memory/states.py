@@ -14,14 +14,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner.vec import ceil_div
-from planner.params import ParamCounts, numel, tensor_groups
+from planner.params import ParamCounts, numel, tensor_groups, trainable
 from planner.spec import (
     Candidate,
+    FineTune,
     ModelSpec,
     Offload,
     OptimizerImpl,
     OptimizerKind,
     Precision,
+    Quantize,
     Strategy,
     TrainingSpec,
 )
@@ -76,9 +78,10 @@ def shards(strategy: Strategy, degree: Any) -> Shards:
 
 
 def optimizer_state_bytes(model: ModelSpec, optimizer: OptimizerKind, state_bytes: int,
-                          shard: Any) -> Any:
-    """Optimizer state held for 1/shard of every parameter tensor (dim-0 shards)."""
-    groups = tensor_groups(model)
+                          shard: Any, groups: Any = None) -> Any:
+    """Optimizer state held for 1/shard of every trainable tensor (dim-0 shards); ``groups``
+    defaults to every parameter of the model."""
+    groups = tensor_groups(model) if groups is None else groups
     if optimizer is OptimizerKind.SGD:
         return 0
     if optimizer is OptimizerKind.ADAFACTOR:
@@ -101,7 +104,7 @@ def optimizer_state_bytes(model: ModelSpec, optimizer: OptimizerKind, state_byte
     return per_elem * elems * state_bytes
 
 
-def optimizer_temp_bytes(counts: ParamCounts, local_elems: Any, training: TrainingSpec,
+def optimizer_temp_bytes(largest_tensor: int, local_elems: Any, training: TrainingSpec,
                          state_bytes: int, zero: bool, shard: Any = 1) -> Any:
     """Transient device memory of optimizer.step()."""
     opt, impl = training.optimizer, training.optimizer_impl
@@ -117,7 +120,7 @@ def optimizer_temp_bytes(counts: ParamCounts, local_elems: Any, training: Traini
         return local_elems * state_bytes
     # Single-tensor loops (and Lion / Adafactor updates): sqrt(v) then its quotient, two
     # temporaries the size of the largest tensor (torch/optim/adam.py _single_tensor_adam).
-    return 2 * ceil_div(counts.largest_tensor, shard) * state_bytes
+    return 2 * ceil_div(largest_tensor, shard) * state_bytes
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -134,16 +137,48 @@ class Resident:
     """Bytes one rank keeps in host RAM (offload)."""
 
 
+def quantized_bytes(elems: Any, rows: Any, ft: FineTune, shard: Any) -> Any:
+    """A quantized base's block linears on one GPU.
+
+    NF4 (bitsandbytes ``quantize_4bit``, blocksize 64): 4-bit codes (0.5 B per element,
+    sharded with the weights) and an fp32 absmax per 64 elements, or, double quantized
+    (QLoRA's recipe), an 8-bit absmax per 64 plus an fp32 one per 256 of those blocks. The
+    constants are ``QuantState`` metadata, not parameters, so FSDP does not shard them
+    (Answer.AI's FSDP+QLoRA shards the packed bf16 storage only). LLM.int8: 1 B per element
+    and an fp32 scale per output row (``SCB``).
+    """
+    if ft.quantize_base is Quantize.INT8:
+        return ceil_div(elems, shard) + rows * FP32
+    consts = elems // 64 + FP32 * ceil_div(elems // 64, 256) if ft.double_quant \
+        else FP32 * (elems // 64)
+    return ceil_div(elems, 2 * shard) + consts
+
+
 def resident(model: ModelSpec, training: TrainingSpec, counts: ParamCounts,
              candidate: Candidate, d: Dtypes, sh: Shards) -> Resident:
-    P = counts.per_block * model.n_layers + counts.root
+    ft = training.finetune
+    T = trainable(model, ft)
     zero = candidate.strategy.is_zero
-    params = ceil_div(P, sh.params) * d.param
-    grads = ceil_div(P, sh.grads) * d.grad
-    local_opt = ceil_div(P, sh.optimizer)
-    states = (optimizer_state_bytes(model, training.optimizer, d.state, sh.optimizer)
-              + local_opt * d.master)
-    temps = optimizer_temp_bytes(counts, local_opt, training, d.state, zero, sh.optimizer)
+    train_param_b, grad_b, state_b, master_b = d.param, d.grad, d.state, d.master
+    frozen_b = d.param
+    if ft.lora:
+        # peft: a low-precision base, adapters upcast to fp32 (autocast_adapter_dtype=True)
+        # or kept in the base's dtype; torch.optim keeps state in the parameter's dtype
+        frozen_b = d.compute
+        train_param_b = FP32 if ft.lora_fp32 else d.compute
+        grad_b = state_b = train_param_b
+        master_b = FP32 if zero and training.precision.amp and not ft.lora_fp32 else 0
+    frozen = T.frozen_per_block * model.n_layers + T.frozen_root
+    quant = T.quant_per_block * model.n_layers
+    params = (ceil_div(frozen, sh.params) * frozen_b + ceil_div(T.train, sh.params) * train_param_b
+              + (quantized_bytes(quant, T.quant_rows_per_block * model.n_layers, ft, sh.params)
+                 if quant else 0))
+    grads = ceil_div(T.train, sh.grads) * grad_b
+    local_opt = ceil_div(T.train, sh.optimizer)
+    states = (optimizer_state_bytes(model, training.optimizer, state_b, sh.optimizer, T.groups)
+              + local_opt * master_b)
+    largest = max((numel(s) for _, s, _ in T.groups), default=0)
+    temps = optimizer_temp_bytes(largest, local_opt, training, state_b, zero, sh.optimizer)
     if candidate.offload is Offload.OPTIMIZER:
         # ZeRO-Offload (Ren et al. 2021): fp32 master, states and the fp32 gradient partition
         # live on the host and the step runs on the CPU; each reduced gradient partition moves
