@@ -5,7 +5,9 @@ offload_param.device -> offload; bf16/fp16.enabled -> precision (DeepSpeed keeps
 weights: bf16-amp / fp16-amp; neither -> fp32); train_micro_batch_size_per_gpu,
 gradient_accumulation_steps, train_batch_size -> the batch fields. "auto" (filled in by the HF
 Trainer or accelerate) takes the value of an accompanying file or flag, else the default with
-a warning. The buffer knobs go to deepspeed.<key> (unmodelled until the registry has them).
+a warning. The zero_optimization knobs go to deepspeed.<key> (the stage3_ spelling; the
+registry's deepspeed.* fields model the buffers, "auto" sizes filled in from the hidden size);
+an optimizer block -> deepspeed.fused_adam (DeepSpeed's own optimizer), none -> the client's.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ ALIASES = {"max_live_parameters": "stage3_max_live_parameters",
            "prefetch_bucket_size": "stage3_prefetch_bucket_size",
            "param_persistence_threshold": "stage3_param_persistence_threshold",
            "gather_16bit_weights_on_model_save": "stage3_gather_16bit_weights_on_model_save",
+           # the deprecated spelling DeepSpeed still accepts for the same setting
+           "stage3_gather_fp16_weights_on_model_save": "stage3_gather_16bit_weights_on_model_save",
            "model_persistence_threshold": "stage3_model_persistence_threshold"}
 """DeepSpeed's pydantic field names, accepted beside the stage3_ spellings (zero/config.py)."""
 NO_MEMORY_EFFECT = {"allgather_partitions", "reduce_scatter", "round_robin_gradients",
@@ -136,6 +140,12 @@ def read(r: Reader) -> None:
         if kind is not None:
             r.set("training.optimizer", OPTIMIZERS.get(kind.lower(), Vocab(kind.lower())),
                   "optimizer.type")
+            # deepspeed/runtime/engine.py _configure_basic_optimizer: Adam/AdamW -> FusedAdam
+            # (DeepSpeedCPUAdam under optimizer offload), no step temporaries
+            r.set("deepspeed.fused_adam", kind.lower() in ("adam", "adamw"), "optimizer.type")
+    else:
+        r.set("deepspeed.fused_adam", False,
+              "optimizer (none: the client's torch optimizer steps the partitions)")
     # ---- everything else that holds memory goes through the unmodelled rule
     for key, v in doc.items():
         if key not in TOP_IGNORED:

@@ -1,0 +1,250 @@
+"""DeepSpeed ZeRO as the engine runs it: the buffers, gradient copies and step temporaries of
+stages 1-3 beyond the model states, and what offload keeps in host RAM (docs/model.md
+"DeepSpeed ZeRO").
+
+Source: DeepSpeed v0.19.6 (commit edaa7221), ``deepspeed/runtime/zero/stage_1_and_2.py``
+(``DeepSpeedZeroOptimizer``), ``stage3.py`` (``DeepSpeedZeroOptimizer_Stage3``),
+``partitioned_param_coordinator.py``, ``config.py``; cross-checked against pip deepspeed
+0.19.8 on the CPU accelerator (gloo, two ranks, every persistent buffer matched to the byte;
+docs/accuracy.md). Notation: T trainable elements, N the ZeRO degree, Tn = ceil(T / N), b the
+16-bit weight bytes (DeepSpeed's ``self.dtype``), B ``reduce_bucket_size``.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+from planner import vec
+from planner.params import Trainable, numel, tensor_groups
+from planner.spec import DeepSpeedConfig, ModelSpec, Offload, Strategy, TrainingSpec
+from planner.vec import ceil_div
+
+FP32 = 4
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ZeroStates:
+    """ZeRO's model states on one GPU and in host RAM, beyond what ``states.resident`` counts
+    for every strategy."""
+
+    gradients: Any
+    persistent_params: Any
+    """ZeRO-3: small parameters kept whole on every rank, beyond their 1/N share."""
+    optimizer_temporaries: Any
+    host_per_rank: Any
+
+
+def persistent_elems(model: ModelSpec, threshold: int) -> int:
+    """ZeRO-3 parameters with fewer than ``stage3_param_persistence_threshold`` elements are
+    never partitioned (``partition_parameters.py``: ``ds_persist`` when ``ds_numel <
+    param_persistence_threshold``): the norms and biases of a Llama at the 1e5 default
+    (0.5 MB of a 7B model), every block matrix at a large "auto" 10 h on a small model."""
+    return sum(k * numel(s) for _, s, k in tensor_groups(model) if numel(s) < threshold)
+
+
+def step_elems(strategy: Strategy, ds: DeepSpeedConfig, local: Any, largest: Any,
+               sizes: tuple[int, ...] = (), degree: Any = 1) -> Any:
+    """Elements the optimizer steps at once: ZeRO-1/2 one flat fp32 partition per param group
+    (``single_partition_of_fp32_groups``); ZeRO-3 its largest sub-group
+    (``_create_fp16_sub_groups``: the partitions ``ceil(numel / N)`` of the parameters, in
+    module order, are added to a sub-group until it reaches ``sub_group_size``; 0 makes every
+    parameter its own sub-group; the 1e9 default is usually the whole partition ``local``).
+    With the parameters' sizes in order (``sizes``) and one degree the grouping is replayed;
+    otherwise the bound sub_group_size - 1 + the largest partition ``largest``."""
+    if strategy is not Strategy.ZERO3:
+        return local
+    sub = ds.sub_group_size
+    if sizes and isinstance(degree, int):
+        parts = [ceil_div(n, degree) for n in sizes]
+        if sub >= sum(parts):
+            return local
+        best = run = 0
+        for i, n in enumerate(parts):
+            run += n
+            if run >= sub or i == len(parts) - 1:
+                best, run = max(best, run), 0
+        return best
+    return vec.minimum(local, max(sub, 1) - 1 + largest)
+
+
+@functools.lru_cache(maxsize=256)
+def ordered_sizes(model: ModelSpec, T: Trainable) -> tuple[int, ...]:
+    """Every trainable parameter's element count in module order, when every parameter trains
+    (the order of ``planner.params.param_tensors``, as the reference module registers them);
+    () otherwise."""
+    from planner.params import param_tensors
+
+    tensors = param_tensors(model)
+    if sum(numel(s) for _, s in tensors) != T.train:
+        return ()
+    return tuple(numel(s) for _, s in tensors)
+
+
+def zero_states(model: ModelSpec, training: TrainingSpec, strategy: Strategy, offload: Offload,
+                T: Trainable, *, grad_b: int, param_b: int, states: Any, degree: Any,
+                temps: Any) -> ZeroStates:
+    """Gradients, persistent parameters, the step's temporaries and host RAM of one rank.
+
+    Gradients (16-bit, DeepSpeed's ``self.dtype``):
+    - ZeRO-1 keeps every ``param.grad`` (T b) until the step, with or without
+      ``overlap_comm`` (``reduce_ipg_grads``: stage 1 copies the grads of its own partition
+      into ``grads_in_partition``, Tn b with ``contiguous_gradients``, and clears no other
+      grad; measured: every grad alive when backward ends, overlap_comm or not).
+    - ZeRO-2 keeps its partition in ``grads_in_partition`` (Tn b); under accumulation each
+      backward copies the accumulated grads into a new buffer (the old one is released at
+      the end of backward): that second Tn b is a backward buffer (``zero_buffers``).
+    - ZeRO-3 allocates ``grad_partitions_flat_buffer`` (Tn b) at init.
+    - Optimizer offload: ZeRO-2/3 copy each reduced partition straight to the host's fp32
+      buffer (``async_inplace_copy_grad_to_fp32_buffer_from_gpu``; ZeRO-3's flat buffer is on
+      the host); ZeRO-1 still holds its unpartitioned grads.
+
+    Host RAM per rank under offload (``offload_optimizer``; DeepSpeedCPUAdam steps there):
+    the fp32 master and optimizer states, an fp32 gradient partition (4 Tn), a 16-bit staging
+    partition (b Tn), and for ZeRO-1/2 a 4 L buffer for the largest parameter L
+    (``temp_grad_buffer_for_cpu_offload``) and one more b Tn under accumulation; ZeRO-3 with
+    ``offload_param`` adds the 16-bit parameter partitions: 18 Tn, 20 Ψ/N for full training
+    under bf16 Adam.
+    """
+    ds = training.deepspeed
+    Tn = ceil_div(T.train, degree)
+    accumulating = training.grad_accum > 1
+    persist = 0
+    if strategy is Strategy.ZERO3:
+        p = persistent_elems(model, int(ds.stage3_param_persistence_threshold))
+        persist = (p - ceil_div(p, degree)) * param_b
+    if offload is not Offload.NONE:
+        largest = max((numel(s) for _, s, _ in T.groups), default=0)
+        host = states + Tn * (FP32 + grad_b)
+        if strategy is not Strategy.ZERO3:
+            host = host + FP32 * largest + (Tn * grad_b if accumulating and
+                                             strategy is Strategy.ZERO2 else 0)
+        if offload is Offload.PARAMS_AND_OPTIMIZER:
+            host = host + ceil_div(T.train + T.frozen(model.n_layers),
+                                   degree) * param_b
+        grads = T.train * grad_b if strategy is Strategy.ZERO1 else 0
+        return ZeroStates(gradients=grads, persistent_params=persist, optimizer_temporaries=0,
+                          host_per_rank=host)
+    if keeps_every_grad(strategy, ds, training.grad_accum):
+        grads = T.train * grad_b + (Tn * grad_b if ds.contiguous_gradients else 0)
+    else:
+        grads = Tn * grad_b
+    return ZeroStates(gradients=grads, persistent_params=persist,
+                      optimizer_temporaries=0 if ds.fused_adam else temps, host_per_rank=0)
+
+
+def keeps_every_grad(strategy: Strategy, ds: DeepSpeedConfig, grad_accum: int) -> bool:
+    """ZeRO-1 holds every parameter's gradient until the step (it partitions only the
+    optimizer state); ZeRO-2/3 hold their partition."""
+    return strategy is Strategy.ZERO1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ZeroBuffers:
+    """ZeRO's communication buffers and the step's gradient copies on one GPU."""
+
+    buckets: Any
+    """Alive at every moment of the step (ZeRO-3's reduce bucket, allocated at init)."""
+    bwd_buffers: Any
+    """Alive during backward only (ZeRO-1/2's buckets, the copies being reduced)."""
+    gathered: Any
+    """ZeRO-3: the module in use plus the prefetched parameters."""
+    step_extra: Any
+    """Beyond the optimizer's own temporaries at the step: the flat 16-bit copy and the fp32
+    copy of the gradient partition (or sub-group)."""
+    step_grads_freed: Any
+    """Gradients freed before the step's copies (ZeRO-1's grads outside its partition)."""
+    init_extra: Any
+    """While the engine is built: ZeRO-1/2 flatten the 16-bit module into one buffer (a
+    second copy for a moment); ZeRO-3 under zero.Init, one module at full size."""
+
+
+def zero_buffers(strategy: Strategy, offload: Offload, ds: DeepSpeedConfig, *, train: int,
+                 largest_tensor: int, largest_train: int, degree: Any, b: int, temps: Any,
+                 sizes: tuple[int, ...] = (), grad_accum: int = 1,
+                 check_overflow: bool = False) -> ZeroBuffers:
+    """Buckets (``reduce_bucket_size`` elements of the 16-bit dtype, allocated at full size
+    whatever the model's size):
+
+    - ZeRO-1/2 (``setup_buckets``): with ``contiguous_gradients`` one bucket at the first
+      gradient hook of each backward, a second with ``overlap_comm`` ("double buffers"); freed
+      when backward ends (``ipg_buffer`` cleared), so not counted at the step. Each bucket is
+      flattened into a copy of up to B elements as it is reduced. (The "4.5 x" of the HF docs
+      is DeepSpeed <= 0.3.16's ``reduce_bucket_size * 4.5`` buffer, removed in v0.4.0.)
+    - ZeRO-3 (``DeepSpeedZeroOptimizer_Stage3.__init__``): one bucket at init, alive for the
+      whole run; each reduction concatenates the bucket's grads into a copy of up to B
+      elements, up to three in flight with ``overlap_comm`` (as many as the backward fills).
+
+    ZeRO-3 gathering (``partitioned_param_coordinator.py``): the submodule in use is gathered
+    whole (the largest parameter bounds it) and up to ``stage3_prefetch_bucket_size``
+    elements ahead, capped by ``stage3_max_live_parameters``.
+
+    The step (``stage_1_and_2.py`` ``step``, ``stage3.py`` ``_prepare_fp32_grad_for_sub_group``):
+    the partition's gradients are flattened (b per element) and converted to fp32 (4 per
+    element); the 16-bit copy is freed before the optimizer runs, the fp32 one after. ZeRO-3
+    does this per sub-group (``sub_group_size``), not for the whole partition. Under optimizer
+    offload the step runs on the host. Before the copies the gradients are checked for
+    overflow (``check_overflow``: fp16, and bf16 whose ``check_grad_overflow`` defaults to
+    true, ``runtime/precision_config.py``): the step moment is the larger of the two.
+    """
+    overlap = ds.overlap(strategy is Strategy.ZERO3)
+    B = int(ds.reduce_bucket_size)
+    Tn = ceil_div(train, degree)
+    # a bucket's worth of gradients being reduced; a parameter larger than the bucket skips
+    # it and is reduced from its own full gradient (``extra_large_param_to_reduce``; stage 3
+    # likewise): the largest such one alive beside the copies (HF's "auto" h^2 bucket is
+    # smaller than most weight matrices)
+    filled = min(B, train) if B else train
+    big = largest_train if largest_train > filled else 0
+    if strategy is Strategy.ZERO3:
+        rounds = ceil_div(train, B) if B else 1
+        in_flight = vec.minimum(rounds, 3) if overlap else 1
+        buckets = B * b if ds.contiguous_gradients else 0
+        bwd = in_flight * filled * b + big * b
+        prefetch = min(int(ds.stage3_prefetch_bucket_size), ds.stage3_max_live_parameters)
+        gathered = (largest_tensor + prefetch) * b
+        init = largest_tensor * b if ds.zero_init else 0
+    else:
+        buckets = 0
+        bwd = (B * b * (2 if overlap else 1) if ds.contiguous_gradients else 0) \
+            + filled * b + big * b
+        if strategy is Strategy.ZERO2 and grad_accum > 1 and ds.contiguous_gradients:
+            bwd = bwd + Tn * b  # the next grads_in_partition beside the accumulated one
+        gathered = 0
+        init = train * b
+    if offload is not Offload.NONE:
+        step, freed = 0, 0
+    else:
+        S = step_elems(strategy, ds, Tn, ceil_div(largest_train, degree), sizes, degree)
+        opt = 0 if ds.fused_adam else temps
+        # 4 S fp32 copy with the b S flat copy, or later with the optimizer's temporaries
+        copies = FP32 * S + vec.maximum(b * S - opt, 0)
+        freed = train * b if keeps_every_grad(strategy, ds, grad_accum) else 0
+        # before them, the overflow check (fp16, and bf16's check_grad_overflow default):
+        # ZeRO-1/2 _has_inf_or_nan per partition gradient: x.float() (4n), isnan, isinf,
+        # their or (n each), .float() (4n): 11 n for the largest; ZeRO-3 isinf / isnan of the
+        # flat buffer: a bool per element. Every gradient is still alive then.
+        check = 0
+        if check_overflow:
+            check = Tn if strategy is Strategy.ZERO3 else \
+                11 * vec.minimum(largest_train, Tn)
+        # the check moment (every grad, the check) against the copies' (ZeRO-1's other grads
+        # freed, the copies, the optimizer's temporaries ``opt`` counted by ZeroStates)
+        first = check + freed > copies + opt
+        step = vec.where(first, check - opt, copies)
+        freed = vec.where(first, 0, freed)
+    return ZeroBuffers(buckets=buckets, bwd_buffers=bwd, gathered=gathered, step_extra=step,
+                       step_grads_freed=freed, init_extra=init)
+
+
+def zero_step_temps(strategy: Strategy, training: TrainingSpec, local: Any, largest: int,
+                    degree: Any, state_b: int, sizes: tuple[int, ...] = ()) -> Any:
+    """A client torch optimizer's temporaries over the elements stepped at once (one flat
+    tensor: the foreach path's sqrt copy, or the for-loop's two); DeepSpeed's FusedAdam has
+    none (``ZeroStates`` drops them when ``fused_adam``)."""
+    from planner.memory.states import optimizer_temp_bytes
+
+    S = step_elems(strategy, training.deepspeed, local, ceil_div(largest, degree), sizes,
+                   degree)
+    return optimizer_temp_bytes(S, S, training, state_b, False)

@@ -1,0 +1,179 @@
+"""The DeepSpeed referee: real ZeRO-1/2/3 engines on DeepSpeed's CPU accelerator (gloo, two
+processes) at small shapes, with the engine's buffers measured as it runs.
+
+    DS_ACCELERATOR=cpu python -m probes.deepspeed_cpu OUT.json [CASE ...]
+
+Needs ``deepspeed`` (pip; tested with 0.19.8 over torch 2.13.0+cpu). Each case trains the
+reference transformer (probes/models.py, the planner's parameter layout) for two optimizer
+steps with a client torch AdamW (no C++ op builds) and records, on rank 0, what the engine
+holds: the 16-bit flat parameters, the fp32 master partition, the gradient partition buffers,
+the reduce buckets (read inside every bucket reduction), ZeRO-3's persistent parameters, the
+fp32 gradient handed to the optimizer at each (sub-group) step and the Adam state. The
+planner's terms for the same shapes are compared in tests/test_deepspeed.py against the
+recorded file tests/data/deepspeed_cpu.json (CI needs no DeepSpeed); with DeepSpeed installed
+the test reruns one case live.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from typing import Any
+
+from planner.spec import ModelSpec
+
+MODEL = ModelSpec(name="ds-tiny", n_layers=2, hidden=64, n_heads=4, n_kv_heads=4,
+                  ffn_hidden=128, vocab=256)
+"""115,008 parameters: 2 blocks of 41,088 and a root of 32,832 (largest tensor 16,384)."""
+WORLD = 2
+SEQ, MICRO = 16, 2
+
+CASES: dict[str, dict[str, Any]] = {
+    "z1": {"stage": 1, "reduce_bucket_size": 30_000, "overlap_comm": False},
+    "z1-overlap": {"stage": 1, "reduce_bucket_size": 30_000, "overlap_comm": True},
+    "z2": {"stage": 2, "reduce_bucket_size": 30_000, "overlap_comm": False},
+    "z2-overlap": {"stage": 2, "reduce_bucket_size": 30_000, "overlap_comm": True},
+    "z2-ga2": {"stage": 2, "reduce_bucket_size": 30_000, "overlap_comm": False, "ga": 2},
+    "z3": {"stage": 3, "reduce_bucket_size": 30_000, "stage3_prefetch_bucket_size": 10_000,
+           "stage3_param_persistence_threshold": 100, "sub_group_size": 20_000},
+    "z3-one-group": {"stage": 3, "reduce_bucket_size": 30_000,
+                     "stage3_param_persistence_threshold": 100},
+}
+
+
+def ds_config(case: dict[str, Any]) -> dict[str, Any]:
+    zo = {k: v for k, v in case.items() if k not in ("ga",)}
+    return {"train_micro_batch_size_per_gpu": MICRO,
+            "gradient_accumulation_steps": case.get("ga", 1),
+            "bf16": {"enabled": True}, "zero_optimization": zo,
+            "zero_allow_untested_optimizer": True, "steps_per_print": 10**9}
+
+
+def _nbytes(t: Any) -> int:
+    return 0 if t is None else t.numel() * t.element_size()
+
+
+def _worker(rank: int, name: str, port: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD), DS_ACCELERATOR="cpu")
+    import deepspeed
+    import torch
+    import torch._dynamo  # zero.Init's signature check fails under torch 2.13 without it
+
+    from probes.models import build_model
+
+    case = CASES[name]
+    cfg = ds_config(case)
+    deepspeed.init_distributed(dist_backend="gloo")
+    torch.manual_seed(0)
+    if case["stage"] == 3:
+        with deepspeed.zero.Init(config_dict_or_path=cfg):
+            model = build_model(MODEL, device="cpu")
+    else:
+        model = build_model(MODEL, device="cpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    engine, zopt, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=cfg)
+    rec: dict[str, Any] = {"case": name, "deepspeed": deepspeed.__version__,
+                           "torch": torch.__version__, "world": WORLD, "config": cfg}
+    stage = case["stage"]
+    if stage == 3:
+        rec["grad_flat_buffer"] = _nbytes(zopt.grad_partitions_flat_buffer)
+        rec["bucket_at_init"] = sum(_nbytes(b.buffer) for b in zopt.ipg_buckets.values())
+        rec["master"] = sum(_nbytes(t) for t in zopt.fp32_partitioned_groups_flat)
+        rec["persistent_full"] = sum(p.ds_numel * p.element_size()
+                                     for p in model.parameters() if p.ds_persist)
+        rec["param_partitions"] = sum(_nbytes(p.ds_tensor) for p in model.parameters())
+        rec["sub_groups"] = len(zopt.fp16_partitioned_groups_flat)
+    else:
+        rec["flat_params"] = sum(_nbytes(t) for t in zopt.bit16_groups_flat)
+        rec["master"] = sum(_nbytes(t) for t in zopt.single_partition_of_fp32_groups)
+        seen = {"bucket": 0, "grads_in_partition": 0, "grads_at_backward_end": 0}
+        inner = zopt.reduce_ipg_grads
+
+        def reduce_ipg_grads(*a: Any, **k: Any) -> Any:
+            # inside backward: every bucket allocated, the partition copy so far
+            seen["bucket"] = max(seen["bucket"], sum(_nbytes(t) for b in
+                                                     zopt.ipg_buckets.values()
+                                                     for t in b.buffer))
+            seen["grads_in_partition"] = max(seen["grads_in_partition"],
+                                             _nbytes(zopt.grads_in_partition))
+            return inner(*a, **k)
+
+        zopt.reduce_ipg_grads = reduce_ipg_grads
+        outer = zopt.reduce_gradients
+
+        def reduce_gradients(*a: Any, **k: Any) -> Any:
+            # end of backward, before the remaining grads are reduced: every param.grad alive
+            live = sum(_nbytes(p.grad) for p in model.parameters())
+            seen["grads_at_backward_end"] = max(seen["grads_at_backward_end"], live)
+            return outer(*a, **k)
+
+        zopt.reduce_gradients = reduce_gradients
+        epilogue = zopt.overlapping_partition_gradients_reduce_epilogue
+
+        def overlapping_epilogue(*a: Any, **k: Any) -> Any:  # stage 2's end of backward
+            live = sum(_nbytes(p.grad) for p in model.parameters())
+            seen["grads_at_backward_end"] = max(seen["grads_at_backward_end"], live)
+            return epilogue(*a, **k)
+
+        zopt.overlapping_partition_gradients_reduce_epilogue = overlapping_epilogue
+    steps: list[int] = []
+    inner_step = opt.step
+
+    def step(*a: Any, **k: Any) -> Any:
+        steps.append(sum(_nbytes(p.grad) for g in opt.param_groups for p in g["params"]))
+        return inner_step(*a, **k)
+
+    opt.step = step
+    ga = case.get("ga", 1)
+    ids = torch.randint(0, MODEL.vocab, (MICRO, SEQ))
+    for _ in range(2 * ga):
+        loss = engine(ids, ids)
+        engine.backward(loss)
+        engine.step()
+    if stage != 3:
+        rec.update(seen)
+    rec["step_fp32_grads"] = max(steps)
+    rec["steps_per_step"] = len(steps) // 2
+    rec["adam_state"] = sum(_nbytes(v) for s in opt.state.values() for v in s.values()
+                            if torch.is_tensor(v) and v.dim() > 0)
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(rec, f)
+
+
+def run_case(name: str) -> dict[str, Any]:
+    """One case in two fresh processes (gloo); rank 0's record."""
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "rank0.json")
+        mp.start_processes(_worker, args=(name, port, out), nprocs=WORLD, join=True,
+                           start_method="spawn")
+        with open(out) as f:
+            return json.load(f)
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print(__doc__, file=sys.stderr)
+        return 2
+    out, names = argv[0], argv[1:] or list(CASES)
+    records = {n: run_case(n) for n in names}
+    tmp = out + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(records, f, indent=1, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
