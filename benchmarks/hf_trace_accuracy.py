@@ -4,12 +4,15 @@ markers).
 
     python benchmarks/hf_trace_accuracy.py [--quick] [--out docs/accuracy.md]
 
-1. Accuracy: the real configs of tests/data/configs (Llama-2-7B, Qwen2.5-7B, Mistral-7B,
-   Mixtral-8x7B, Gemma-2-9B, Phi-3-mini, GPT-2, BERT-base) and Llama-2-70B (Llama-2-7B's
-   config with the 70B's published widths), each class built by transformers from its config
-   and traced at full depth (probes/hf.py, probes/trace.py) beside the planner's estimate of
-   the same config.json (planner/hf_config.py): FULL_SHARD at 8 ranks, bf16-amp, AdamW
-   foreach, micro-batch 1, sequence 2048 (GPT-2 1024, BERT 512), no / full checkpointing.
+1. Accuracy: the real configs of probes/hf_matrix.ARCHS (tests/data/configs: Llama-2-7B,
+   Qwen2.5-7B, Mistral-7B, Mixtral-8x7B, Gemma-2-9B, Phi-3-mini, GPT-2, BERT-base; and
+   tests/data/configs/archs: Qwen3-8B, Qwen1.5-MoE-A2.7B, Qwen3-30B-A3B, Gemma-3-1B, OLMo-1B,
+   OLMo-2-7B, phi-2, Phi-4, DeepSeek-V2-Lite) and Llama-2-70B (Llama-2-7B's config with the
+   70B's published widths), each class built by transformers from its config and traced at
+   full depth (probes/hf.py, probes/trace.py) beside the planner's estimate of the same
+   config.json (planner/hf_config.py): FULL_SHARD at 8 ranks (Mixtral also at 16, more ranks
+   than experts), bf16-amp, AdamW foreach, micro-batch 1, sequence 2048 (GPT-2 1024, BERT
+   512), no / full checkpointing.
 2. Scaling: the peak of each scaled trace (4 and 5 layers, probes/trace_plan.py) against the
    full-depth one.
 3. Cost: one full-depth trace subprocess (`fitcheck trace`'s unit) and one trace-backed plan
@@ -50,8 +53,12 @@ from probes.trace_plan import scale_result  # noqa: E402
 BEGIN, END = "<!-- hf-trace-accuracy:begin -->", "<!-- hf-trace-accuracy:end -->"
 GiB, MiB = 2**30, 2**20
 WORLD, SEQ = 8, 2048
-LOSS = {"bert": LossKind.BF16}
-"""BertForMaskedLM computes its cross-entropy in the logits' dtype: --loss bf16 says that."""
+LOSS: dict[str, LossKind] = {}
+"""Per-architecture --loss (none since issue 13: the planner knows that BertForMaskedLM
+computes its cross-entropy in the logits' dtype, ModelSpec.loss_upcast)."""
+MOE_WORLD = 16
+"""Mixtral is traced again at this many ranks: more ranks than experts (FSDP2 pads each
+rank's dim-0 shard of the stacked expert weights to a whole expert)."""
 COST_MODELS = ("llama2-7b", "llama2-70b", "mixtral-8x7b")
 
 
@@ -69,14 +76,15 @@ def arch_of(name: str) -> str:
     return "llama" if name == "llama2-70b" else next(a for a, n in ARCHS.items() if n == name)
 
 
-def trace_full(cfg: dict, training, cand, layers=None, timeout=900.0):
-    job = job_to_dict({"kind": "hf", "config": cfg, "layers": layers}, training, cand, WORLD, 8)
+def trace_full(cfg: dict, training, cand, layers=None, timeout=900.0, world=WORLD):
+    job = job_to_dict({"kind": "hf", "config": cfg, "layers": layers}, training, cand, world, 8)
     return run_job(job, timeout_s=timeout, env={"FITCHECK_TRACE_CACHE": "off"})
 
 
-def accuracy(names: list[str], ckpts: list[Checkpointing]) -> tuple[list[str], list[float]]:
+def accuracy(names: list[str], ckpts: list[Checkpointing],
+             world: int = WORLD) -> tuple[list[str], list[float]]:
     gpu = load_gpu("h100-80")
-    cluster = Cluster(gpu=gpu, n_gpus=WORLD, gpus_per_node=8,
+    cluster = Cluster(gpu=gpu, n_gpus=world, gpus_per_node=8,
                       host_ram_bytes_per_node=gpu.host_ram_bytes_per_node)
     lines = ["| model (class) | checkpointing | traced GiB | planner GiB | error | traced peak at "
              "| planner peak at | activations at loss_bwd (traced / planner GiB) | trace s | "
@@ -89,7 +97,7 @@ def accuracy(names: list[str], ckpts: list[Checkpointing]) -> tuple[list[str], l
             training = training_for(arch, SEQ, 1, precision=Precision.BF16_AMP,
                                     loss=LOSS.get(arch, LossKind.FP32))
             cand = Candidate(strategy=Strategy.FULL_SHARD, checkpointing=ck)
-            r = trace_full(cfg, training, cand)
+            r = trace_full(cfg, training, cand, world=world)
             if not r.ok:
                 lines.append(f"| {name} | {ck} | failed: {r.reason} | | | | | | | |")
                 print(f"{name} {ck}: FAILED {r.reason}", flush=True)
@@ -99,9 +107,10 @@ def accuracy(names: list[str], ckpts: list[Checkpointing]) -> tuple[list[str], l
             errs.append(abs(c.peak.rel_error))
             cls = r.data["model"]["class"]
             seq = f", seq {training.seq}" if training.seq != SEQ else ""
-            loss = ", --loss bf16" if arch in LOSS else ""
+            loss = f", --loss {LOSS[arch]}" if arch in LOSS else ""
+            ranks = f", {world} ranks" if world != WORLD else ""
             lines.append(
-                f"| {name} ({cls}{seq}{loss}) | {ck} | {c.peak.traced_bytes / GiB:.2f} | "
+                f"| {name.removeprefix('archs/')} ({cls}{seq}{loss}{ranks}) | {ck} | {c.peak.traced_bytes / GiB:.2f} | "
                 f"{c.peak.predicted_bytes / GiB:.2f} | {100 * c.peak.rel_error:+.1f} % | "
                 f"{c.traced_peak_phase} | {c.predicted_peak_phase} | "
                 + (f"{act.traced_bytes / GiB:.2f} / {act.predicted_bytes / GiB:.2f} | "
@@ -187,6 +196,8 @@ def main() -> None:
     names = (["llama2-7b", "mixtral-8x7b"] if args.quick else
              [*ARCHS.values(), "llama2-70b"])
     acc, errs = accuracy(names, [Checkpointing.NONE, Checkpointing.FULL])
+    more, more_errs = accuracy(["mixtral-8x7b"], [Checkpointing.NONE], MOE_WORLD)
+    acc, errs = acc + more[2:], errs + more_errs
     scale = [] if args.quick else scaling(list(COST_MODELS))
     costs = cost(list(COST_MODELS))
     import torch
@@ -198,8 +209,9 @@ def main() -> None:
         f"Python {platform.python_version()}, torch {torch.__version__}, transformers "
         f"{transformers.__version__}).",
         "",
-        f"FULL_SHARD at {WORLD} ranks, bf16-amp, AdamW foreach, micro-batch 1, sequence {SEQ} "
-        "(GPT-2 1024, BERT 512); the class transformers builds from the real config.json, "
+        f"FULL_SHARD at {WORLD} ranks (Mixtral also at {MOE_WORLD}: more ranks than experts), "
+        f"bf16-amp, AdamW foreach, micro-batch 1, sequence {SEQ} (GPT-2 1024, BERT 512), the "
+        "default fp32 loss; the class transformers builds from the real config.json, "
         "traced at full depth. Peak allocated excludes what neither side sees "
         "(probes/compare.py). Gemma-2 runs eager attention (transformers has no SDPA for it).",
         "",

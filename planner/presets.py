@@ -11,9 +11,10 @@ some checkpoints fuse them (GPT-2 ``c_attn``, Falcon/BLOOM ``query_key_value``, 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
-from planner.spec import MlpKind, ModelSpec, NormKind, PositionKind
+from planner.spec import MlpKind, ModelSpec, NormKind, PositionKind, QkNorm
 
 __all__ = ["PRESETS", "UnknownModelError", "base_name", "get_preset", "list_presets",
            "resolve_name"]
@@ -43,6 +44,7 @@ def _gpt2(name: str, n_layers: int, hidden: int, n_heads: int) -> ModelSpec:
         ffn_hidden=4 * hidden, vocab=50257, tied_embeddings=True, mlp=MlpKind.GELU,
         norm=NormKind.LAYERNORM, position=PositionKind.LEARNED, max_positions=1024, bias=True,
         dropout=0.1,  # resid_pdrop = embd_pdrop = attn_pdrop = 0.1
+        python_gelu=True,  # activation_function "gelu_new": NewGELUActivation, op by op
     )  # fmt: skip
 
 
@@ -55,6 +57,7 @@ def _bert(name: str, n_layers: int, hidden: int, n_heads: int) -> ModelSpec:
         norm=NormKind.LAYERNORM, position=PositionKind.LEARNED, max_positions=512, bias=True,
         type_vocab=2, embedding_norm=True, encoder_head=True,
         dropout=0.1,  # hidden_dropout_prob = attention_probs_dropout_prob = 0.1
+        loss_upcast=False,  # BertForPreTraining/ForMaskedLM: CrossEntropyLoss on the logits
     )  # fmt: skip
 
 
@@ -80,6 +83,9 @@ def _gemma2(
         name=name, n_layers=n_layers, hidden=hidden, n_heads=n_heads, n_kv_heads=n_kv_heads,
         head_dim=head_dim, ffn_hidden=ffn, vocab=256000, tied_embeddings=True,
         mlp=MlpKind.GEGLU, norms_per_layer=4,
+        attn_softcap=True, final_softcap=True,  # attn_logit_softcapping 50, final 30
+        sliding_window=4096, sliding_layers=(n_layers + 1) // 2,  # every other block
+        norm_weight_fp32=True,  # Gemma2RMSNorm: x_normed * (1 + weight) in fp32
     )  # fmt: skip
 
 
@@ -126,7 +132,8 @@ _ALL: list[ModelSpec] = [
     # https://huggingface.co/meta-llama/Llama-3.2-3B/blob/main/config.json  (head_dim 128, tied)
     _llama("llama3.2-3b", 28, 3072, 24, 8, 8192, 128256, tied=True),
     # https://huggingface.co/mistralai/Mistral-7B-v0.1/blob/main/config.json
-    _llama("mistral-7b", 32, 4096, 32, 8, 14336, 32000),
+    dataclasses.replace(_llama("mistral-7b", 32, 4096, 32, 8, 14336, 32000),
+                        sliding_window=4096, sliding_layers=32),
     # https://huggingface.co/mistralai/Mixtral-8x7B-v0.1/blob/main/config.json
     # (num_local_experts 8, num_experts_per_tok 2)
     _llama("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, n_experts=8, experts_per_token=2),
@@ -160,7 +167,73 @@ _ALL: list[ModelSpec] = [
     _bloom("bloom-7b1", 30, 4096, 32),
     # https://huggingface.co/microsoft/Phi-3-mini-4k-instruct/blob/main/config.json
     # (fused qkv_proj / gate_up_proj, MHA, vocab 32064, untied)
-    _llama("phi3-mini", 32, 3072, 32, 32, 8192, 32064),
+    dataclasses.replace(_llama("phi3-mini", 32, 3072, 32, 32, 8192, 32064), fused_gate_up=True,
+                        fused_qkv=True, sliding_window=2047, sliding_layers=32),
+]
+
+# Variants whose config differs from their base's only in the sliding window (which sets the
+# SDPA masks kept past the window, planner.activations):
+# https://huggingface.co/microsoft/Phi-3-mini-128k-instruct/blob/main/config.json and
+# Phi-3.5-mini-instruct: sliding_window 262144; Mistral-7B-Instruct-v0.2: sliding_window null
+_BY_NAME = {spec.name: spec for spec in _ALL}
+_ALL += [
+    dataclasses.replace(_BY_NAME["phi3-mini"], name="phi3-mini-128k", sliding_window=262144),
+    dataclasses.replace(_BY_NAME["mistral-7b"], name="mistral-7b-v0.2", sliding_window=0,
+                        sliding_layers=0),
+]
+
+# ---- issue 13: the families read from config.json (tests/data/configs/archs has each file) --
+_ALL += [
+    # https://huggingface.co/Qwen/Qwen1.5-MoE-A2.7B/blob/main/config.json: 60 experts of 1408,
+    # top 4, a shared expert of 5632 with its sigmoid gate, q/k/v biases
+    dataclasses.replace(
+        _llama("qwen1.5-moe-a2.7b", 24, 2048, 16, 16, 1408, 151936, qkv_bias=True,
+               n_experts=60, experts_per_token=4),
+        shared_ffn=5632, shared_expert_gate=True),
+    # https://huggingface.co/Qwen/Qwen3-8B/blob/main/config.json (head_dim 128, qk-norm)
+    dataclasses.replace(_llama("qwen3-8b", 36, 4096, 32, 8, 12288, 151936, head_dim=128),
+                        qk_norm=QkNorm.HEAD),
+    # https://huggingface.co/Qwen/Qwen3-30B-A3B/blob/main/config.json: 128 experts of 768, top 8
+    dataclasses.replace(_llama("qwen3-30b-a3b", 48, 2048, 32, 4, 768, 151936, head_dim=128,
+                               n_experts=128, experts_per_token=8), qk_norm=QkNorm.HEAD),
+    # https://huggingface.co/google/gemma-3-1b-pt/blob/main/config.json (gemma3_text)
+    dataclasses.replace(_gemma2("gemma3-1b", 26, 1152, 4, 1, 256, 6912), vocab=262144,
+                        attn_softcap=False, final_softcap=False, qk_norm=QkNorm.HEAD,
+                        sliding_window=512, sliding_layers=22),  # 5 of every 6 blocks
+    # https://huggingface.co/allenai/OLMo-1B-hf/blob/main/config.json: weightless LayerNorm
+    dataclasses.replace(_llama("olmo-1b", 16, 2048, 16, 16, 8192, 50304, tied=True),
+                        norm=NormKind.LAYERNORM_PLAIN),
+    # https://huggingface.co/allenai/OLMo-2-1124-7B/blob/main/config.json: norms after the
+    # branches (fp32 weight multiply), qk-norm over all heads
+    dataclasses.replace(_llama("olmo2-7b", 32, 4096, 32, 32, 11008, 100352),
+                        qk_norm=QkNorm.FULL, post_norms=True, norm_weight_fp32=True),
+    # https://huggingface.co/microsoft/phi-2/blob/main/config.json: parallel block, biases,
+    # gelu_new, partial_rotary_factor 0.4, resid_pdrop 0.1
+    ModelSpec(
+        name="phi-2", n_layers=32, hidden=2560, n_heads=32, n_kv_heads=32, ffn_hidden=10240,
+        vocab=51200, mlp=MlpKind.GELU, norm=NormKind.LAYERNORM, bias=True, norms_per_layer=1,
+        parallel_block=True, head_bias=True, python_gelu=True, partial_rotary=True,
+        dropout=0.1,
+    ),
+    # https://huggingface.co/microsoft/phi-4/blob/main/config.json (phi3 layout)
+    dataclasses.replace(_llama("phi-4", 40, 5120, 40, 10, 17920, 100352), fused_gate_up=True,
+                        fused_qkv=True),
+    # https://huggingface.co/deepseek-ai/DeepSeek-V2-Lite/blob/main/config.json: MLA without q
+    # compression, 64 experts of 1408 (top 6) + 2 shared, the first block dense (10944)
+    ModelSpec(
+        name="deepseek-v2-lite", n_layers=27, hidden=2048, n_heads=16, n_kv_heads=16,
+        ffn_hidden=1408, vocab=102400, head_dim=192, kv_lora_rank=512, qk_rope_dim=64,
+        v_head_dim=128, n_experts=64, experts_per_token=6, shared_ffn=2816,
+        n_dense_layers=1, dense_ffn_hidden=10944, router_fp32=True,
+    ),
+    # https://huggingface.co/deepseek-ai/DeepSeek-V3/blob/main/config.json: MLA (q rank 1536),
+    # 256 experts of 2048 (top 8) + 1 shared, 3 dense blocks (18432); MTP layers left out
+    ModelSpec(
+        name="deepseek-v3", n_layers=61, hidden=7168, n_heads=128, n_kv_heads=128,
+        ffn_hidden=2048, vocab=129280, head_dim=192, q_lora_rank=1536, kv_lora_rank=512,
+        qk_rope_dim=64, v_head_dim=128, n_experts=256, experts_per_token=8, shared_ffn=2048,
+        n_dense_layers=3, dense_ffn_hidden=18432, router_fp32=True,
+    ),
 ]
 
 PRESETS: dict[str, ModelSpec] = {spec.name: spec for spec in _ALL}
@@ -212,10 +285,24 @@ _ALIASES: dict[str, str] = {
     "casperhansen/llama-3-70b-fp16": "llama3-70b",
     "meta-llama/llama-3.3-70b-instruct": "llama3.1-70b",  # same shape as 3.1-70B
     "qwen/qwen2-7b": "qwen2.5-7b",  # 3584 x 28, GQA 28/4, ffn 18944, vocab 152064, q/k/v bias
-    # rope_theta 1e6 and no sliding window; parameters and (flash) attention memory are equal
-    "mistralai/mistral-7b-instruct-v0.2": "mistral-7b",
-    "microsoft/phi-3-mini-128k-instruct": "phi3-mini",  # longrope only; params equal
-    "microsoft/phi-3.5-mini-instruct": "phi3-mini",
+    # rope_theta 1e6 and no sliding window (the v0.2 preset: no window masks past 4096)
+    "mistralai/mistral-7b-instruct-v0.2": "mistral-7b-v0.2",
+    "microsoft/phi-3-mini-128k-instruct": "phi3-mini-128k",  # longrope, window 262144
+    "microsoft/phi-3.5-mini-instruct": "phi3-mini-128k",
+    "qwen/qwen1.5-moe-a2.7b": "qwen1.5-moe-a2.7b",
+    "qwen/qwen3-8b": "qwen3-8b",
+    "qwen/qwen3-8b-base": "qwen3-8b",
+    "qwen/qwen3-30b-a3b": "qwen3-30b-a3b",
+    "qwen/qwen3-30b-a3b-base": "qwen3-30b-a3b",
+    "google/gemma-3-1b-pt": "gemma3-1b",
+    "google/gemma-3-1b": "gemma3-1b",  # -it stripped
+    "allenai/olmo-1b-hf": "olmo-1b",
+    "allenai/olmo-2-1124-7b": "olmo2-7b",
+    "microsoft/phi-2": "phi-2",
+    "microsoft/phi-4": "phi-4",
+    "deepseek-ai/deepseek-v2-lite": "deepseek-v2-lite",
+    "deepseek-ai/deepseek-v3": "deepseek-v3",
+    "deepseek-ai/deepseek-v3-base": "deepseek-v3",
 }
 
 # Post-trained variants whose config is NOT the base's, so the suffix must not be stripped

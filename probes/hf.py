@@ -31,7 +31,9 @@ What a GPU run does that fake CPU tensors would not (``hf_kernel_context``, arou
 backward): dropout runs as ``aten.native_dropout`` (CUDA's kernel saves a 1-byte mask; CPU's
 ``F.dropout`` an input-dtype noise tensor); SDPA's ``dropout_p`` is set to 0 (CUDA's flash /
 efficient kernels keep only the RNG seed and offset; the CPU kernel would fall back to the
-math path and keep the T x T probabilities); and transformers' packed-batch check, which reads
+math path and keep the T x T probabilities); SDPA whose value head differs from the query's
+(DeepSeek's multi-head latent attention) runs as CUDA's memory-efficient kernel (the CPU
+dispatch would take the math path); and transformers' packed-batch check, which reads
 the position ids' values, answers "not packed" as it does on a real batch of sequences (on
 fake tensors it cannot read them and would build a T x T mask, turning off SDPA's is_causal
 and GQA). The recompute of checkpointed layers re-enters the dropout emulation through the
@@ -325,9 +327,37 @@ def _dropout_emulation_class() -> type:
                     args = (*args[:4], 0.0, *args[5:])
                 elif kwargs.get("dropout_p"):
                     kwargs = {**kwargs, "dropout_p": 0.0}
+                q, k, v = (list(args[:3]) + [kwargs.get(n) for n in ("query", "key",
+                                                                     "value")][len(args):])[:3]
+                if q is not None and v is not None and q.shape[-1] != v.shape[-1] \
+                        and q.shape[-1] == k.shape[-1]:
+                    return _efficient_sdpa(args, kwargs)
             return func(*args, **kwargs)
 
     return _CudaDropoutEmulation
+
+
+def _efficient_sdpa(args: tuple, kwargs: dict) -> Any:
+    """SDPA whose value head differs from the query/key head (multi-head latent attention:
+    DeepSeek-V2/V3) as CUDA runs it: the flash kernel needs equal head dims, the memory-
+    efficient one does not (``aten/src/ATen/native/transformers/sdp_utils_cpp.h``,
+    ``check_head_dim_size_mem_efficient``) and keeps q, k, v, out and the logsumexp. The CPU
+    dispatch would fall back to the math path, which keeps the T x T probabilities. Called
+    on fake tensors only (the op has no CPU kernel; its meta kernel gives the shapes)."""
+    import torch
+
+    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
+             "enable_gqa")
+    a = dict(zip(names, args)) | kwargs
+    q, k, v = a["query"], a["key"], a["value"]
+    if a.get("enable_gqa") and k.shape[-3] != q.shape[-3]:
+        rep = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(rep, -3), v.repeat_interleave(rep, -3)
+    mask = a.get("attn_mask")
+    out = torch.ops.aten._scaled_dot_product_efficient_attention(
+        q, k, v, mask, True, 0.0, bool(a.get("is_causal")) and mask is None,
+        scale=a.get("scale"))
+    return out[0]
 
 
 _EMULATION: type | None = None

@@ -28,6 +28,16 @@ ARCHS = {
     "phi3": "phi3-mini",
     "gpt2": "gpt2",
     "bert": "bert-base",
+    # issue 13: configs under tests/data/configs/archs
+    "qwen3": "archs/qwen3-8b",
+    "qwen2_moe": "archs/qwen1.5-moe-a2.7b",
+    "qwen3_moe": "archs/qwen3-30b-a3b",
+    "gemma3_text": "archs/gemma3-1b",
+    "olmo": "archs/olmo-1b",
+    "olmo2": "archs/olmo2-7b",
+    "phi": "archs/phi-2",
+    "phi4": "archs/phi-4",
+    "deepseek_v2": "archs/deepseek-v2-lite",
 }
 """Architecture -> the real config.json (tests/data/configs/<name>.json)."""
 ATTENTION = {"gemma2": Attention.EAGER}
@@ -40,6 +50,7 @@ def load(arch: str) -> dict[str, Any]:
     """The real config of ``arch`` (its "_source" provenance key dropped)."""
     cfg = json.loads((CONFIG_DIR / f"{ARCHS[arch]}.json").read_text())
     cfg.pop("_source", None)
+    cfg.pop("_published", None)
     return cfg
 
 
@@ -70,6 +81,23 @@ def shrink(config: dict[str, Any], *, layers: int = 3, hidden: int = 128, heads:
             c[key] = 0
     if mt == "phi3":
         c["original_max_position_embeddings"] = c["max_position_embeddings"]
+    if mt in ("qwen3", "qwen3_moe", "gemma3_text"):
+        c["head_dim"] = hidden // heads
+    if "num_experts" in c:
+        c.update(num_experts=experts, num_experts_per_tok=min(c.get("num_experts_per_tok", 2),
+                                                              experts))
+    if "n_routed_experts" in c:
+        c.update(n_routed_experts=experts, n_group=1, topk_group=1,
+                 num_experts_per_tok=min(c.get("num_experts_per_tok", 2), experts))
+    if "moe_intermediate_size" in c:
+        c["moe_intermediate_size"] = ffn // 2
+    if "shared_expert_intermediate_size" in c:
+        c["shared_expert_intermediate_size"] = ffn
+    if "kv_lora_rank" in c:  # multi-head latent attention
+        c.update(kv_lora_rank=hidden // 4, qk_rope_head_dim=16, qk_nope_head_dim=32,
+                 v_head_dim=32, num_key_value_heads=heads)
+        if c.get("q_lora_rank"):
+            c["q_lora_rank"] = hidden // 2
     return c
 
 

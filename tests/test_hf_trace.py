@@ -6,15 +6,21 @@ configs of tests/data/configs with every key kept but the sizes). Where the clas
 something the planner does not model, the gap is measured and bounded here, not tuned away
 (docs/accuracy.md §1.3 has the same table at real sizes):
 
-- Llama-2, Qwen2 (qkv bias), Mistral: exact; Mixtral: -0.2 % (router / top-k tensors).
-- Phi-3: -4.6 % (its fused ``gate_up_proj``: the chunks of one (T, 2F) product are saved).
-- Gemma-2: -15 % (eager attention with logit softcapping keeps a T x T tanh output per
-  layer, and the final softcapping one of T x V; transformers 5.23 has no SDPA for it).
-- GPT-2: -20 % (``gelu_new`` is written out in Python: tanh, pow, add and mul each save a
-  (T, 4h) tensor where the planner counts one fused GELU input).
-- BERT: the class computes its MLM cross-entropy in the logits' dtype (``--loss bf16``
-  matches; with the default fp32 loss the planner is +24 %); the planner adds the pooler,
-  which ``BertForMaskedLM`` does not have (h^2 + h parameters).
+- Llama-2, Qwen2 (qkv bias), Mistral, Qwen3, OLMo: exact; Mixtral and the Qwen MoEs:
+  -0.4 % at most (router / top-k tensors).
+- Modelled since issue 13 (each was a gap): Gemma-2's softcapping tanh outputs and its fp32
+  norm product, GPT-2's and phi-2's op-by-op ``gelu_new``, Phi-3's fused qkv (v keeps the
+  whole qkv output alive), BERT's loss without an fp32 copy and no pooler in
+  ``BertForMaskedLM``.
+- Also: OLMo-2's and Gemma's norms multiply by the weight in fp32 (an fp32 product saved),
+  phi-2's partial RoPE and Phi-3's fused qkv leave SDPA's output in a layout that the
+  reshape for o_proj copies, DeepSeek's router runs in fp32 (an fp32 copy of its input),
+  topk keeps its int64 indices. FULL_SHARD: every class within 0.4 %.
+- Still open, DDP + full checkpointing (torch.autocast): Gemma-2 +6.0 % and Gemma-3 +4.9 %
+  (their eager attention masks are inputs every checkpointed layer keeps; the block's
+  backward is over-counted), GPT-2 -1.8 % (gelu_new's backward temporaries).
+- MLA: the trace runs SDPA with a value head unlike the query's as CUDA does (the
+  memory-efficient kernel; probes/hf.py), not as the CPU math fallback.
 """
 
 from __future__ import annotations
@@ -66,12 +72,24 @@ GAP = {
     "llama": (0.005, LossKind.FP32),
     "qwen2": (0.005, LossKind.FP32),
     "mistral": (0.005, LossKind.FP32),
-    "mixtral": (0.01, LossKind.FP32),
-    "phi3": (0.06, LossKind.FP32),
-    "gemma2": (0.17, LossKind.FP32),
-    "gpt2": (0.22, LossKind.FP32),
-    "bert": (0.03, LossKind.BF16),
+    "mixtral": (0.005, LossKind.FP32),
+    "phi3": (0.005, LossKind.FP32),
+    "gemma2": (0.07, LossKind.FP32),  # DDP + full: +6.0 % (eager masks kept as inputs)
+    "gpt2": (0.025, LossKind.FP32),  # DDP + full: -1.8 % (gelu_new's backward temporaries)
+    # BertForMaskedLM's loss takes no fp32 copy: the planner knows it (ModelSpec.loss_upcast)
+    "bert": (0.015, LossKind.FP32),
+    # issue 13
+    "qwen3": (0.005, LossKind.FP32),
+    "qwen2_moe": (0.005, LossKind.FP32),
+    "qwen3_moe": (0.005, LossKind.FP32),
+    "gemma3_text": (0.055, LossKind.FP32),  # DDP + full: +4.9 %, as Gemma-2
+    "olmo": (0.005, LossKind.FP32),
+    "olmo2": (0.005, LossKind.FP32),
+    "phi": (0.01, LossKind.FP32),
+    "phi4": (0.005, LossKind.FP32),
+    "deepseek_v2": (0.005, LossKind.FP32),
 }
+MOE = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2")
 CANDIDATES = [(Strategy.FULL_SHARD, Checkpointing.NONE, 4),
               (Strategy.DDP, Checkpointing.FULL, 2)]
 
@@ -83,7 +101,7 @@ def test_planner_against_the_real_class(arch: str) -> None:
     for strategy, ck, n in CANDIDATES:
         training = training_for(arch, SEQ, MB, precision=Precision.BF16_AMP, loss=loss)
         cand = Candidate(strategy=strategy, checkpointing=ck)
-        if arch == "mixtral" and strategy is Strategy.DDP:
+        if arch in MOE and strategy is Strategy.DDP:
             # transformers' grouped_mm experts under autocast get fp32 weights; the kernel
             # takes bf16 only (on CUDA too): the trace says where and which op
             with pytest.raises(TraceFailure, match=r"mlp\.experts at aten\._grouped_mm"):
@@ -94,16 +112,46 @@ def test_planner_against_the_real_class(arch: str) -> None:
         assert abs(c.peak.rel_error) <= tol, (strategy, c.peak, c.traced_peak_phase)
         states = ("params", "gradients", "optimizer")
         if arch == "bert":
-            # the planner's pooler (BertForPreTraining has one, BertForMaskedLM not):
-            # h^2 + h parameters in fp32, sharded over n for FULL_SHARD; FSDP pads the
-            # 2-row token-type table to n rows, which the planner does not count (2 h fp32)
+            # FSDP pads the 2-row token-type table to n rows, which the planner does not
+            # count (2 h fp32); BertForMaskedLM has no pooler and the planner counts none
             h = SMALL["hidden"]
-            extra = (h * h + h) * 4 // (n if strategy.is_fsdp else 1)
             p = c.categories["params"]
-            assert abs(p.predicted_bytes - p.traced_bytes - extra) <= 2 * h * 4, p
+            assert abs(p.predicted_bytes - p.traced_bytes) <= 2 * h * 4, p
         else:
             for name in states:
                 assert c.categories[name].rel_error == pytest.approx(0, abs=1e-3), name
+
+
+@pytest.mark.parametrize("arch", [a for a in ARCHS if a != "gemma2"])
+def test_selective_checkpointing_saved_set(arch: str) -> None:
+    """torchtitan's op-level SAC keeps every other aten.mm output and SDPA's: the planner's
+    list (planner.activations.mm_outputs) follows each class's matmul order (biased linears
+    run as addmm and are not kept; Qwen2-MoE runs its shared expert before the router; MLA's
+    q/kv projections) and matches the traced activations. (Gemma-2, eager attention: its
+    masks are checkpoint inputs the planner does not count, -2.4 %.)"""
+    training = training_for(arch, SEQ, MB, precision=Precision.BF16_AMP)
+    c = cross_check(arch, small(arch), training,
+                    Candidate(strategy=Strategy.FULL_SHARD, checkpointing=Checkpointing.SELECTIVE),
+                    cluster(4))
+    assert c.ok, c.reason
+    assert abs(c.categories["activations"].rel_error) <= 0.011, c.categories["activations"]
+
+
+def test_moe_sharded_past_the_expert_count() -> None:
+    """FSDP2 shards the stacked expert weights (E, ., .) along dim 0: with more ranks than
+    experts each rank holds (and all-gathers, and reduce-scatters) a whole expert's rows,
+    padded, where an even split gives it E / n of one. 4 experts over 8 ranks: the expert
+    states are twice the even split; the planner counts them as the trace does."""
+    cfg = small("mixtral", experts=4)
+    training = training_for("mixtral", SEQ, MB, precision=Precision.BF16_AMP)
+    c = cross_check("mixtral", cfg, training, Candidate(strategy=Strategy.FULL_SHARD),
+                    cluster(8))
+    assert c.ok, c.reason
+    for name in ("params", "gradients", "optimizer", "fsdp_buffers"):
+        assert c.categories[name].rel_error == pytest.approx(0, abs=1e-3), name
+    # +3.0 %: in the block's backward the planner holds the padded units a little longer
+    # than the trace (block_bwd +2.9 %, bwd_end -6 %); without the padding: -22 %
+    assert abs(c.peak.rel_error) <= 0.035, c.peak
 
 
 def test_llama_parameters_by_hand() -> None:
@@ -204,9 +252,10 @@ def _fitcheck(*args: str, cache: str, **env_extra: str) -> subprocess.CompletedP
 
 @pytest.fixture(scope="module")
 def tiny_dirs(tmp_path_factory):
-    """Small config directories: Llama (the planner models it), OLMo-2 (it reads it as a
-    Llama-style decoder, which it is not: QK-norm, norms after the sublayers) and OPT (its
-    config has no Llama keys: the planner cannot read it at all)."""
+    """Small config directories: Llama and OLMo-2 (the planner models them), StableLM (it
+    reads it only approximately, as a Llama-style decoder, which it is not: LayerNorm with
+    bias, partial rotary) and OPT (its config has no Llama keys: the planner cannot read it
+    at all)."""
     root = tmp_path_factory.mktemp("hf")
     out = {}
     llama = small("llama", layers=6, hidden=128, heads=4, kv_heads=2, ffn=256, vocab=1024)
@@ -218,7 +267,8 @@ def tiny_dirs(tmp_path_factory):
            "ffn_dim": 256, "num_attention_heads": 4, "num_hidden_layers": 6,
            "vocab_size": 1024, "max_position_embeddings": 512, "word_embed_proj_dim": 128,
            "pad_token_id": 1, "bos_token_id": 2, "eos_token_id": 2, "dropout": 0.1}
-    for name, cfg in (("llama", llama), ("olmo2", olmo), ("opt", opt)):
+    stablelm = {**olmo, "model_type": "stablelm", "architectures": ["StableLmForCausalLM"]}
+    for name, cfg in (("llama", llama), ("olmo2", olmo), ("opt", opt), ("stablelm", stablelm)):
         d = root / name
         d.mkdir()
         (d / "config.json").write_text(json.dumps(cfg))
@@ -290,10 +340,17 @@ def test_trace_command_real_class(tiny_dirs, tmp_path) -> None:
     assert r.returncode == 0 and not doc["planner_compared"], r.stderr
     c = doc["candidates"][0]
     assert c["predicted_peak_allocated_bytes"] is None and c["traced_peak_allocated_bytes"] > 0
-    # one it reads as Llama-style: compared, and said so
+    # one it models (OLMo-2: qk-norm, norms after the branches): compared, no notes
     r = _fitcheck("trace", "--config", tiny_dirs["olmo2"], *args, cache=cache)
     doc = json.loads(r.stdout)
-    assert doc["planner_compared"] and "olmo2" in doc["notes"][0]
+    assert doc["planner_compared"] and not doc["notes"], r.stderr
+    # one it reads only approximately: traced alone, or compared under --approximate
+    r = _fitcheck("trace", "--config", tiny_dirs["stablelm"], *args, cache=cache)
+    assert r.returncode == 0 and not json.loads(r.stdout)["planner_compared"], r.stderr
+    r = _fitcheck("trace", "--config", tiny_dirs["stablelm"], *args, "--approximate",
+                  cache=cache)
+    doc = json.loads(r.stdout)
+    assert doc["planner_compared"] and "model_type 'stablelm'" in doc["notes"][0]
     # scaled
     r = _fitcheck("trace", "--config", tiny_dirs["llama"], "--n", "4", "--seq", "128",
                   "--strategy", "full_shard", "--depth", "scaled", cache=cache)

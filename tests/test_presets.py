@@ -61,6 +61,20 @@ PUBLISHED: dict[str, tuple[float, str]] = {
     "bloom-7b1": (7_069_016_064, "bigscience/bloom-7b1 model card"),
     # Phi-3-mini: card "3.8B parameters"; Hub safetensors 3.82B.
     "phi3-mini": (3.82e9, "HF Hub microsoft/Phi-3-mini-4k-instruct"),
+    "phi3-mini-128k": (3.82e9, "HF Hub microsoft/Phi-3-mini-128k-instruct"),
+    "mistral-7b-v0.2": (7_241_732_096, "HF Hub mistralai/Mistral-7B-Instruct-v0.2 (7.24B)"),
+    # issue 13 (model cards; tests/test_hf_config_archs.py has the exact class counts)
+    "qwen1.5-moe-a2.7b": (14.3e9, "Qwen/Qwen1.5-MoE-A2.7B card: 14.3B total, 2.7B active"),
+    "qwen3-8b": (8.2e9, "Qwen/Qwen3-8B card: 8.2B"),
+    "qwen3-30b-a3b": (30.5e9, "Qwen/Qwen3-30B-A3B card: 30.5B total, 3.3B active"),
+    "gemma3-1b": (1.0e9, "google/gemma-3-1b-pt card: 1B"),
+    "olmo-1b": (1.18e9, "allenai/OLMo-1B-hf card: 1.18B"),
+    "olmo2-7b": (7.3e9, "allenai/OLMo-2-1124-7B card: 7.3B"),
+    "phi-2": (2.78e9, "HF Hub microsoft/phi-2 safetensors 2.78B (card: 2.7B)"),
+    "phi-4": (14.7e9, "HF Hub microsoft/phi-4 safetensors 14.7B (card: 14B)"),
+    "deepseek-v2-lite": (15.7e9, "deepseek-ai/DeepSeek-V2-Lite card: 15.7B total, 2.4B active"),
+    "deepseek-v3": (671e9, "deepseek-ai/DeepSeek-V3 README: 671B main model (+14B MTP "
+                           "module, which transformers does not build)"),
 }
 
 REQUIRED_IDS = [
