@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from planner.hardware import load_gpu  # noqa: E402
-from planner.memory import Estimate, activation_plan, estimate  # noqa: E402
+from planner.memory import DEFAULT_MARGIN, Estimate, activation_plan, estimate  # noqa: E402
 from planner.params import total_params  # noqa: E402
 from planner.presets import get_preset  # noqa: E402
 from planner.request import resolve_cluster  # noqa: E402
@@ -48,6 +48,9 @@ from planner.spec import (  # noqa: E402
     Strategy,
     TrainingSpec,
 )
+
+MARGIN_PCT = f"{DEFAULT_MARGIN * 100:g} %"
+"""The planner's default margin as the claims below quote it."""
 
 GB = 1e9
 GiB = 2**30
@@ -216,7 +219,7 @@ class Outcome:
         e = self.est
         return (f"peak at `{e.peak_phase}`: {self.terms} → device used **{gb(self.used)} "
                 f"({self.used / GiB:,.1f} GiB)** of {gb(e.capacity_bytes)} "
-                f"({gb(e.usable_bytes)} usable at 5 % margin): **fits {mark(e.fits_gpu)}**")
+                f"({gb(e.usable_bytes)} usable at {MARGIN_PCT} margin): **fits {mark(e.fits_gpu)}**")
 
     @property
     def describe_host(self) -> str:
@@ -611,7 +614,7 @@ ARTICLE_000 = Article("000", "DDP vs FSDP switch (13B on 8 × H100)", claims=[
               ">20B: FULL_SHARD + checkpointing (and: \"the practical threshold is around 13B "
               "parameters for DDP with FP16\")",
         setup="8 × H100 SXM 80GB, scaling-rule shape (vocab 32000), seq {seq}, micro-batch {mb}, "
-              "{precision} (fp16-amp is byte-identical), AdamW foreach, 5 % margin.",
+              "{precision} (fp16-amp is byte-identical), AdamW foreach, " + MARGIN_PCT + " margin.",
         header=LARGEST_HEADER,
         runs={"ddp": Largest(H100, DDP), "ddp_ck": Largest(H100, DDP, FULL),
               "sgo": Largest(H100, SGO), "sgo_ck": Largest(H100, SGO, FULL),
@@ -672,7 +675,7 @@ ARTICLE_001 = Article("001", "DDP vs FSDP guide (A100 size guidelines)", claims=
               "(SHARD_GRAD_OP or FULL_SHARD) · 7-13B, 80GB: FSDP FULL_SHARD · 13B+, any: FSDP + "
               "CPU offload or tensor parallel",
         setup="GPU count not stated: one 8-GPU node. Scaling-rule shape (vocab 32000), seq {seq}, "
-              "micro-batch {mb}, {precision}, AdamW foreach, 5 % margin.",
+              "micro-batch {mb}, {precision}, AdamW foreach, " + MARGIN_PCT + " margin.",
         header=LARGEST_HEADER,
         runs={"ddp": Largest(A40, DDP), "ddp_ck": Largest(A40, DDP, FULL),
               "sgo": Largest(A40, SGO), "sgo_ck": Largest(A40, SGO, FULL),
@@ -1120,7 +1123,9 @@ INTRO = [
      "and (b) fitcheck's per-GPU figure under what PyTorch actually allocates, from "
      "`planner.memory.estimate` called in-process. Units: **GB = 1e9 bytes, GiB = 2³⁰ bytes**; "
      "the articles' \"GB\" is read as 1e9. \"80 GB\" cards are larger than 80e9 bytes: H100 SXM "
-     "85.5 GB (81559 MiB, 79.6 GiB), A100 80GB 85.9 GB (81920 MiB); fitcheck keeps a 5 % margin."),
+     "85.5 GB (81559 MiB, 79.6 GiB), A100 80GB 85.9 GB (81920 MiB); fitcheck keeps a "
+     f"{MARGIN_PCT} margin (its default: the p90 of its measured under-prediction on public "
+     "runs, docs/accuracy.md)."),
     (f"fitcheck settings unless a claim says otherwise: seq {SEQ}, micro-batch {MICRO_BATCH}, "
      f"{PRECISION} (torch AMP: fp32 parameters and master state; fp16-amp is byte-identical), "
      "AdamW with PyTorch's default foreach implementation, flash-style SDPA, one 8-GPU node. "

@@ -57,9 +57,10 @@ _RATE_RANGES: dict[str, tuple[float, float]] = {
     "inter_node_bandwidth_bytes_per_s": (1e7, 1e14),
     "pcie_bandwidth_bytes_per_s": (1e8, 1e13),
     "compute_efficiency": (0.01, 1.0),
+    "compiled_compute_efficiency": (0.01, 1.0),
 }
 """Rates: finite numbers (TOML integer or float) in these closed ranges, stored as float."""
-_USER_OPTIONAL_FIELDS = frozenset({"compute_efficiency"})
+_USER_OPTIONAL_FIELDS = frozenset({"compute_efficiency", "compiled_compute_efficiency"})
 """A user's file may omit these (GpuProfile's default applies); embedded files may not."""
 
 NUMERIC_FIELDS: tuple[str, ...] = tuple(_INT_RANGES) + tuple(_RATE_RANGES)

@@ -15,8 +15,10 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parent.parent
 GENERATED = [
     # (doc, command writing it to OUT)
-    ("docs/memory_accuracy.md", ["benchmarks/memory_accuracy.py", "--md", "OUT"]),
-    ("docs/throughput_accuracy.md", ["benchmarks/throughput_accuracy.py", "--md", "OUT"]),
+    # --bands '': planner/data/error_bands.json has its own check (tests/test_error_bands.py)
+    ("docs/memory_accuracy.md", ["benchmarks/memory_accuracy.py", "--md", "OUT", "--bands", ""]),
+    ("docs/throughput_accuracy.md", ["benchmarks/throughput_accuracy.py", "--md", "OUT",
+                                     "--bands", ""]),
     ("docs/seed-claims.md", ["benchmarks/seed_claims.py", "--out", "OUT"]),
     ("docs/calibration.md", ["benchmarks/public_memory_calibration.py", "--md", "OUT",
                              "--write-calibrations", ""]),
