@@ -88,8 +88,17 @@ def trace_cmd(as_json: bool, timeout_s: float, reference_model: bool, depth: str
     ck = Checkpointing.NONE if opts.checkpointing is Checkpointing.AUTO else opts.checkpointing
     offload = opts.offloads[0] if opts.offloads else Offload.NONE
     q = request.resolved()
+    if not hf:
+        from planner.errors import InputDataError
+        from probes.models import reference_spec
+
+        try:  # what the reference module builds, and the planner predicts for it
+            q = dataclasses.replace(q, model=reference_spec(q.model))
+        except ValueError as exc:
+            raise InputDataError(str(exc)) from None
     analytic = q.model_source != "trace" and not (hf and q.model_source != "config")
-    notes = _analytic_notes(config) if hf and analytic else []
+    # an approximate reading (--approximate) says what it left out
+    notes = [w for w in q.warnings if "approximate reading" in w] if hf and analytic else []
     tracer = None
     if hf:
         from probes.trace_plan import HfTracer
@@ -97,7 +106,9 @@ def trace_cmd(as_json: bool, timeout_s: float, reference_model: bool, depth: str
         tracer = HfTracer(config, name, depth=depth, timeout_s=timeout_s, jobs=1)
     results = []
     for strategy in strategies:
-        cand = Candidate(strategy=strategy, offload=offload, checkpointing=ck)
+        # --tp N traces that degree (2-D dp x tp mesh, probes/finetune_tp.py); auto: none
+        cand = Candidate(strategy=strategy, offload=offload, checkpointing=ck,
+                         tp=opts.tp or 1)
         what = f"{name} ({config.get('model_type')}, Hugging Face class)" if hf else name
         click.echo(f"tracing {what}: {strategy} (checkpointing {ck}, offload {offload}) at "
                    f"world size {q.cluster.n_gpus} ...", err=True)
@@ -145,16 +156,6 @@ def trace_cmd(as_json: bool, timeout_s: float, reference_model: bool, depth: str
     else:
         click.echo(_table(results, analytic, notes))
     return EXIT_PROBE_FAILED if failed else EXIT_FITS
-
-
-def _analytic_notes(config: dict[str, Any]) -> list[str]:
-    from planner.hf_config import SUPPORTED_MODEL_TYPES
-
-    mt = str(config.get("model_type", "")).lower()
-    if mt in SUPPORTED_MODEL_TYPES:
-        return []
-    return [f"the planner does not model model_type {mt!r}: its column reads the config as a "
-            "Llama-style decoder (planner/hf_config.py)"]
 
 
 def _table(results: list, analytic: bool = True, notes: list[str] | None = None) -> str:

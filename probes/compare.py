@@ -8,7 +8,8 @@ Adam's 0-dim step counters (host memory on CUDA unless the optimizer is fused).
 
 Categories compared (planner term <-> trace category), each at the moment named:
 
-- params         params                         <-> params                  (optimizer)
+- params         params                         <-> params (+ a quantized base's constants,
+                                                    module buffers here) (optimizer)
 - gradients      gradients                      <-> grads + unsharded_grads (optimizer)
 - optimizer      optimizer_states + temporaries <-> optimizer               (optimizer)
 - activations    activations + transients       <-> activations + temp      (loss_bwd)
@@ -74,7 +75,9 @@ def _invisible(e: Estimate, b: Breakdown, candidate: Candidate, n: int) -> int:
 def _trace_extra(result: dict[str, Any], snap: dict[str, int]) -> int:
     """Trace bytes the planner does not model: inputs, buffers, host-side step counters."""
     scalars = result.get("optimizer_scalar_bytes", 0) if result.get("optimizer_scalars_on_host") else 0
-    return snap.get("inputs", 0) + snap.get("buffers", 0) + (scalars if snap.get("optimizer") else 0)
+    # a quantized base's constants are buffers in the trace but resident params to the planner
+    buffers = snap.get("buffers", 0) - result.get("quant_const_bytes", 0)
+    return snap.get("inputs", 0) + buffers + (scalars if snap.get("optimizer") else 0)
 
 
 def _cat(snap: dict[str, int], *names: str) -> int:
@@ -114,7 +117,8 @@ def compare(model: ModelSpec, training: TrainingSpec, cluster: Cluster, candidat
     if opt and "optimizer" in pb:
         b = pb["optimizer"]
         scalars = result.get("optimizer_scalar_bytes", 0)
-        cats["params"] = Pair(traced_bytes=_cat(opt, "params"), predicted_bytes=b.params)
+        cats["params"] = Pair(traced_bytes=_cat(opt, "params")
+                              + result.get("quant_const_bytes", 0), predicted_bytes=b.params)
         cats["gradients"] = Pair(traced_bytes=_cat(opt, "grads", "unsharded_grads"),
                                  predicted_bytes=b.gradients)
         cats["optimizer"] = Pair(traced_bytes=_cat(opt, "optimizer") - scalars,

@@ -18,6 +18,9 @@ Root ``forward(input_ids (B,T) int64, targets (B,T) int64) -> scalar loss``::
                    logits = F.linear(head.norm(gelu(head.dense(x))), embed|lm_head.weight,
                                      lm_head.bias)
     loss = F.cross_entropy(logits.float().view(-1, V), targets.view(-1))
+    (``configure(loss=...)``: "bf16" without the upcast; "chunked" torchtune's chunked head
+    and loss; "fused" Liger's fused linear cross-entropy; ``keep_logits``: the head's output
+    held in ``held`` for the loop)
 
 Block (pre-norm)::
 
@@ -420,8 +423,8 @@ class Block(nn.Module):
 
     def _forward(self, x, cos, sin, alibi, mask):
         attn = self.attn
-        b, t, _ = x.shape
         a = self.norm1(x)
+        b, t = a.shape[0], a.shape[1]  # the full sequence also under sequence parallel
         q = attn.q(a).view(b, t, attn.n_heads, attn.d_head)
         k = attn.k(a).view(b, t, attn.n_kv, attn.d_head)
         v = attn.v(a).view(b, t, attn.n_kv, attn.d_head)
@@ -510,6 +513,12 @@ class Transformer(nn.Module):
         self.checkpointing = Checkpointing.NONE
         self.selective_policy = "op"
         self.attention = "sdpa"
+        self.loss_kind = "fp32"
+        self.loss_chunks = 8
+        self.keep_logits = False
+        self.held: list[torch.Tensor] = []
+        """Logits the training loop holds (``keep_logits``): replaced by the next forward's
+        (``pred = model(x)``), cleared by the trace after the optimizer step."""
 
     def configure(
         self,
@@ -518,10 +527,26 @@ class Transformer(nn.Module):
         attention: str = "sdpa",
         context_fn: Callable[[], tuple] | None = None,
         selective_policy: str = "op",
+        loss: str = "fp32",
+        loss_chunks: int = 8,
+        keep_logits: bool = False,
     ) -> Transformer:
         """Set activation checkpointing (none/selective/full), the selective policy
         ("regions": attention core + MLP activation, "op": torchtitan's op-level SAC) and the
-        attention kernel. ``context_fn`` is added to every checkpoint's contexts."""
+        attention kernel. ``context_fn`` is added to every checkpoint's contexts.
+        ``loss`` (decoder head only): "fp32" ``cross_entropy(logits.float())``; "bf16"
+        cross-entropy on the logits as computed; "chunked" torchtune's chunked output and
+        loss over ``loss_chunks`` chunks of the sequence; "fused" Liger's fused linear
+        cross-entropy (``_FusedLinearCrossEntropy``). ``keep_logits``: the loop holds the
+        model's output (the head's output, or its chunks) through backward and the optimizer
+        step, in ``held``."""
+        if loss not in ("fp32", "bf16", "chunked", "fused"):
+            raise ValueError(f"loss must be fp32, bf16, chunked or fused, not {loss!r}")
+        if loss != "fp32" and self.spec.encoder_head:
+            raise ValueError(f"loss {loss!r}: only decoder heads (no encoder head)")
+        self.loss_kind = loss
+        self.loss_chunks = int(loss_chunks)
+        self.keep_logits = bool(keep_logits)
         mode = Checkpointing(checkpointing)
         if mode is Checkpointing.AUTO:
             raise ValueError("checkpointing 'auto' must be expanded before building the model")
@@ -587,14 +612,93 @@ class Transformer(nn.Module):
             logits = F.linear(hd, w, self.lm_head.bias)
         else:
             x = self.final_norm(x)
+            if self.loss_kind != "fp32":
+                return self._loss_variant(x, targets)
             if spec.tied_embeddings:
                 logits = F.linear(x, self.embed.weight)
             else:
                 logits = self.lm_head(x)
+            if self.keep_logits:
+                # the loop holds the model's output (torchtitan's train step kept ``pred``
+                # through backward and the step before it added ``del pred``; HF's
+                # ``outputs.logits``); the loss's fp32 copy is freed once log_softmax has run
+                # (autograd saves its output, and ``_to_copy`` saves nothing)
+                self.held = [logits]
         loss = F.cross_entropy(logits.float().view(-1, spec.vocab), targets.view(-1))
         if spec.encoder_head:
             loss = loss + 0.0 * pooled.sum()  # keeps the pooler in the graph (BERT's NSP head)
         return loss
+
+
+    def _head(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.embed.weight) if self.spec.tied_embeddings else self.lm_head(x)
+
+    def _loss_variant(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The output head and cross-entropy for ``loss_kind`` bf16 / chunked / fused (see
+        ``configure``); ``x`` is the final norm's output (B, T, h)."""
+        v = self.spec.vocab
+        if self.loss_kind == "bf16":
+            logits = self._head(x)
+            if self.keep_logits:
+                self.held = [logits]
+            return F.cross_entropy(logits.view(-1, v), targets.view(-1))
+        if self.loss_kind == "chunked":
+            # torchtune: TransformerDecoder(num_output_chunks=N) returns
+            # [output(chunk) for chunk in h.chunk(N, dim=1)]; CEWithChunkedOutputLoss sums
+            # F.cross_entropy(chunk.float(), labels, reduction="sum") over the chunks and
+            # divides by the number of tokens (torchtune/modules/loss/ce_chunked_output_loss.py)
+            chunks = [self._head(c) for c in x.chunk(self.loss_chunks, dim=1)]
+            if self.keep_logits:
+                self.held = list(chunks)
+            total = None
+            for lc, tc in zip(chunks, targets.chunk(self.loss_chunks, dim=1)):
+                part = F.cross_entropy(lc.reshape(-1, v).float(), tc.reshape(-1),
+                                       reduction="sum")
+                total = part if total is None else total + part
+            del chunks
+            return total / targets.numel()
+        # fused (Liger)
+        w = self.embed.weight if self.spec.tied_embeddings else self.lm_head.weight
+        return _FusedLinearCrossEntropy.apply(x.reshape(-1, x.shape[-1]), w, targets.reshape(-1))
+
+
+class _FusedLinearCrossEntropy(torch.autograd.Function):
+    """Liger-Kernel's ``LigerFusedLinearCrossEntropyFunction`` (liger_kernel/ops/
+    fused_linear_cross_entropy.py, ``fused_linear_cross_entropy_forward``), with the same
+    allocations: ``grad_input = zeros_like(input)``, ``grad_weight = zeros_like(weight)``,
+    a (BT,) fp32 per-token loss; per chunk of ``next_pow2(ceil(BT / ceil(V / H)))`` tokens,
+    ``logits_chunk = input_chunk @ weight.T`` (its Triton kernel turns it into its own
+    gradient in place: no new tensor), ``grad_input[chunk] = logits_chunk @ weight`` and
+    ``addmm(grad_weight, logits_chunk.T, input_chunk, out=grad_weight)``. Forward saves
+    grad_input and grad_weight; backward returns them (Liger scales them in place only when
+    the incoming gradient is not 1.0, a data-dependent test skipped on fake tensors)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor):
+        n, h = x.shape
+        v = weight.shape[0]
+        ratio = -(-v // h)
+        chunk = 1 << max(0, (-(-n // ratio) - 1).bit_length())
+        grad_x = torch.zeros_like(x)
+        grad_w = torch.zeros_like(weight) if weight.requires_grad else None
+        loss_1d = torch.zeros(n, dtype=torch.float32, device=x.device)
+        for s in range(0, n, chunk):
+            xc = x[s:s + chunk]
+            logits = xc @ weight.t()  # (chunk, V); becomes its own gradient in place
+            loss_1d[s:s + chunk] = 0.0
+            grad_x[s:s + chunk] = logits @ weight
+            if grad_w is not None:
+                torch.addmm(grad_w, logits.t(), xc, out=grad_w)
+            del logits
+        loss = loss_1d.sum()
+        ctx.save_for_backward(grad_x.detach(),
+                              grad_w.detach() if grad_w is not None else None)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        grad_x, grad_w = ctx.saved_tensors
+        return grad_x, grad_w, None
 
 
 @torch.no_grad()
@@ -636,3 +740,34 @@ def build_model(
         checkpointing=checkpointing, attention=attention, selective_policy=selective_policy
     )
 
+
+
+# --------------------------------------------------------------------------- what it can build
+
+_HF_ONLY_SAVES = ("python_gelu", "fused_qkv", "fused_gate_up", "attn_softcap", "final_softcap",
+                  "partial_rotary", "norm_weight_fp32", "router_fp32")
+"""ModelSpec fields that describe how a Hugging Face class computes (what it saves), not its
+parameters: the reference module computes its own way (fused GELU, separate projections, no
+softcapping, full RoPE, Llama's norms, a router in the compute dtype)."""
+
+
+def reference_spec(spec: ModelSpec) -> ModelSpec:
+    """``spec`` as the reference module builds it: the Hugging Face implementation details
+    dropped (the planner then predicts what the reference module saves), or ValueError
+    naming the parameters it cannot build (MLA, qk-norm, shared experts, ...)."""
+    import dataclasses
+
+    from planner.spec import NormKind, QkNorm
+
+    missing = [name for name, on in (
+        ("multi-head latent attention", spec.mla), ("qk-norm", spec.qk_norm is not QkNorm.NONE),
+        ("norms after the branches", spec.post_norms), ("shared experts", spec.shared_ffn),
+        ("dense blocks in an MoE model", spec.n_dense_layers),
+        ("an attention output bias without MLP biases", spec.attn_out_bias and not spec.bias),
+        ("a biased output head", spec.head_bias),
+        ("a weightless LayerNorm", spec.norm is NormKind.LAYERNORM_PLAIN),
+        ("a BERT head without pooler", spec.encoder_head and not spec.pooler)) if on]
+    if missing:
+        raise ValueError(f"the reference model cannot build {', '.join(missing)} of "
+                         f"{spec.name}; trace the Hugging Face class (--config)")
+    return dataclasses.replace(spec, loss_upcast=True, **{f: False for f in _HF_ONLY_SAVES})

@@ -27,6 +27,14 @@ transformer, ``probes.models``; ``trace_step(spec, ...)`` is the shorthand), and
   are NOT in this trace: the planner adds them. Tracked by ``mem_tracker.MemTracker``.
 * zero1/zero2/zero3, CPU offload, Lion, 8-bit AdamW: not traced -> ``UnsupportedConfig``.
 
+Training-loop effects (``TrainingSpec``), run for real when the model's factory implements
+them (``TraceModel.effects``; the reference model does, otherwise ``UnsupportedConfig``):
+``grad_sync="last"`` (FSDP2 ``set_requires_gradient_sync(False)`` on the non-final
+micro-batch; every model), ``loss`` bf16 / chunked / fused and ``keep_logits``
+(probes/models.py), fine-tunes (LoRA, a QLoRA stand-in, frozen layers) and ``Candidate.tp``
+(tensor + sequence parallel on a 2-D fake mesh, FSDP2 over dp) (probes/finetune_tp.py),
+``compile="blocks"`` (AOTAutograd-compiled blocks, probes/compile_step.py).
+
 Precision: fp32 -> fp32 params, no casts; bf16 -> params (and so grads/optimizer state) in
 bf16; bf16-amp / fp16-amp: fp32 params, and with FSDP ``MixedPrecisionPolicy(param_dtype=
 bf16|fp16, reduce_dtype=fp32)``, with ddp the CUDA-autocast emulation of
@@ -88,10 +96,14 @@ from planner.spec import (
     Attention,
     Candidate,
     Checkpointing,
+    CompileMode,
+    GradSync,
+    LossKind,
     ModelSpec,
     Offload,
     OptimizerImpl,
     OptimizerKind,
+    PositionKind,
     Precision,
     Strategy,
     TrainingSpec,
@@ -150,6 +162,11 @@ class BuildOptions:
     selective_policy: str = "op"
     """What selective checkpointing means: "op" (torchtitan's op-level SAC) or, for the
     reference model only, "regions"."""
+    training: TrainingSpec | None = None
+    """The whole training run, for the loop effects a factory may implement (the loss
+    variant, kept logits, fine-tuning); a factory that cannot must leave them out of
+    ``TraceModel.effects``, and the trace then refuses the run."""
+    candidate: Candidate | None = None
 
 
 @dataclass(slots=True, kw_only=True)
@@ -170,6 +187,16 @@ class TraceModel:
     """Entered around every forward and backward (e.g. CUDA kernel emulations)."""
     info: dict[str, Any] = field(default_factory=dict)
     """Facts about the model, copied into the result under "model"."""
+    effects: frozenset[str] = frozenset()
+    """The non-default training-loop effects of ``BuildOptions.training`` this model
+    implements ("loss", "keep_logits", "finetune", "tp"); any other one asked for is refused
+    (``UnsupportedConfig``)."""
+    after_step: Callable[[], None] = lambda: None
+    """Called after the optimizer step and zero_grad (drops what the loop held through it,
+    e.g. kept logits)."""
+    parallelize: Callable[[int, int], tuple[int, ...]] | None = None
+    """(world size, GPUs per node) -> mesh shape: applies tensor parallel + FSDP itself
+    (probes/finetune_tp.py) instead of ``_apply_fsdp``; the fake group exists already."""
 
 
 ModelFactory = Callable[[BuildOptions], TraceModel]
@@ -183,9 +210,40 @@ def reference_factory(spec: ModelSpec) -> ModelFactory:
         from probes.models import build_model
 
         net = build_model(spec, device="meta")
+        tr = opts.training or TrainingSpec()
         net.configure(checkpointing=opts.checkpointing, attention=opts.attention.value,
                       context_fn=opts.recompute_context,
-                      selective_policy=opts.selective_policy)
+                      selective_policy=opts.selective_policy,
+                      loss=tr.loss.value, loss_chunks=tr.loss_chunks,
+                      keep_logits=tr.keep_logits)
+        effects = {"loss", "keep_logits"}
+        if tr.compile is CompileMode.BLOCKS and opts.checkpointing is Checkpointing.NONE \
+                and spec.position is PositionKind.ROPE and opts.attention is Attention.SDPA \
+                and not spec.is_moe:
+            from probes.compile_step import compile_blocks
+
+            compile_blocks(net)
+            effects.add("compile")
+        parallelize = None
+        ft = tr.finetune
+        if not ft.full or (opts.candidate is not None and opts.candidate.tp > 1):
+            from probes.finetune_tp import apply_finetune, tp_parallelize
+
+            apply_finetune(net, spec, ft, opts.precision)
+            effects.add("finetune")
+            if opts.candidate is not None and opts.candidate.tp > 1:
+                if not ft.full:
+                    raise UnsupportedConfig(
+                        "tensor parallel with a fine-tune: not traced (torch's Colwise/"
+                        "RowwiseParallel accept only nn.Linear / nn.Embedding, not an adapted"
+                        " or quantized layer)")
+                parallelize = tp_parallelize(net, spec, opts.candidate, opts.precision)
+                effects.add("tp")
+        kernel_context: Callable[[], AbstractContextManager] = nullcontext
+        if parallelize is not None:
+            from torch.distributed.tensor.parallel import loss_parallel
+
+            kernel_context = loss_parallel  # forward and backward (its docs)
 
         def make_batch(b: int, t: int) -> tuple:
             return (torch.randint(0, spec.vocab, (b, t), dtype=torch.int64),
@@ -193,7 +251,10 @@ def reference_factory(spec: ModelSpec) -> ModelFactory:
 
         return TraceModel(module=net, blocks=list(net.blocks), block_path="blocks",
                           make_batch=make_batch, loss=lambda m, batch: m(*batch),
-                          info={"class": type(net).__name__, "source": "reference"})
+                          info={"class": type(net).__name__, "source": "reference"},
+                          effects=frozenset(effects),
+                          after_step=lambda: setattr(net, "held", []),
+                          parallelize=parallelize, kernel_context=kernel_context)
 
     return build
 
@@ -201,10 +262,31 @@ def reference_factory(spec: ModelSpec) -> ModelFactory:
 # --------------------------------------------------------------------------- pieces
 
 
+def effects_asked(training: TrainingSpec, candidate: Candidate) -> dict[str, str]:
+    """The non-default training-loop effects of this run that the model must implement
+    (``TraceModel.effects``) -> how to name them in a refusal."""
+    out = {}
+    if training.loss is not LossKind.FP32:
+        out["loss"] = f"loss {training.loss.value}"
+    if training.keep_logits:
+        out["keep_logits"] = "keep_logits"
+    if not training.finetune.full:
+        out["finetune"] = "a fine-tune (LoRA / frozen parameters)"
+    if candidate.tp > 1:
+        out["tp"] = f"tensor parallel degree {candidate.tp}"
+    if training.compile is CompileMode.BLOCKS:
+        out["compile"] = "compile blocks"
+    return out
+
+
 def check_supported(training: TrainingSpec, candidate: Candidate) -> None:
-    if getattr(candidate, "tp", 1) != 1:
-        raise UnsupportedConfig(f"tensor parallel degree {candidate.tp}: not traced (FSDP2 "
-                                "over data-parallel ranks only)")
+    if candidate.tp > 1 and not candidate.strategy.is_fsdp and candidate.strategy is not \
+            Strategy.DDP:
+        raise UnsupportedConfig(f"tensor parallel with {candidate.strategy.value}: not traced")
+    if training.compile is CompileMode.MODEL:
+        raise UnsupportedConfig(
+            "compile model: not traced (Dynamo skips frames under the trace's dispatch modes;"
+            " --compile blocks is traced as AOTAutograd-compiled blocks, probes/compile_step.py)")
     if candidate.strategy.is_zero:
         raise UnsupportedConfig(
             f"strategy {candidate.strategy.value}: DeepSpeed ZeRO is not traced (no DeepSpeed"
@@ -274,6 +356,13 @@ def mesh_shape_for(strategy: Strategy, world_size: int, gpus_per_node: int) -> t
     return (world_size // gpus_per_node, gpus_per_node)
 
 
+class _NoHook:
+    """A hook handle for a hook never registered."""
+
+    def remove(self) -> None:
+        pass
+
+
 def _tracker_class(base: type) -> type:
     """Adds per-category maxima, the peak's phase and module, per-moment peaks (and per
     block within each moment) and a peak reset."""
@@ -317,6 +406,17 @@ def _tracker_class(base: type) -> type:
             if phase in ("optimizer", "zero_grad"):
                 return Phase.OPTIMIZER, -1
             return (Phase.FORWARD if phase == "forward" else phase), idx
+
+        def _track_module_params_and_buffers(self, module: nn.Module,
+                                             install_grad_hooks: bool = True) -> tuple:
+            # MemTracker registers a gradient hook on every parameter, which raises for a
+            # frozen one (a fine-tune): mark those as hooked already
+            handles = getattr(self, "_param_to_grad_hook_handles", None)
+            if handles is not None:
+                for p in module.parameters():
+                    if not p.requires_grad and handles.get(p) is None:
+                        handles[p] = (_NoHook(), _NoHook())
+            return super()._track_module_params_and_buffers(module, install_grad_hooks)
 
         def _update_peak_stats(self, peak_state: Any) -> None:
             # Replaces the base method, which also walks every tracked module's weak
@@ -510,11 +610,77 @@ def _to_empty(module: nn.Module) -> None:
             mod._parameters[other] = first._parameters[name]
 
 
-def _apply_fsdp(tm: TraceModel, strategy: Strategy, low: torch.dtype | None, world_size: int,
-                gpus_per_node: int) -> tuple[int, ...]:
-    """FSDP2 on every block, then on the root, over a fake process group; the mesh shape."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+def _to_bf16(module: nn.Module) -> None:
+    """Pure bf16: every floating parameter and buffer in bf16 (``module.to(torch.bfloat16)``),
+    except what a fine-tune keeps in fp32 on purpose: LoRA adapters with ``lora_fp32``
+    (marked ``_fitcheck_fp32``) and a quantized base's constants (``quant_consts``)."""
+    keep = {id(p) for p in module.parameters() if getattr(p, "_fitcheck_fp32", False)}
+    quant = any(name.endswith("quant_consts") for name, _ in module.named_buffers())
+    if not keep and not quant:
+        module.to(torch.bfloat16)
+        return
+    done: dict[int, nn.Parameter] = {}  # shared (tied) parameters stay shared
+    for mod in module.modules():
+        for name, p in mod._parameters.items():
+            if p is None or not p.is_floating_point() or id(p) in keep:
+                continue
+            if id(p) not in done:
+                done[id(p)] = nn.Parameter(p.to(torch.bfloat16), requires_grad=p.requires_grad)
+            mod._parameters[name] = done[id(p)]
+        for name, b in mod._buffers.items():
+            if b is not None and b.is_floating_point() and name != "quant_consts":
+                mod._buffers[name] = b.to(torch.bfloat16)
+
+
+class _untracked_sharding_propagation:
+    """DTensor's sharding propagation (``ShardingPropagator._propagate_tensor_meta*``, which
+    loss_parallel's handlers call) runs each op once more on fake tensors of the GLOBAL shape
+    to learn the output's metadata. On a GPU those never exist; under this trace they would be
+    counted (a global fp32 log-softmax output, 2 x the local one at tp 2). They run here with
+    the dispatch modes (tracker, fake mode) switched off; their own FakeTensorMode remains."""
+
+    def __enter__(self) -> None:
+        from torch.distributed.tensor._sharding_prop import ShardingPropagator
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        self._saved = {}
+        for name in ("_propagate_tensor_meta", "_propagate_tensor_meta_non_cached"):
+            orig = getattr(ShardingPropagator, name, None)
+            if orig is None:
+                continue
+
+            def wrapped(self_: Any, *args: Any, _orig: Any = orig, **kwargs: Any) -> Any:
+                with _disable_current_modes():
+                    return _orig(self_, *args, **kwargs)
+
+            self._saved[name] = orig
+            setattr(ShardingPropagator, name, wrapped)
+
+    def __exit__(self, *exc: object) -> None:
+        from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+        for name, orig in self._saved.items():
+            setattr(ShardingPropagator, name, orig)
+
+
+def _label_accumulated_grads(net: nn.Module, tracker: Any) -> None:
+    """Under ``set_requires_gradient_sync(False)`` with a reduce dtype other than the param
+    dtype, FSDP2 keeps each unsharded gradient as a new reduce-dtype tensor
+    (``FSDPParam.to_accumulated_grad_if_needed``: ``unsharded_accumulated_grad``), which
+    FSDPMemTracker counts as a backward temporary; file those under ``unsharded_grads``."""
+    from torch.distributed._tools.fsdp2_mem_tracker import _FSDPRefType
+
+    for mod in net.modules():
+        state = getattr(mod, "_get_fsdp_state", None)
+        group = getattr(state(), "_fsdp_param_group", None) if state else None
+        for fp in getattr(group, "fsdp_params", ()):
+            g = getattr(fp, "unsharded_accumulated_grad", None)
+            if g is not None:
+                tracker._update_and_maybe_create_winfos(g, _FSDPRefType.UNSHARDED_GRAD)
+
+
+def _fake_group(world_size: int) -> None:
+    """The fake process group of ``world_size`` ranks (this process is rank 0)."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     if not dist.is_initialized():
@@ -524,6 +690,15 @@ def _apply_fsdp(tm: TraceModel, strategy: Strategy, low: torch.dtype | None, wor
             "a process group of another world size is already initialised in this process;"
             " run each configuration in its own process (probes.runner)"
         )
+
+
+def _apply_fsdp(tm: TraceModel, strategy: Strategy, low: torch.dtype | None, world_size: int,
+                gpus_per_node: int) -> tuple[int, ...]:
+    """FSDP2 on every block, then on the root, over a fake process group; the mesh shape."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    _fake_group(world_size)
     mesh_shape = mesh_shape_for(strategy, world_size, gpus_per_node)
     names = ("dp",) if len(mesh_shape) == 1 else ("replicate", "shard")
     mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=names)
@@ -610,13 +785,22 @@ def _trace(factory: ModelFactory, training: TrainingSpec, candidate: Candidate,
         checkpointing=candidate.checkpointing, attention=training.attention,
         precision=precision,
         recompute_context=recompute_context_fn(low) if emulate_autocast else None,
-        selective_policy=selective_policy))
+        selective_policy=selective_policy, training=training, candidate=candidate))
+    missing = [name for key, name in effects_asked(training, candidate).items()
+               if key not in tm.effects]
+    if missing:
+        raise UnsupportedConfig(f"{', '.join(missing)}: not implemented by this model's "
+                                f"trace ({tm.info.get('source', 'factory')})")
     if precision is Precision.BF16:
-        tm.module.to(torch.bfloat16)
+        _to_bf16(tm.module)
     net = tm.module
     n_params = sum(p.numel() for p in net.parameters())
+    n_trainable = sum(p.numel() for p in net.parameters() if p.requires_grad)
     mesh_shape: tuple[int, ...] = (1,)
-    if fsdp:
+    if tm.parallelize is not None:
+        _fake_group(world_size)
+        mesh_shape = tm.parallelize(world_size, gpus_per_node)
+    elif fsdp:
         mesh_shape = _apply_fsdp(tm, strategy, low, world_size, gpus_per_node)
 
     t_built = time.perf_counter()
@@ -624,7 +808,7 @@ def _trace(factory: ModelFactory, training: TrainingSpec, candidate: Candidate,
     n_micro = min(training.grad_accum, _MAX_MICRO_BATCHES)
     with FakeTensorMode(allow_non_fake_inputs=True):
         _to_empty(net)
-        params = list(net.parameters())
+        params = [p for p in net.parameters() if p.requires_grad]
         opt_params = params
         if fsdp and local_optimizer:
             # Step the optimizer on the DTensors' local shards: every FSDP placement is
@@ -636,6 +820,19 @@ def _trace(factory: ModelFactory, training: TrainingSpec, candidate: Candidate,
         optimizer = make_optimizer(opt_params, training)
         batch = tm.make_batch(b, t)
         t0 = time.perf_counter()
+        if training.compile is CompileMode.BLOCKS:
+            # the compiled blocks trace their graphs on the first call: one untracked
+            # micro-batch first (the FX tracing would otherwise be counted)
+            with tm.kernel_context(), (CudaAutocastEmulation(low) if emulate_autocast
+                                       else nullcontext()):
+                warm = tm.loss(net, batch)
+            with tm.kernel_context():
+                warm.backward()
+            del warm
+            tm.after_step()
+            net.zero_grad(set_to_none=True)
+            for lp in opt_params:
+                lp.grad = None
         if warmup == "optimizer":
             # Cheap warm-up: create the optimizer state with one step on zero gradients
             # (outside the tracker, which picks the state up when entered). The measured
@@ -656,8 +853,15 @@ def _trace(factory: ModelFactory, training: TrainingSpec, candidate: Candidate,
             tracker.track_external(net, optimizer, *batch)
         _watch_blocks(tm.blocks, tracker)
 
+        sync_last = fsdp and training.grad_sync is GradSync.LAST and n_micro > 1
+
         def iteration() -> None:
-            for _ in range(n_micro):
+            for i in range(n_micro):
+                if sync_last:
+                    # FSDP2: no reduce-scatter on non-final micro-batches; the unsharded
+                    # gradients stay (torch/distributed/fsdp/_fully_shard/_fully_shard.py
+                    # set_requires_gradient_sync). DDP's no_sync() changes no memory.
+                    net.set_requires_gradient_sync(i == n_micro - 1)
                 # Per-module stats are not needed (and MemTracker refuses a module's second
                 # forward without this); the global counters are untouched.
                 tracker.reset_mod_stats()
@@ -671,6 +875,8 @@ def _trace(factory: ModelFactory, training: TrainingSpec, candidate: Candidate,
                 with tm.kernel_context():
                     loss.backward()
                 del loss
+                if sync_last and i < n_micro - 1:
+                    _label_accumulated_grads(net, tracker)
             tracker.phase = "optimizer"
             if opt_params is not params:
                 for lp, p in zip(opt_params, params):
@@ -680,10 +886,13 @@ def _trace(factory: ModelFactory, training: TrainingSpec, candidate: Candidate,
             optimizer.zero_grad(set_to_none=True)
             if opt_params is not params:
                 net.zero_grad(set_to_none=True)
+            tm.after_step()
             tracker.phase = "idle"
 
         stack = _ModuleStack(net)
-        with tracker:
+        untracked = _untracked_sharding_propagation() if tm.parallelize is not None \
+            else nullcontext()
+        with tracker, untracked:
             try:
                 if warmup == "iteration":
                     iteration()  # full warm-up iteration
@@ -705,6 +914,10 @@ def _trace(factory: ModelFactory, training: TrainingSpec, candidate: Candidate,
             peak_snap = tracker.get_tracker_snapshot("peak")
             peak = sum(tracker._peak_mem.values())
 
+    # a quantized base's constants (probes/finetune_tp.py QuantLinear): buffers here, the
+    # planner's resident params (bitsandbytes QuantState, kept on the GPU)
+    quant_bytes = sum(b.numel() * b.element_size() for name, b in net.named_buffers()
+                      if name.endswith("quant_consts"))
     # 0-dim optimizer state tensors (Adam's ``step``): tracked on the fake CPU device here,
     # but on CUDA they live in host memory unless the optimizer is fused (or capturable).
     scalar_bytes = sum(
@@ -738,6 +951,14 @@ def _trace(factory: ModelFactory, training: TrainingSpec, candidate: Candidate,
         "optimizer": training.optimizer.value,
         "optimizer_impl": training.optimizer_impl.value,
         "n_params": int(n_params),
+        "n_trainable_params": int(n_trainable),
+        "quant_const_bytes": int(quant_bytes),
+        "loss": training.loss.value,
+        "loss_chunks": training.loss_chunks,
+        "keep_logits": training.keep_logits,
+        "grad_sync": training.grad_sync.value if sync_last else "every",
+        "tp": candidate.tp,
+        "compile": training.compile.value,
         "n_blocks": len(tm.blocks),
         "optimizer_scalar_bytes": int(scalar_bytes),
         "optimizer_scalars_on_host": training.optimizer_impl is not OptimizerImpl.FUSED,

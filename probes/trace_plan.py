@@ -504,7 +504,8 @@ def phases_from_trace(result: dict[str, Any], candidate: Candidate, training: Tr
     resident = result["end_of_step"].get("params", 0) + result["end_of_step"].get("buffers", 0)
     init = initialization(SimpleNamespace(
         init=str(init_mode(training, candidate)), load_bytes=init_load[0],
-        unit_load_bytes=init_load[1], states=SimpleNamespace(params=resident)))
+        unit_load_bytes=init_load[1], states=SimpleNamespace(params=resident),
+        work=SimpleNamespace(init_extra=0)))  # traces cover FSDP/DDP: no DeepSpeed flattening
     return {Phase.INIT: init, **out}
 
 
