@@ -33,11 +33,13 @@ from dataclasses import dataclass
 from planner.spec import (
     Attention,
     Checkpointing,
+    FineTune,
     LossKind,
     ModelSpec,
     NormKind,
     PositionKind,
     Precision,
+    QkNorm,
 )
 
 FP32 = 4
@@ -81,6 +83,12 @@ class ActivationPlan:
     """Bytes per element of the residual stream (r): the gradient reaching the embeddings."""
     kept_logits: int = 0
     """Logits the loop holds from the loss to the end of the step (--keep-logits)."""
+    frozen_blocks: int = 0
+    """The first blocks, frozen (--freeze N-layers), that keep ``frozen_block_kept``."""
+    frozen_block_kept: int = 0
+    first_block_less: int = 0
+    """What the first block that computes gradients does not keep when no gradient flows
+    into it (frozen embeddings): its input norm's fp32 input and rstd."""
     notes: tuple[str, ...] = ()
 
     def scaled(self, k: float) -> ActivationPlan:
@@ -94,7 +102,9 @@ class ActivationPlan:
             loss_forward_transient=int(self.loss_forward_transient * k),
             loss_backward_transient=int(self.loss_backward_transient * k),
             block_backward_transient=int(self.block_backward_transient * k),
-            kept_logits=int(self.kept_logits * k))
+            kept_logits=int(self.kept_logits * k),
+            frozen_block_kept=int(self.frozen_block_kept * k),
+            first_block_less=int(self.first_block_less * k))
 
     @property
     def block_bytes(self) -> int:
@@ -105,9 +115,15 @@ class ActivationPlan:
         return sum(s.nbytes for s in self.root_saved)
 
     @property
+    def blocks_kept(self) -> int:
+        """What all blocks keep at the end of forward."""
+        return (self.block_kept * (self.n_layers - self.frozen_blocks)
+                + self.frozen_block_kept * self.frozen_blocks - self.first_block_less)
+
+    @property
     def saved_total(self) -> int:
         """Activations alive at the end of forward."""
-        return self.block_kept * self.n_layers + self.root_bytes
+        return self.blocks_kept + self.root_bytes
 
 
 def regime_for(precision: Precision, uses_autocast: bool) -> tuple[AmpRegime, int, int]:
@@ -124,36 +140,126 @@ def _norm(prefix: str, model: ModelSpec, t: int, regime: AmpRegime, c: int, r: i
     if model.norm is NormKind.RMSNORM:
         # HF LlamaRMSNorm: h32 = x.to(fp32) [saved by pow and mul; the input itself when r == 4]
         # n = h32 * rsqrt(var + eps) [rsqrt saved], then weight * n.to(x.dtype) saves the cast.
+        # Gemma's RMSNorm multiplies in fp32, n * (1 + weight.float()), and saves that fp32
+        # product before casting back (transformers' Gemma2RMSNorm / Gemma3RMSNorm).
         return [
             Saved(f"{prefix}.input_fp32", FP32 * t * h),
             Saved(f"{prefix}.rstd", FP32 * t),
-            Saved(f"{prefix}.normed", r * t * h),
+            Saved(f"{prefix}.normed", (FP32 if model.norm_weight_fp32 else r) * t * h),
         ]
     # nn.LayerNorm: saves its input and per-row mean/rstd. Under CUDA autocast layer_norm is an
     # fp32 op: a bf16 input (a branch output) is cast up first and the fp32 copy is saved.
-    in_bytes = FP32 if regime is AmpRegime.AUTOCAST else r
+    # OLMo's weightless norm casts to fp32 itself (OlmoLayerNorm: F.layer_norm(x.float())).
+    plain = model.norm is NormKind.LAYERNORM_PLAIN
+    in_bytes = FP32 if regime is AmpRegime.AUTOCAST or plain else r
     return [
         Saved(f"{prefix}.input", in_bytes * t * h),
         Saved(f"{prefix}.mean_rstd", 2 * STAT * t),
     ]
 
 
+def _rms_inner(prefix: str, t: int, width: int, rows: int, c: int,
+               weight_fp32: bool = False) -> list[Saved]:
+    """An RMSNorm inside attention over a c-dtype input of ``width`` per token (``rows``
+    statistics per token): the fp32 copy, rstd and what the weight multiply saves (the cast,
+    or the fp32 product: ModelSpec.norm_weight_fp32); its output (c) is saved by whatever
+    reads it, counted there."""
+    return [Saved(f"{prefix}.input_fp32", FP32 * t * width), Saved(f"{prefix}.rstd",
+                                                                    FP32 * t * rows),
+            Saved(f"{prefix}.normed", (FP32 if weight_fp32 else c) * t * width)]
+
+
+def _mla_saved(model: ModelSpec, t: int, batch: int, seq: int, c: int) -> list[Saved]:
+    """Multi-head latent attention (transformers' DeepseekV2Attention / DeepseekV3Attention)
+    after the input is saved: the latent RMSNorms (their outputs saved by q_b / kv_b), the
+    query and key SDPA reads (new tensors: cat of the no-RoPE and RoPE parts), the value (a
+    view of kv_b's output, whose whole storage it keeps: keys' no-RoPE part too), SDPA's
+    output and logsumexp."""
+    nh, qk, rope = model.n_heads, model.d_head, model.qk_rope_dim
+    v = model.v_head_dim or qk
+    out: list[Saved] = []
+    if model.q_lora_rank:
+        out += _rms_inner("attn.q_a_norm", t, model.q_lora_rank, 1, c)
+        out.append(Saved("attn.q_b.input", c * t * model.q_lora_rank))
+    out += _rms_inner("attn.kv_a_norm", t, model.kv_lora_rank, 1, c)
+    out.append(Saved("attn.kv_b.input", c * t * model.kv_lora_rank))
+    out += [Saved("sdpa.q", c * t * nh * qk), Saved("sdpa.k", c * t * nh * qk),
+            Saved("sdpa.v.kv_b_out", c * t * nh * (qk - rope + v)),
+            Saved("sdpa.out", c * t * nh * v),
+            Saved("sdpa.logsumexp", FP32 * batch * nh * seq)]
+    return out
+
+
+def _mlp_saved(model: ModelSpec, t: int, c: int, f: int, tokens: int, prefix: str = "mlp",
+               gated: bool | None = None, autocast: bool = False) -> list[Saved]:
+    """One MLP's intermediates over ``tokens`` rows of width f (its input counted apart)."""
+    gated = model.mlp.gated if gated is None else gated
+    if gated:
+        # down(act(gate(m)) * up(m)): act saves gate's output, mul saves act's output and
+        # up's output, down saves the product. (Phi-3's fused gate_up: the two halves are
+        # views of one output, the same bytes.)
+        return [Saved(f"{prefix}.gate_out", c * tokens * f), Saved(f"{prefix}.act_out",
+                                                                   c * tokens * f),
+                Saved(f"{prefix}.up_out", c * tokens * f),
+                Saved(f"{prefix}.down.input", c * tokens * f)]
+    # down(gelu(up(m))): gelu saves up's output, down saves gelu's output.
+    if model.python_gelu:
+        # transformers' NewGELUActivation (gelu_new): 0.5 * x * (1 + tanh(sqrt(2/pi) *
+        # (x + 0.044715 * x^3))) op by op: pow saves x, tanh saves its output, the last
+        # multiply saves both operands (0.5 * x and 1 + tanh), down saves the product. Under
+        # autocast pow is an fp32 op (autocast_mode.cpp's fp32 list): it saves an fp32 copy
+        # of x, and everything after it up to down's cast is promoted to fp32 but 0.5 * x.
+        wide = FP32 if autocast else c
+        return [Saved(f"{prefix}.gelu.pow_input", wide * tokens * f),
+                Saved(f"{prefix}.gelu.tanh_out", wide * tokens * f),
+                Saved(f"{prefix}.gelu.half_x", c * tokens * f),
+                Saved(f"{prefix}.gelu.one_plus_tanh", wide * tokens * f),
+                Saved(f"{prefix}.down.input", c * tokens * f)]
+    return [Saved(f"{prefix}.up_out", c * tokens * f), Saved(f"{prefix}.down.input",
+                                                           c * tokens * f)]
+
+
+def _scaled(saved: list[Saved], k: int, n: int) -> list[Saved]:
+    """Entries of k out of n blocks, spread over all n (an average block)."""
+    return [Saved(x.name, x.nbytes * k // n) for x in saved]
+
+
 def block_saved(model: ModelSpec, t: int, batch: int, seq: int, attention: Attention,
                 regime: AmpRegime, c: int, r: int) -> list[Saved]:
+    """What one block saves for backward. An MoE model with dense blocks (DeepSeek's
+    first_k_dense_replace) gets the average block: its MLP entries weighted by how many blocks
+    of each kind there are, so that n_layers x this sum is the whole model's."""
     h, f = model.hidden, model.ffn_hidden
     qd, kvd, nh = model.q_dim, model.kv_dim, model.n_heads
     autocast = regime is AmpRegime.AUTOCAST
     out: list[Saved] = []
 
     # --- attention branch -------------------------------------------------------------
-    out += _norm("norm1", model, t, regime, c, r)
-    # The norm output has dtype r (RMSNorm: weight(fp32 under autocast) * cast); q, k, v read it.
-    norm_out = r if model.norm is NormKind.RMSNORM else (FP32 if autocast else r)
+    if not model.post_norms:
+        out += _norm("norm1", model, t, regime, c, r)
+        # The norm output has dtype r (RMSNorm: weight(fp32 under autocast) * cast); q, k, v
+        # read it.
+        norm_out = r if model.norm is NormKind.RMSNORM else (
+            FP32 if autocast and model.norm is NormKind.LAYERNORM else r)
+    else:
+        norm_out = r  # OLMo-2: q, k, v read the residual stream itself
+    if model.mla:
+        readers = ("q_a" if model.q_lora_rank else "q", "kv_a")
+    elif model.fused_qkv:
+        readers = ("qkv",)
+    else:
+        readers = ("q", "k", "v")
     if autocast and norm_out != c:
-        for proj in ("q", "k", "v"):
+        for proj in readers:
             out.append(Saved(f"attn.{proj}.input_cast", c * t * h))
     else:
         out.append(Saved("attn.qkv.input", norm_out * t * h))
+    if model.qk_norm is not QkNorm.NONE:
+        # q_norm / k_norm (Qwen3, Gemma-3 per head; OLMo-2 over all heads) on the
+        # projections' c-dtype outputs; their outputs go on to RoPE (not saved there).
+        rows_q, rows_k = (nh, model.n_kv_heads) if model.qk_norm is QkNorm.HEAD else (1, 1)
+        out += _rms_inner("attn.q_norm", t, qd, rows_q, c, model.norm_weight_fp32)
+        out += _rms_inner("attn.k_norm", t, kvd, rows_k, c, model.norm_weight_fp32)
     # q, k, v come out of the linears in c. RoPE multiplies by cos/sin of the residual dtype:
     # under autocast the product is promoted to fp32 and sdpa/matmul casts it back to c
     # (a new tensor, saved); in module regime RoPE's output is c and saved directly.
@@ -161,16 +267,33 @@ def block_saved(model: ModelSpec, t: int, batch: int, seq: int, attention: Atten
         rope_note = ".rope_cast"
     else:
         rope_note = ""
-    if attention is Attention.SDPA:
+    # Phi-3's fused qkv_proj: v is a view of the (tokens, q + 2 kv) output, and what SDPA
+    # saves keeps that whole storage alive.
+    v_width = qd + 2 * kvd if model.fused_qkv else kvd
+    if model.mla:
+        out += _mla_saved(model, t, batch, seq, c)
+    elif attention is Attention.SDPA:
         # Flash-style SDPA saves q, k, v (GQA: k/v not expanded), out and the fp32
         # logsumexp (B, heads, T): aten/src/ATen/native/transformers/attention.cpp.
         out.append(Saved(f"sdpa.q{rope_note}", c * t * qd))
         out.append(Saved(f"sdpa.k{rope_note}", c * t * kvd))
-        out.append(Saved("sdpa.v", c * t * kvd))
+        out.append(Saved("sdpa.v", c * t * v_width))
         out.append(Saved("sdpa.out", c * t * qd))
         out.append(Saved("sdpa.logsumexp", FP32 * batch * nh * seq))
         # out is (B, T, heads, d) in memory, so transpose(1, 2).reshape is a view that
-        # attn.o saves without a copy.
+        # attn.o saves without a copy. Not after a fused qkv (RoPE on a slice of the qkv
+        # output, not dense) or a partial RoPE (the rotated and passed parts concatenated):
+        # q comes out (B, heads, T, d)-contiguous, SDPA's output follows q's layout, and the
+        # reshape for attn.o copies it (traced: Phi3Attention, PhiAttention).
+        if model.fused_qkv or model.partial_rotary:
+            out.append(Saved("attn.o.input_copy", c * t * qd))
+        if model.sliding_layers and seq > model.sliding_window:
+            # past the window a sliding layer's SDPA gets transformers' boolean (B, 1, T, T)
+            # mask, which SDPA turns into an additive mask of q's dtype on each call and the
+            # kernel keeps for backward (sdp::convert_boolean_attn_mask); averaged over the
+            # blocks (traced: Phi-3-mini, window 2047, seq 2048: 8 MiB per layer)
+            out.append(Saved("sdpa.window_mask",
+                             c * batch * seq * seq * model.sliding_layers // model.n_layers))
     else:
         # Eager: k, v repeated to n_heads for GQA (repeat_interleave copies), scores
         # s = q @ k^T * scale (not saved), causal masked_fill (bool mask shared across
@@ -180,6 +303,9 @@ def block_saved(model: ModelSpec, t: int, batch: int, seq: int, attention: Atten
         out.append(Saved(f"attn.q{rope_note}", c * t * qd))
         out.append(Saved("attn.k_expanded" if kvd != qd else f"attn.k{rope_note}", c * t * qd))
         out.append(Saved("attn.v_expanded" if kvd != qd else "attn.v", c * t * qd))
+        if model.attn_softcap:
+            # Gemma-2 eager_attention_forward: tanh(s / cap) * cap; tanh saves its output
+            out.append(Saved("attn.softcap_tanh", c * scores))
         out.append(Saved("attn.probs_fp32", FP32 * scores))
         if model.dropout:
             # dropout(probs): p @ v saves the dropped copy; native_dropout keeps a bool mask
@@ -192,16 +318,22 @@ def block_saved(model: ModelSpec, t: int, batch: int, seq: int, attention: Atten
     if model.norms_per_layer >= 4:
         # Gemma-2 post-attention norm on the branch output (dtype c).
         out += _norm("norm3", model, t, regime, c, c)
+    if model.post_norms:
+        out += _norm("norm1", model, t, regime, c, c)  # OLMo-2: on the attention output
     if model.dropout:
         out.append(Saved("attn.dropout_mask", t * h))  # on attn.o's output, before the add
 
     # --- MLP branch ---------------------------------------------------------------------
-    if model.parallel_block and model.norms_per_layer == 1:
+    if model.post_norms:
+        mlp_in_bytes = r
+    elif model.parallel_block and model.norms_per_layer == 1:
         mlp_in_bytes = None  # reads norm1's output, already saved above
     else:
         out += _norm("norm2", model, t, regime, c, r)
         mlp_in_bytes = norm_out
-    n_in = 2 if model.mlp.gated else 1
+    n_in = 1 if model.fused_gate_up else 2 if model.mlp.gated else 1
+    if model.shared_ffn:
+        n_in += n_in + model.shared_expert_gate  # the shared expert's linears read it too
     if mlp_in_bytes is not None:
         if autocast and mlp_in_bytes != c:
             for i in range(n_in):
@@ -211,45 +343,100 @@ def block_saved(model: ModelSpec, t: int, batch: int, seq: int, attention: Atten
     elif autocast and norm_out != c:
         for i in range(n_in):
             out.append(Saved(f"mlp.in{i}.input_cast", c * t * h))
-    tokens = t * model.experts_per_token if model.is_moe else t
+    mlp: list[Saved] = []
     if model.is_moe:
         e = model.n_experts
+        tokens = t * model.experts_per_token
         # Router: logits (t, E) in fp32 softmax, top-k; dispatch buffer (E, C, h) with
         # C = t*k/E (capacity factor 1.0) is saved by the expert bmm.
-        out.append(Saved("moe.router_probs", FP32 * t * e))
-        out.append(Saved("moe.dispatched", c * tokens * h))
-    if model.mlp.gated:
-        # down(act(gate(m)) * up(m)): act saves gate's output, mul saves act's output and
-        # up's output, down saves the product.
-        out.append(Saved("mlp.gate_out", c * tokens * f))
-        out.append(Saved("mlp.act_out", c * tokens * f))
-        out.append(Saved("mlp.up_out", c * tokens * f))
-        out.append(Saved("mlp.down.input", c * tokens * f))
-    else:
-        # down(gelu(up(m))): gelu saves up's output, down saves gelu's output.
-        out.append(Saved("mlp.up_out", c * tokens * f))
-        out.append(Saved("mlp.down.input", c * tokens * f))
-    if model.is_moe:
+        mlp.append(Saved("moe.router_probs", FP32 * t * e))
+        if model.router_fp32:
+            mlp.append(Saved("moe.router.input_fp32", FP32 * t * h))
+        # topk keeps its int64 indices for backward (derivatives.yaml: topk)
+        mlp.append(Saved("moe.topk_indices", 8 * t * model.experts_per_token))
+        mlp.append(Saved("moe.dispatched", c * tokens * h))
+        mlp += _mlp_saved(model, t, c, f, tokens)
         # Combine: expert outputs (E, C, h) gathered back and weighted (weights saved).
-        out.append(Saved("moe.expert_out", c * tokens * h))
+        mlp.append(Saved("moe.expert_out", c * tokens * h))
+        if model.shared_ffn:
+            # the always-on shared expert(s): one more MLP over every token (DeepSeek's
+            # shared_experts, Qwen2-MoE's shared_expert)
+            mlp += _mlp_saved(model, t, c, model.shared_ffn, t, "mlp.shared")
+        if model.shared_expert_gate:
+            # Qwen2-MoE: sigmoid(shared_expert_gate(x)) * shared: the multiply saves both
+            mlp += [Saved("mlp.shared_gate.sigmoid", c * t), Saved("mlp.shared.out", c * t * h)]
+        nd = model.n_dense_layers
+        if nd:
+            L = model.n_layers
+            mlp = _scaled(mlp, L - nd, L) + _scaled(
+                _mlp_saved(model, t, c, model.dense_ffn_hidden, t, "mlp.dense"), nd, L)
+    else:
+        mlp += _mlp_saved(model, t, c, f, t, autocast=autocast)
+    out += mlp
     if model.norms_per_layer >= 4:
         out += _norm("norm4", model, t, regime, c, c)
+    if model.post_norms:
+        out += _norm("norm2", model, t, regime, c, c)  # OLMo-2: on the MLP output
     if model.dropout:
         out.append(Saved("mlp.dropout_mask", t * h))
     return out
 
 
-def mm_outputs(model: ModelSpec, t: int, c: int) -> list[Saved]:
-    """A block's matmul outputs in execution order (q, k, v, o, then the MLP's)."""
-    h, f = model.hidden, model.ffn_hidden
-    out = [Saved("q.out", c * t * model.q_dim), Saved("k.out", c * t * model.kv_dim),
-           Saved("v.out", c * t * model.kv_dim), Saved("o.out", c * t * h)]
-    if model.is_moe:  # the router is a matmul; experts run as bmm (not saved by the policy)
-        return out + [Saved("router.out", c * t * model.n_experts)]
-    if model.mlp.gated:
-        return out + [Saved("gate.out", c * t * f), Saved("up.out", c * t * f),
-                      Saved("down.out", c * t * h)]
-    return out + [Saved("up.out", c * t * f), Saved("down.out", c * t * h)]
+def mm_outputs(model: ModelSpec, t: int, c: int, dense: bool = False) -> list[Saved]:
+    """A block's ``aten.mm`` outputs in execution order (q, k, v, o, then the MLP's).
+
+    Only linears without a bias run as ``aten.mm``; a biased one is ``addmm``, which
+    torchtitan's policy does not count or save (GPT-2's Conv1D, BERT, phi-2, Qwen2's q/k/v).
+    MoE experts run as grouped or batched matmuls (not counted); DeepSeek's router multiplies
+    in fp32. ``dense``: one of an MoE model's dense blocks."""
+    h, qd, kvd = model.hidden, model.q_dim, model.kv_dim
+    out: list[Saved] = []
+
+    def mm(name: str, width: int, biased: bool = False, nbytes: int = c) -> None:
+        if not biased:
+            out.append(Saved(name, nbytes * t * width))
+
+    if model.mla:
+        nh, qk, rope = model.n_heads, model.d_head, model.qk_rope_dim
+        if model.q_lora_rank:
+            mm("q_a.out", model.q_lora_rank)
+            mm("q_b.out", nh * qk)
+        else:
+            mm("q.out", nh * qk)
+        mm("kv_a.out", model.kv_lora_rank + rope)
+        mm("kv_b.out", nh * (qk - rope + (model.v_head_dim or qk)))
+    elif model.fused_qkv:
+        mm("qkv.out", qd + 2 * kvd, model.bias or model.qkv_bias)
+    else:
+        for name, width in (("q.out", qd), ("k.out", kvd), ("v.out", kvd)):
+            mm(name, width, model.bias or model.qkv_bias)
+    mm("o.out", h, model.bias or model.attn_out_bias)
+    f = model.dense_ffn_hidden if dense else model.ffn_hidden
+    if model.is_moe and not dense:
+        shared = [(n, w) for n, w in (("shared.gate.out", model.shared_ffn),
+                                      ("shared.up.out", model.shared_ffn),
+                                      ("shared.down.out", h))
+                  if model.shared_ffn and (model.mlp.gated or n != "shared.gate.out")]
+        if model.shared_expert_gate:
+            # Qwen2MoeSparseMoeBlock: the shared expert first, then the router, its gate last
+            for name, width in shared:
+                mm(name, width)
+            mm("router.out", model.n_experts)
+            mm("shared_gate.out", 1)
+            return out
+        # Mixtral, Qwen3-MoE, DeepSeek: the router, the experts, then the shared experts
+        mm("router.out", model.n_experts, nbytes=FP32 if model.router_fp32 else c)
+        for name, width in shared:
+            mm(name, width)
+        return out
+    if model.fused_gate_up:
+        mm("gate_up.out", 2 * f, model.bias)
+    else:
+        if model.mlp.gated:
+            mm("gate.out", f, model.bias)
+        mm("up.out", f, model.bias)
+    mm("down.out", h, model.bias)
+    return out
 
 
 def op_sac_kept(model: ModelSpec, t: int, batch: int, seq: int, attention: Attention,
@@ -265,9 +452,14 @@ def op_sac_kept(model: ModelSpec, t: int, batch: int, seq: int, attention: Atten
     recompute the attention core only, is a different policy.)
     """
     kept = [Saved("block.input", r * t * model.hidden)]
-    kept += [s for i, s in enumerate(mm_outputs(model, t, c)) if i % 2 == 0]
+    every_other = [s for i, s in enumerate(mm_outputs(model, t, c)) if i % 2 == 0]
+    if model.n_dense_layers:  # the average block (as block_saved)
+        L, nd = model.n_layers, model.n_dense_layers
+        every_other = _scaled(every_other, L - nd, L) + _scaled(
+            [s for i, s in enumerate(mm_outputs(model, t, c, dense=True)) if i % 2 == 0], nd, L)
+    kept += every_other
     if attention is Attention.SDPA:
-        kept += [Saved("sdpa.out", c * t * model.q_dim),
+        kept += [Saved("sdpa.out", c * t * model.o_in_dim),
                  Saved("sdpa.logsumexp", FP32 * batch * model.n_heads * seq)]
     return kept
 
@@ -300,9 +492,14 @@ def root_saved(model: ModelSpec, t: int, seq: int, regime: AmpRegime, c: int, r:
         out.append(Saved("lm_head.input", c * t * h))
     else:
         out += _norm("final_norm", model, t, regime, c, r)
-        norm_out = r if model.norm is NormKind.RMSNORM else (FP32 if autocast else r)
+        norm_out = r if model.norm is NormKind.RMSNORM else (
+            FP32 if autocast and model.norm is NormKind.LAYERNORM else r)
         name = "lm_head.input_cast" if autocast and norm_out != c else "lm_head.input"
         out.append(Saved(name, (c if autocast else norm_out) * t * h))
+        if model.final_softcap:
+            # Gemma-2: logits = tanh(logits / cap) * cap before the loss; tanh saves its
+            # output (tokens x vocab in the logits' dtype)
+            out.append(Saved("logits.softcap_tanh", c * t * model.vocab))
     return out
 
 
@@ -318,7 +515,8 @@ class LossTerms:
     """What a loop that holds the logits keeps through backward."""
 
 
-def loss_terms(model: ModelSpec, t: int, c: int, r: int, loss: LossKind, chunks: int) -> LossTerms:
+def loss_terms(model: ModelSpec, t: int, c: int, r: int, loss: LossKind, chunks: int,
+               compiled: bool = False) -> LossTerms:
     """The cross-entropy over the vocabulary, per way of computing it.
 
     - fp32: ``cross_entropy(logits.float())`` (HF ``ForCausalLMLoss``, torchtitan): log_softmax
@@ -332,9 +530,24 @@ def loss_terms(model: ModelSpec, t: int, c: int, r: int, loss: LossKind, chunks:
       gradients are computed in forward, chunk by chunk of ``next_pow2(ceil(t / ceil(V/h)))``
       tokens (``fused_linear_cross_entropy_forward``), keeping the input's gradient (c·t·h)
       and the head weight's gradient (its own dtype) for backward.
+    - compiled (``--compile model`` or ``blocks+loss``: torchtune's ``compile_loss``,
+      torchtitan's ``components = ["model", "loss"]``, an HF model computing its loss in
+      forward): AOTAutograd's min-cut partitioner saves the low-precision logits (and per-token
+      fp32 statistics) instead of the fp32 log-softmax, which inductor never materializes; the
+      backward writes the logits' gradient in their dtype. Holding the logits adds nothing:
+      the graph keeps them anyway.
     """
     v, h = model.vocab, model.hidden
     logits = c * t * v
+    if compiled and loss is not LossKind.FUSED:
+        n = chunks if loss is LossKind.CHUNKED else 1
+        return LossTerms(saved=Saved("loss.compiled_logits", logits + 2 * FP32 * t),
+                         forward=0, backward=-(-logits // n), kept_logits=0)
+    if loss is LossKind.FP32 and not model.loss_upcast and r == c:
+        # the model's own loss takes cross-entropy on the logits as they are
+        # (BertForMaskedLM's CrossEntropyLoss): no fp32 copy when the module computes in c
+        # (FSDP2 param_dtype, pure bf16); under autocast log_softmax is an fp32 op anyway
+        loss = LossKind.BF16
     if loss is LossKind.FUSED:
         ratio = -(-v // h)
         chunk = 1 << max(0, (-(-t // ratio) - 1).bit_length())
@@ -349,17 +562,109 @@ def loss_terms(model: ModelSpec, t: int, c: int, r: int, loss: LossKind, chunks:
                          forward=logits + -(-upcast // chunks),
                          backward=-(-(2 * FP32 * t * v + logits) // chunks), kept_logits=logits)
     return LossTerms(saved=Saved("loss.log_softmax_out", FP32 * t * v), forward=logits + upcast,
-                     backward=2 * FP32 * t * v, kept_logits=logits + upcast)
+                     # kept: the model's output; its fp32 copy is freed once log_softmax
+                     # ran (saves its output; _to_copy saves nothing): traced
+                     backward=2 * FP32 * t * v, kept_logits=logits)
+
+
+# ---------------------------------------------------------------------------------------------
+# Frozen weights, LoRA adapters and tensor parallel (docs/model.md §8)
+
+_LINEAR_INPUTS = {
+    # saved tensor -> the linears that save it for their weight gradient
+    "attn.qkv.input": ("q", "k", "v"), "attn.q.input_cast": ("q",),
+    "attn.k.input_cast": ("k",), "attn.v.input_cast": ("v",), "attn.o.input": ("o",),
+    "mlp.input": ("gate", "up"), "mlp.in0.input_cast": ("gate", "up"),
+    "mlp.in1.input_cast": ("up",), "mlp.down.input": ("down",), "moe.dispatched": (),
+}
+"""What a block saves only because a linear's weight needs its gradient. PyTorch's autograd
+codegen saves an input only when the other operand needs a gradient
+(``should_compute_output`` guards in the generated ``VariableType``): a frozen weight's
+matmul keeps its weight, not its input."""
+
+
+def lora_saved(model: ModelSpec, saved: list[Saved], ft: FineTune, t: int, c: int,
+               adapter_bytes: int = 0) -> list[Saved]:
+    """One block's saved set with a frozen base and LoRA adapters on ``ft.lora_targets``
+    (``ft.lora_rank`` 0: a frozen block without adapters).
+
+    Dropped: the norms' normalized output (saved only for the frozen norm weight's gradient)
+    and every linear input no trainable weight reads. peft's ``LoraLayer.forward`` computes
+    ``lora_B(lora_A(dropout(x))) * scaling`` beside the base layer, casting ``x`` to the
+    adapter's dtype first: lora_A saves its input and lora_B saves lora_A's output (t x r).
+    ``adapter_bytes`` 0: the adapter runs in the input's dtype and reads ``x`` itself (FSDP's
+    MixedPrecisionPolicy casts adapters to param_dtype; adapters in the base's dtype);
+    otherwise each adapted module keeps its own copy of its input in that many bytes (fp32
+    adapters: 4, or under autocast the bf16 cast of that copy: 2). With dropout each adapted
+    module keeps a bool mask and the dropped input (the copy, if it is cast).
+    """
+    targets = set(ft.lora_targets) if ft.lora else set()
+    dims = {"q": (model.hidden, model.q_dim), "k": (model.hidden, model.kv_dim),
+            "v": (model.hidden, model.kv_dim), "o": (model.q_dim, model.hidden),
+            "gate": (model.hidden, model.ffn_hidden), "up": (model.hidden, model.ffn_hidden),
+            "down": (model.ffn_hidden, model.hidden)}
+    shares = not ft.lora_dropout and not adapter_bytes
+    out = []
+    for x in saved:
+        if x.name.endswith(".normed"):
+            continue
+        users = _LINEAR_INPUTS.get(x.name)
+        if users is None:
+            out.append(x)
+        elif shares and targets & set(users):
+            out.append(x)  # the adapters' input, saved once for all that read it
+    a_bytes = adapter_bytes or c
+    for m in ft.lora_targets if ft.lora else ():
+        if m not in dims or (m in ("gate", "up", "down") and model.is_moe) \
+                or (m == "gate" and not model.mlp.gated):
+            continue
+        i, _ = dims[m]
+        if ft.lora_dropout:
+            out.append(Saved(f"lora.{m}.dropout_mask", t * i))
+            out.append(Saved(f"lora.{m}.dropout_out", a_bytes * t * i))
+        elif adapter_bytes:
+            out.append(Saved(f"lora.{m}.input_cast", a_bytes * t * i))
+        out.append(Saved(f"lora.{m}.a_out", a_bytes * t * ft.lora_rank))
+    return out
+
+
+_TP_FULL = ("attn.qkv.input", "attn.q.input_cast", "attn.k.input_cast", "attn.v.input_cast",
+            "mlp.input", "mlp.in0.input_cast", "mlp.in1.input_cast", "lm_head.input",
+            "lm_head.input_cast", "rope.cos_sin")
+
+
+def tp_saved(saved: list[Saved], tp: int) -> list[Saved]:
+    """Per GPU under tensor + sequence parallel (Korthikanti et al. 2022, sec. 4.2.2: every
+    activation split tp ways). As torchtitan runs it (``SequenceParallel`` norms,
+    ``ColwiseParallel(input_layouts=Shard(1))``), the all-gathered inputs of the
+    column-parallel linears (q/k/v, the MLP's inputs, the output head) are saved whole by
+    autograd; the paper's re-gather in backward is not done. RoPE's tables are replicated."""
+    if tp <= 1:
+        return saved
+    out = []
+    for x in saved:
+        base = x.name.removeprefix("lora.")
+        full = x.name in _TP_FULL or (x.name.startswith("lora.") and base.split(".")[0]
+                                      in ("q", "k", "v", "gate", "up"))
+        out.append(x if full else Saved(x.name, -(-x.nbytes // tp)))
+    return out
 
 
 @functools.lru_cache(maxsize=4096)
 def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Precision,
                      attention: Attention, checkpointing: Checkpointing,
                      uses_autocast: bool, loss: LossKind = LossKind.FP32, loss_chunks: int = 8,
-                     keep_logits: bool = False, compiled: bool = False) -> ActivationPlan:
+                     keep_logits: bool = False, compiled: bool = False,
+                     finetune: FineTune | None = None, tp: int = 1,
+                     adapter_bytes: int = 0, compiled_loss: bool = False) -> ActivationPlan:
     t = batch * seq
     regime, c, r = regime_for(precision, uses_autocast)
+    ft = finetune or FineTune()
     saved = block_saved(model, t, batch, seq, attention, regime, c, r)
+    eager_saved = saved
+    if ft.lora:
+        saved = lora_saved(model, saved, ft, t, c, adapter_bytes)
+    saved = tp_saved(saved, tp)
     block_total = sum(s.nbytes for s in saved)
     h, f = model.hidden, model.ffn_hidden
     tokens = t * model.experts_per_token if model.is_moe else t
@@ -367,17 +672,21 @@ def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Preci
     if checkpointing is Checkpointing.FULL:
         # Only the block input is kept (non-reentrant checkpoint holds its inputs); in
         # backward one block is recomputed at a time.
-        kept = r * t * h
+        kept = -(-r * t * h // tp)
         recompute = block_total
     elif checkpointing is Checkpointing.SELECTIVE:
-        kept = sum(x.nbytes for x in op_sac_kept(model, t, batch, seq, attention, c, r))
+        kept = sum(x.nbytes for x in tp_saved(op_sac_kept(model, t, batch, seq, attention, c, r),
+                                              tp))
         # in backward the block is re-run: everything it saves comes back, except what the
         # policy kept (already counted in `kept`)
-        recompute = block_total - _sac_overlap(model, saved, regime)
+        recompute = block_total - -(-_sac_overlap(model, eager_saved, regime) // tp)
     else:
         kept = block_total
         recompute = 0
-        if compiled:
+        if compiled and (not ft.full or tp > 1):
+            notes.append("compiled block's saved set measured for full training without TP: "
+                         "the eager saved set is counted")
+        elif compiled:
             # torch.compile: what AOTAutograd's min-cut partitioner saves (planner/compiled.py)
             from planner.compiled import saved_bytes
 
@@ -388,22 +697,58 @@ def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Preci
                              "(MoE or an unlisted block family): eager activations counted")
             else:
                 saved, kept = [Saved("compiled.block", measured)], measured
-    lt = loss_terms(model, t, c, r, loss, loss_chunks)
+    lt = loss_terms(model, t, c, r, loss, loss_chunks, compiled_loss)
+    head_frozen = ft.head_frozen(model.tied_embeddings)
+    root = root_saved(model, t, seq, regime, c, r)
+    loss_saved = lt.saved
+    if head_frozen:
+        # a frozen head keeps no input for its weight gradient (nor the final norm's output)
+        root = [x for x in root if not x.name.startswith("lm_head.input")
+                and not x.name.endswith(".normed")]
+        if loss is LossKind.FUSED:  # no weight gradient computed in forward either
+            loss_saved = Saved(lt.saved.name, c * t * h)
+    root = tp_saved(root, tp)
+    # loss_parallel (torchtitan): the logits stay sharded over the vocabulary
+    loss_saved = Saved(loss_saved.name, -(-loss_saved.nbytes // tp))
+    tp_loss = 0
+    if tp > 1 and loss in (LossKind.FP32, LossKind.BF16) and not compiled_loss:
+        # torch/distributed/tensor/parallel/loss.py computes log_softmax from its parts
+        # (``_log_softmax``: x - max, then shifted - logsumexp, in fp32) and its backward as
+        # ``(grad_input + exp(x)) * grad_output`` beside the zeroed grad_input: one more fp32
+        # logits-sized tensor than the fused kernels, in forward and in backward
+        tp_loss = FP32 * t * model.vocab
     # Inside one block's backward: the grad flowing in (residual dtype), the grad of the
     # branch output and the largest pair of MLP intermediate grads.
     ff = (2 if model.mlp.gated else 1) * c * tokens * f
-    block_bwd = 2 * r * t * h + ff
+    block_bwd = 2 * r * t * h // tp + ff // tp
+    frozen_blocks = ft.frozen_blocks(model.n_layers)
+    frozen_kept = 0
+    if frozen_blocks and not ft.embeddings_frozen:
+        # gradients still flow through the frozen blocks to the embeddings
+        frozen_kept = sum(x.nbytes for x in tp_saved(lora_saved(
+            model, eager_saved, FineTune(), t, c), tp))
+        if checkpointing is not Checkpointing.NONE:
+            frozen_kept = min(frozen_kept, kept)
+    first_less = 0
+    if ft.embeddings_frozen and checkpointing is Checkpointing.NONE and kept == block_total \
+            and frozen_blocks < model.n_layers:
+        # the first block a gradient reaches has an input that needs none: its RMSNorm keeps
+        # neither the fp32 input nor rstd (traced: 4·t·h + 4·t)
+        first_less = sum(x.nbytes for x in saved if x.name in ("norm1.input_fp32", "norm1.rstd"))
     return ActivationPlan(
         block_saved=tuple(saved),
         block_kept=kept,
-        root_saved=tuple(root_saved(model, t, seq, regime, c, r)) + (lt.saved,),
+        first_block_less=first_less,
+        root_saved=tuple(root) + (loss_saved,),
         recompute=recompute,
-        loss_forward_transient=lt.forward,
-        loss_backward_transient=lt.backward,
+        loss_forward_transient=-(-(lt.forward + tp_loss) // tp),
+        loss_backward_transient=-(-(lt.backward + tp_loss) // tp),
         block_backward_transient=block_bwd,
         n_layers=model.n_layers,
         residual_bytes=r,
-        kept_logits=lt.kept_logits if keep_logits else 0,
+        kept_logits=-(-lt.kept_logits // tp) if keep_logits else 0,
+        frozen_blocks=frozen_blocks,
+        frozen_block_kept=frozen_kept,
         notes=tuple(notes),
     )
 

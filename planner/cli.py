@@ -89,8 +89,10 @@ def field_options(paths: Iterable[str], **overrides: dict[str, Any]
 
 MODEL = ("model",)
 TRAINING = ("training",)
+FINETUNE = ("finetune",)
 HARDWARE = ("hardware",)
-CANDIDATES = ("strategy", "offload", "checkpointing", "margin", "calibration")
+CANDIDATES = ("strategy", "offload", "checkpointing", "parallel", "margin", "calibration")
+DEEPSPEED = ("deepspeed",)
 
 
 def request_from_options(kw: dict[str, Any]):
@@ -251,7 +253,7 @@ JOB_FORMATS = ("torchtitan", "deepspeed", "accelerate", "trainer", "axolotl", "l
 
 
 @cli.command("plan")
-@field_options(MODEL + TRAINING + HARDWARE + CANDIDATES)
+@field_options(MODEL + TRAINING + FINETUNE + HARDWARE + CANDIDATES + DEEPSPEED)
 @click.option("--find", type=click.Choice(["min-gpus", "max-micro-batch", "max-seq"]),
               help="Inverse question: the fewest GPUs of the type, or the largest micro-batch or "
               "sequence length that fits with the given strategies, offload and checkpointing; "
@@ -272,6 +274,11 @@ JOB_FORMATS = ("torchtitan", "deepspeed", "accelerate", "trainer", "axolotl", "l
               help="Plan the job a config file describes (torchtitan TOML, DeepSpeed JSON, "
               "accelerate / HF Trainer / TRL / axolotl / litgpt YAML, Kubeflow manifest, gate "
               "spec; repeat for the files of one job); flags given override it (docs/jobs.md).")
+@click.option("--deepspeed-config", "ds_config", metavar="FILE",
+              type=click.Path(exists=True, dir_okay=False, allow_dash=True),
+              help="A DeepSpeed config JSON: its stage, offload, precision, batch and engine "
+              "settings (buckets, overlap_comm, ZeRO-3 thresholds; \"auto\" filled in as the HF "
+              "integration does), read as a --job file of the job; --ds-* flags override it.")
 @click.option("--format", "job_format", type=click.Choice(JOB_FORMATS, case_sensitive=False),
               help="The --job file's format (default: told by its content).")
 @click.option("--write-job", metavar="OUT", type=click.Path(dir_okay=False),
@@ -280,7 +287,8 @@ JOB_FORMATS = ("torchtitan", "deepspeed", "accelerate", "trainer", "axolotl", "l
 @click.option("--job-diff", is_flag=True, help="Print the change --write-job would make, as a "
               "unified diff, instead of the table.")
 def plan_cmd(as_json: bool, wide: bool, find: str | None, job_paths: tuple[str, ...],
-             job_format: str | None, write_job: str | None, job_diff: bool, **kw: Any) -> int:
+             ds_config: str | None, job_format: str | None, write_job: str | None,
+             job_diff: bool, **kw: Any) -> int:
     """Predict per-GPU memory for every strategy and recommend one.
 
     Exit codes: 0 a candidate fits, 3 nothing fits, 2 usage error, 4 bad input data
@@ -291,12 +299,22 @@ def plan_cmd(as_json: bool, wide: bool, find: str | None, job_paths: tuple[str, 
 
         if job_paths:
             raise UsageError("--from-trace plans the --config it is given, not a --job file")
+        untraced = [f.flag for f in FIELDS if f.section in ("finetune", "parallel")
+                    and kw.get(f.dest) not in (None, f.default, f.shown_default, False)
+                    and not (f.path == "parallel.tp" and str(kw.get(f.dest)).strip() == "1")]
+        if untraced:
+            raise UsageError(f"--from-trace: {', '.join(untraced)} not traced yet; drop "
+                             "--from-trace for the analytic plan")
         return plan_command(kw, as_json=as_json, wide=wide, width=terminal_width(), find=find)
     from planner.plan import find as find_value
     from planner.plan import plan
     from planner.render import answer_json, table
 
     job = resolved = rw = None
+    if ds_config:  # the same reader as --job (planner/jobs/readers/deepspeed.py)
+        if job_format is None and not job_paths:
+            job_format = "deepspeed"
+        job_paths = (*job_paths, ds_config)
     if job_paths:
         from planner.jobs import plan_request
 
@@ -344,6 +362,8 @@ def plan_cmd(as_json: bool, wide: bool, find: str | None, job_paths: tuple[str, 
 
         width = terminal_width()
         text = table(answer, found, width=width, wide=wide)
+        # approximate readings of --config (and other request warnings) under the table
+        notes = [*(f"warning: {w}" for w in request.warnings if "stale" not in w), *notes]
         click.echo("\n".join([text, *(line for n in notes for line in _wrap(
             f"  - {n}", 10**6 if wide else width, "    "))]))
     if rw is not None:

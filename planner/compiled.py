@@ -48,7 +48,23 @@ def family_key(model: ModelSpec, autocast: bool, attention: Attention) -> str:
              "dropout" if model.dropout else "nodropout",
              "encoder" if model.encoder_head else "causal",
              "autocast" if autocast else "module", str(attention)]
+    # blocks the reference module cannot build (issue 13): never measured, so "not measured"
+    # rather than read as the plain family's. How a Hugging Face class computes the same
+    # block (fused projections, op-by-op gelu_new, softcapping, fp32 norm products) is left
+    # out: the table is the reference module's partitioner result for the family.
+    parts += [f for f in ("attn_out_bias", "post_norms", "mla", "head_bias")
+              if getattr(model, f)]
+    if model.qk_norm != "none":
+        parts.append(f"qknorm-{model.qk_norm}")
     return "/".join(parts)
+
+
+def measurable(model: ModelSpec) -> bool:
+    """Whether probes/compiled.py can measure the block: the reference module builds it
+    (probes.models.reference_spec) and it is not MoE."""
+    return not (model.is_moe or model.mla or model.qk_norm != "none" or model.post_norms
+                or model.attn_out_bias or model.head_bias or str(model.norm) == "layernorm-plain"
+                or (model.encoder_head and not model.pooler))
 
 
 @functools.lru_cache(maxsize=1)

@@ -24,12 +24,14 @@ from planner.spec import (
     CompileMode,
     GradSync,
     InitMode,
+    LINEAR_MODULES,
     LossKind,
     MlpKind,
     Offload,
     OptimizerImpl,
     OptimizerKind,
     Precision,
+    Quantize,
     Strategy,
     TrainingSpec,
 )
@@ -85,6 +87,122 @@ def parse_fsdp_version(raw: Any) -> int:
     return int(str(raw).strip())
 
 
+LORA_TARGET_GROUPS = {"attn": ("q", "k", "v", "o"), "mlp": ("gate", "up", "down"),
+                      "all-linear": LINEAR_MODULES}
+
+
+def parse_lora_targets(raw: Any) -> tuple[str, ...]:
+    """'q,v', 'attn', 'mlp', 'all-linear' or a list of those -> module names, in order."""
+    parts = [raw] if isinstance(raw, str) else raw
+    if not isinstance(parts, (list, tuple)) or not parts:
+        raise ValueError(f"must be module names (q,k,v,o,gate,up,down, attn, mlp, all-linear), "
+                         f"got {validate._show(raw)}")
+    out: list[str] = []
+    for part in parts:
+        if not isinstance(part, str):
+            raise ValueError(f"must be module names, got {validate._show(part)}")
+        for name in part.lower().replace(" ", "").split(","):
+            if not name:
+                continue
+            names = LORA_TARGET_GROUPS.get(name, (name,))
+            for n in names:
+                if n not in LINEAR_MODULES:
+                    raise ValueError(f"unknown module {name!r}; use "
+                                     f"{', '.join(LINEAR_MODULES)}, attn, mlp or all-linear")
+                if n not in out:
+                    out.append(n)
+    if not out:
+        raise ValueError("give at least one module")
+    return tuple(out)
+
+
+def parse_freeze(raw: Any) -> tuple[bool, int, int]:
+    """'embeddings', 'N-layers' (the first N blocks), both comma-separated, 'all-but-N-layers'
+    (only the last N blocks train) or 'none' -> (embeddings, first N, last N trained)."""
+    import re
+
+    text = validate.text(raw, limit=80).lower().strip()
+    if text == "none":
+        return False, 0, 0
+    emb, first, last = False, 0, 0
+    for part in (p.strip() for p in text.split(",")):
+        m = re.fullmatch(r"all[- ]but[- ](\d{1,6})[- ]layers?", part)
+        n = re.fullmatch(r"(\d{1,6})[- ]layers?", part)
+        if part in ("embeddings", "embedding", "embed"):
+            emb = True
+        elif m:
+            last = int(m.group(1))
+            if last < 1:
+                raise ValueError(f"all-but-N-layers needs N >= 1, got {raw!r}")
+        elif n:
+            first = int(n.group(1))
+        else:
+            raise ValueError(f"must be embeddings, N-layers, embeddings,N-layers, "
+                             f"all-but-N-layers or none, got {validate._show(raw)}")
+    if last and (first or emb):
+        raise ValueError(f"all-but-N-layers already freezes the embeddings and first layers, "
+                         f"got {raw!r}")
+    return emb, first, last
+
+
+def parse_tp(raw: Any) -> int | str:
+    """'auto' or a tensor-parallel degree (1 = none)."""
+    if isinstance(raw, str) and raw.strip().lower() == "auto":
+        return "auto"
+    return validate.count(raw, limit=1024)
+
+
+def parse_lora_dtype(raw: Any) -> bool:
+    """fp32 (peft's autocast_adapter_dtype default) or base -> adapters in fp32?"""
+    text = validate.text(raw, limit=20).lower().strip()
+    if text not in ("fp32", "base"):
+        raise ValueError(f"must be fp32 or base, got {validate._show(raw)}")
+    return text == "fp32"
+
+
+DS_MAX_ELEMS = 1 << 40
+"""Upper bound for a DeepSpeed element count (DeepSpeed itself only asks >= 0)."""
+
+
+def parse_ds_elems(raw: Any, auto: bool = False) -> int | str:
+    """A DeepSpeed element count: a non-negative integer (5e8 and 500_000_000 alike; DeepSpeed's
+    pydantic config refuses a fractional one) or, where the HF integration fills it in,
+    "auto"."""
+    if isinstance(raw, str):
+        text = raw.strip().lower()
+        if text == "auto":
+            if not auto:
+                raise ValueError('"auto" is filled in by the Hugging Face integration only for '
+                                 "reduce_bucket_size, allgather_bucket_size, "
+                                 "stage3_prefetch_bucket_size and "
+                                 "stage3_param_persistence_threshold")
+            return "auto"
+        try:
+            raw = float(text) if any(c in text for c in ".e") else int(text.replace("_", ""))
+        except ValueError:
+            raise ValueError(f"must be a number of elements{' or auto' if auto else ''}, "
+                             f"got {validate._show(raw)}") from None
+    if isinstance(raw, float) and raw.is_integer():
+        raw = int(raw)
+    if isinstance(raw, bool) or not isinstance(raw, int):
+        raise ValueError(f"must be a whole number of elements (DeepSpeed refuses "
+                         f"{validate._show(raw)})")
+    if raw < 0 or raw > DS_MAX_ELEMS:
+        raise ValueError(f"must be between 0 and {DS_MAX_ELEMS:,} elements, got {raw}")
+    return raw
+
+
+def _ds_auto(raw: Any) -> int | str:
+    return parse_ds_elems(raw, auto=True)
+
+
+def _ds_bool(raw: Any) -> bool:
+    if isinstance(raw, str) and raw.strip().lower() == "auto":
+        raise ValueError('"auto" is not filled in by the Hugging Face integration here; '
+                         "give true or false")
+    return validate.boolean(raw)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Field:
     path: str
@@ -136,6 +254,9 @@ FIELDS: tuple[Field, ...] = (
           help="A preset id or hub-style name (see --list-models)."),
     Field(path="model.config", flag="--config", metavar="PATH", check=validate.text, files=True,
           help="A local Hugging Face config.json (or its directory)."),
+    Field(path="model.approximate", flag="--approximate", check=validate.boolean, is_flag=True,
+          help="Accept an approximate reading of a --config that fitcheck does not model fully "
+          "(an unknown model_type, a vision tower, ...); each approximation is a warning."),
     Field(path="model.layers", flag="--layers", check=_count(100_000),
           help="Transformer blocks (overrides)."),
     Field(path="model.hidden", flag="--hidden", check=_count(1 << 20),
@@ -208,6 +329,80 @@ FIELDS: tuple[Field, ...] = (
           choices=_names(InitMode), default=_train_default("init"),
           help="How the weights reach the GPUs: meta-device init then sharded (default), "
           "rank 0 loads and broadcasts, or every rank loads the full model."),
+    # ---- fine-tuning ---------------------------------------------------------------------
+    Field(path="finetune.lora_rank", flag="--lora-rank", metavar="R",
+          check=lambda raw: validate.count(raw, limit=1 << 16),
+          help="LoRA adapters of rank R on a frozen base (peft): only they have gradients and "
+          "optimizer state."),
+    Field(path="finetune.lora_targets", flag="--lora-targets", metavar="q,v|attn|mlp|all-linear",
+          check=parse_lora_targets, default=("q", "v"), shown_default="q,v",
+          help="Linears that get adapters (peft's Llama default q,v)."),
+    Field(path="finetune.lora_dtype", flag="--lora-dtype", metavar="fp32|base",
+          check=parse_lora_dtype, default=True, shown_default="fp32",
+          help="Adapters in fp32 (peft's autocast_adapter_dtype default) or the base's dtype "
+          "(torchtune)."),
+    Field(path="finetune.lora_dropout", flag="--lora-dropout", check=validate.boolean,
+          is_flag=True, help="lora_dropout > 0: each adapter keeps its dropped input and mask."),
+    Field(path="finetune.quantize_base", flag="--quantize-base", check=_choice(Quantize),
+          choices=_names(Quantize), default=Quantize.NONE,
+          help="QLoRA: the frozen base's linears in 4-bit NF4 or LLM.int8 (bitsandbytes)."),
+    Field(path="finetune.double_quant", flag="--double-quant", check=validate.boolean,
+          is_flag=True, default=True,
+          help="NF4 constants quantized again (QLoRA recipes)."),
+    Field(path="finetune.freeze", flag="--freeze",
+          metavar="embeddings|N-layers|all-but-N-layers", check=parse_freeze,
+          default=(False, 0, 0), shown_default="none",
+          help="Full fine-tuning with frozen parts: the embeddings, the first N blocks, or "
+          "all but the last N blocks."),
+    Field(path="parallel.tp", flag="--tp", metavar="auto|N", check=parse_tp, default="auto",
+          help="Tensor-parallel degree with sequence parallel, FSDP on the other mesh "
+          "dimension (torchtitan). auto: TP 2/4/8 only when nothing fits without it."),
+    # ---- DeepSpeed (the ZeRO candidates; DeepSpeed's defaults, docs/model.md "DeepSpeed ZeRO")
+    Field(path="deepspeed.reduce_bucket_size", flag="--ds-reduce-bucket-size",
+          metavar="N|auto", check=_ds_auto,
+          help="Gradient bucket in elements (DeepSpeed default 5e8; auto: hidden^2 as the HF "
+          "integration sets it). One bucket, two with overlap_comm under ZeRO-1/2."),
+    Field(path="deepspeed.allgather_bucket_size", flag="--ds-allgather-bucket-size",
+          metavar="N|auto", check=_ds_auto,
+          help="ZeRO-1/2 parameter all-gather bucket (default 5e8): accepted, holds no memory "
+          "with current torch (gathered into the flat parameter buffer)."),
+    Field(path="deepspeed.overlap_comm", flag="--ds-overlap-comm", check=_ds_bool,
+          is_flag=True, help="Overlap gradient reduction with backward (default: DeepSpeed's, "
+          "on for ZeRO-3, off for ZeRO-1/2): a second bucket, more reductions in flight."),
+    Field(path="deepspeed.contiguous_gradients", flag="--ds-contiguous-gradients",
+          check=_ds_bool, is_flag=True,
+          help="Copy gradients into the bucket as they are produced (DeepSpeed default on)."),
+    Field(path="deepspeed.sub_group_size", flag="--ds-sub-group-size", metavar="N",
+          check=parse_ds_elems,
+          help="ZeRO-3: elements of the fp32 partition the optimizer steps at a time "
+          "(default 1e9)."),
+    Field(path="deepspeed.stage3_prefetch_bucket_size", flag="--ds-prefetch-bucket-size",
+          metavar="N|auto", check=_ds_auto,
+          help="ZeRO-3: parameters gathered ahead of use, elements (default 5e7; auto: "
+          "0.9 hidden^2)."),
+    Field(path="deepspeed.stage3_param_persistence_threshold",
+          flag="--ds-param-persistence-threshold", metavar="N|auto", check=_ds_auto,
+          help="ZeRO-3: parameters smaller than this stay whole on every GPU (default 1e5; "
+          "auto: 10 hidden)."),
+    Field(path="deepspeed.stage3_max_live_parameters", flag="--ds-max-live-parameters",
+          metavar="N", check=parse_ds_elems,
+          help="ZeRO-3: caps the gathered parameters the prefetcher keeps (default 1e9)."),
+    Field(path="deepspeed.stage3_max_reuse_distance", flag="--ds-max-reuse-distance",
+          metavar="N", check=parse_ds_elems,
+          help="ZeRO-3: parameters used again within this many elements stay gathered "
+          "(default 1e9; accepted, not modelled beyond the prefetch bucket)."),
+    Field(path="deepspeed.stage3_gather_16bit_weights_on_model_save",
+          flag="--ds-gather-16bit-on-save", check=_ds_bool, is_flag=True,
+          help="ZeRO-3: saving gathers a 16-bit state dict into rank 0's host RAM (the whole "
+          "model; checked against host RAM, outside the step)."),
+    Field(path="deepspeed.zero_init", flag="--ds-zero-init", check=_ds_bool, is_flag=True,
+          help="ZeRO-3: the model is built under deepspeed.zero.Init (default; the HF "
+          "integration does so). --no-ds-zero-init: every rank builds the full model and "
+          "the engine moves it to its GPU before partitioning."),
+    Field(path="deepspeed.fused_adam", flag="--ds-fused-adam", check=_ds_bool, is_flag=True,
+          help="DeepSpeed's own optimizer (a config optimizer block: FusedAdam, no step "
+          "temporaries; default). --no-ds-fused-adam: the client's torch optimizer "
+          "(--optimizer-impl decides its temporaries), as the HF Trainer without one."),
     # ---- hardware ----------------------------------------------------------------------
     Field(path="hardware.gpu", flag="--gpu", metavar="NAME|PATH", check=validate.text, files=True,
           help="GPU profile id (see --list-gpus) or a path to a TOML profile."),
@@ -231,7 +426,8 @@ FIELDS: tuple[Field, ...] = (
           help="Activation checkpointing; auto: the lightest that fits, per strategy."),
     Field(path="margin", flag="--margin",
           check=lambda raw: validate.number(raw, low=0, high=1, high_open=True),
-          default=DEFAULT_MARGIN, help="Fraction of GPU memory kept free."),
+          default=DEFAULT_MARGIN, help="Fraction of GPU memory kept free. Default: the p90 "
+          "of the planner's measured under-prediction on public runs (docs/accuracy.md)."),
     Field(path="calibration", flag="--calibration", metavar="FILE|auto|none",
           check=validate.text, default="auto", files=True,
           help="Fitted runtime terms (docs/calibration.md): a calibration file, auto (the one "

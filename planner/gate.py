@@ -51,14 +51,27 @@ def request_from_spec(spec: Mapping[str, Any], *, base_dir: str | None = None,
     values = spec_values(spec)
     if values.get("hardware.n") is None:
         raise SpecError("hardware.n: required (the total number of GPUs of the job)")
-    values, model = inline_model(values, SPEC)
+    notes: list[str] = []
+    values, model = inline_model(values, SPEC, notes)
     request = build_request(values, SPEC, allow_files=allow_files, base_dir=base_dir)
     if model is not None:
-        request = dataclasses.replace(request, model=model, model_source="config")
+        request = dataclasses.replace(request, model=model, model_source="config",
+                                      warnings=(*notes, *request.warnings))
     return request
 
 
-def inline_model(values: Mapping[str, Any], naming) -> tuple[dict[str, Any], Any]:
+def _approximate(values: Mapping[str, Any], naming) -> bool:
+    from planner import validate
+
+    raw = values.get("model.approximate")
+    try:
+        return raw is not None and validate.boolean(raw)
+    except ValueError as exc:
+        raise naming.fail("model.approximate", str(exc)) from None
+
+
+def inline_model(values: Mapping[str, Any], naming,
+                 notes: list[str] | None = None) -> tuple[dict[str, Any], Any]:
     """``model.config`` given as the config.json mapping itself (a webhook annotation cannot
     name a file): its ModelSpec, and the values with the model described by its shape fields
     (the placeholder build_request resolves; the caller puts the exact spec in its place)."""
@@ -70,11 +83,12 @@ def inline_model(values: Mapping[str, Any], naming) -> tuple[dict[str, Any], Any
 
     label = f"{naming.name('model.config')} (inline config.json)"
     try:
-        spec = spec_from_hf_config(dict(cfg), label)
+        spec = spec_from_hf_config(dict(cfg), label, notes=notes,
+                                   approximate=_approximate(values, naming))
     except ConfigError as exc:
         raise naming.error(str(exc)) from None
     for p in [p for p in values if p.startswith("model.")]:
-        if values[p] is not None and p not in ("model.config",):
+        if values[p] is not None and p not in ("model.config", "model.approximate"):
             raise naming.error(f"give only one of {naming.name('model.config')} (inline) and "
                                f"{naming.name(p)}")
     del values["model.config"]
@@ -94,10 +108,10 @@ def _gib(x: int) -> str:
     return f"{x / GiB:.1f} GiB"
 
 
-def _cand(e) -> dict[str, str]:
+def _cand(e) -> dict[str, Any]:
     c = e.candidate
     return {"strategy": str(c.strategy), "offload": str(c.offload),
-            "checkpointing": str(c.checkpointing)}
+            "checkpointing": str(c.checkpointing), "tp": c.tp}
 
 
 def _predicted(e, step=None) -> dict[str, Any]:
@@ -190,7 +204,18 @@ def gate(spec: Mapping[str, Any], *, base_dir: str | None = None,
 
 
 def verdict_for(request, *, pinned: bool, warnings: list[str]) -> dict[str, Any]:
-    """The verdict for a built request: any candidate, or the pinned strategy."""
+    """The verdict for a built request: any candidate, or the pinned strategy; with the
+    planner's measured error band for the kind of job it judged (planner/error_bands.py)."""
+    from planner.error_bands import bands_json
+
+    doc = _verdict_for(request, pinned=pinned, warnings=warnings)
+    judged = doc.get("predicted") or doc.get("recommendation")
+    doc["error_band"] = (None if not judged else
+                         bands_json(Strategy(judged["strategy"]), request.training.compile))
+    return doc
+
+
+def _verdict_for(request, *, pinned: bool, warnings: list[str]) -> dict[str, Any]:
     from planner.candidates import label
     from planner.plan import plan
 

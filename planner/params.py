@@ -13,15 +13,31 @@ import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from planner.spec import FineTune, ModelSpec, NormKind, PositionKind, Quantize
+from planner.spec import (
+    LINEAR_MODULES,
+    FineTune,
+    ModelSpec,
+    NormKind,
+    PositionKind,
+    QkNorm,
+    Quantize,
+)
 
 Shape = tuple[int, ...]
 
 
-def _norm(prefix: str, model: ModelSpec) -> Iterator[tuple[str, Shape]]:
-    yield f"{prefix}.weight", (model.hidden,)
+def _norm(prefix: str, model: ModelSpec, width: int = 0) -> Iterator[tuple[str, Shape]]:
+    """A norm of the model's kind over ``width`` (default: hidden) elements."""
+    if model.norm is NormKind.LAYERNORM_PLAIN:
+        return  # OLMo-1: F.layer_norm with no weight or bias
+    yield f"{prefix}.weight", (width or model.hidden,)
     if model.norm is NormKind.LAYERNORM:
-        yield f"{prefix}.bias", (model.hidden,)
+        yield f"{prefix}.bias", (width or model.hidden,)
+
+
+def _rms(prefix: str, width: int) -> Iterator[tuple[str, Shape]]:
+    """An RMSNorm inside attention (qk-norm, MLA's latent norms): weight only."""
+    yield f"{prefix}.weight", (width,)
 
 
 def _linear(prefix: str, out_f: int, in_f: int, bias: bool) -> Iterator[tuple[str, Shape]]:
@@ -30,32 +46,73 @@ def _linear(prefix: str, out_f: int, in_f: int, bias: bool) -> Iterator[tuple[st
         yield f"{prefix}.bias", (out_f,)
 
 
-def block_tensors(model: ModelSpec, prefix: str = "") -> Iterator[tuple[str, Shape]]:
-    """One transformer block's parameters (all blocks are identical)."""
-    h, f = model.hidden, model.ffn_hidden
-    yield from _norm(f"{prefix}norm1", model)
+def _attention(model: ModelSpec, prefix: str) -> Iterator[tuple[str, Shape]]:
+    h = model.hidden
+    if model.mla:
+        # DeepseekV2Attention / DeepseekV3Attention (transformers): q = q_b(norm(q_a(x))) or
+        # q_proj(x); [c_kv, k_pe] = kv_a(x); k_nope, v = kv_b(norm(c_kv)); o(attn).
+        nh, qk, rope = model.n_heads, model.d_head, model.qk_rope_dim
+        v = model.v_head_dim or qk
+        if model.q_lora_rank:
+            yield from _linear(f"{prefix}attn.q_a", model.q_lora_rank, h, False)
+            yield from _rms(f"{prefix}attn.q_a_norm", model.q_lora_rank)
+            yield from _linear(f"{prefix}attn.q_b", nh * qk, model.q_lora_rank, False)
+        else:
+            yield from _linear(f"{prefix}attn.q", nh * qk, h, False)
+        yield from _linear(f"{prefix}attn.kv_a", model.kv_lora_rank + rope, h, False)
+        yield from _rms(f"{prefix}attn.kv_a_norm", model.kv_lora_rank)
+        yield from _linear(f"{prefix}attn.kv_b", nh * (qk - rope + v), model.kv_lora_rank, False)
+        yield from _linear(f"{prefix}attn.o", h, model.o_in_dim, False)
+        return
     qkv_bias = model.bias or model.qkv_bias
     yield from _linear(f"{prefix}attn.q", model.q_dim, h, qkv_bias)
     yield from _linear(f"{prefix}attn.k", model.kv_dim, h, qkv_bias)
     yield from _linear(f"{prefix}attn.v", model.kv_dim, h, qkv_bias)
-    yield from _linear(f"{prefix}attn.o", h, model.q_dim, model.bias)
+    yield from _linear(f"{prefix}attn.o", h, model.q_dim, model.bias or model.attn_out_bias)
+    if model.qk_norm is QkNorm.HEAD:
+        yield from _rms(f"{prefix}attn.q_norm", model.d_head)
+        yield from _rms(f"{prefix}attn.k_norm", model.d_head)
+    elif model.qk_norm is QkNorm.FULL:
+        yield from _rms(f"{prefix}attn.q_norm", model.q_dim)
+        yield from _rms(f"{prefix}attn.k_norm", model.kv_dim)
+
+
+def _mlp(prefix: str, model: ModelSpec, f: int) -> Iterator[tuple[str, Shape]]:
+    h = model.hidden
+    if model.mlp.gated:
+        yield from _linear(f"{prefix}.gate", f, h, model.bias)
+    yield from _linear(f"{prefix}.up", f, h, model.bias)
+    yield from _linear(f"{prefix}.down", h, f, model.bias)
+
+
+def block_tensors(model: ModelSpec, prefix: str = "", *,
+                  dense: bool = False) -> Iterator[tuple[str, Shape]]:
+    """One transformer block's parameters: the typical block (with experts for MoE), or with
+    ``dense`` one of an MoE model's dense-MLP blocks (n_dense_layers of them)."""
+    h, f = model.hidden, model.ffn_hidden
+    if not model.post_norms or model.norms_per_layer != 2:
+        yield from _norm(f"{prefix}norm1", model)
+    yield from _attention(model, prefix)
+    if model.post_norms and model.norms_per_layer == 2:
+        yield from _norm(f"{prefix}norm1", model)  # OLMo-2: after attention
     if model.norms_per_layer >= 2:
         yield from _norm(f"{prefix}norm2", model)
     if model.norms_per_layer >= 4:  # Gemma-2 sandwich: post-attention and post-MLP norms
         yield from _norm(f"{prefix}norm3", model)
         yield from _norm(f"{prefix}norm4", model)
-    if model.is_moe:
+    if model.is_moe and not dense:
         e = model.n_experts
         yield f"{prefix}mlp.router.weight", (e, h)
         if model.mlp.gated:
             yield f"{prefix}mlp.w_gate", (e, f, h)
         yield f"{prefix}mlp.w_up", (e, f, h)
         yield f"{prefix}mlp.w_down", (e, h, f)
+        if model.shared_ffn:
+            yield from _mlp(f"{prefix}mlp.shared", model, model.shared_ffn)
+        if model.shared_expert_gate:
+            yield f"{prefix}mlp.shared_gate.weight", (1, h)
         return
-    if model.mlp.gated:
-        yield from _linear(f"{prefix}mlp.gate", f, h, model.bias)
-    yield from _linear(f"{prefix}mlp.up", f, h, model.bias)
-    yield from _linear(f"{prefix}mlp.down", h, f, model.bias)
+    yield from _mlp(f"{prefix}mlp", model, model.dense_ffn_hidden if dense else f)
 
 
 def root_tensors(model: ModelSpec) -> Iterator[tuple[str, Shape]]:
@@ -69,9 +126,11 @@ def root_tensors(model: ModelSpec) -> Iterator[tuple[str, Shape]]:
     if model.embedding_norm:
         yield from _norm("embed_norm", model)
     if model.encoder_head:
-        # BERT: pooler, then the MLM transform (dense + norm) and a decoder bias; the decoder
-        # weight is the (tied) embedding. BERT is post-norm, so it has no final norm.
-        yield from _linear("pooler", h, h, True)
+        # BERT: pooler (BertForPreTraining; not BertForMaskedLM), then the MLM transform
+        # (dense + norm) and a decoder bias; the decoder weight is the (tied) embedding.
+        # BERT is post-norm, so it has no final norm.
+        if model.pooler:
+            yield from _linear("pooler", h, h, True)
         yield from _linear("head.dense", h, h, True)
         yield from _norm("head.norm", model)
         if not model.tied_embeddings:
@@ -81,13 +140,16 @@ def root_tensors(model: ModelSpec) -> Iterator[tuple[str, Shape]]:
     yield from _norm("final_norm", model)
     if not model.tied_embeddings:
         yield "lm_head.weight", (model.vocab, h)
+    if model.head_bias:
+        yield "lm_head.bias", (model.vocab,)
 
 
 def param_tensors(model: ModelSpec) -> list[tuple[str, Shape]]:
-    """Every parameter tensor, in module registration order of the reference module."""
+    """Every parameter tensor, in module registration order of the reference module (an MoE
+    model's dense blocks first, as DeepSeek's first_k_dense_replace)."""
     out = [t for t in root_tensors(model) if t[0].startswith(("embed", "pos_", "type_"))]
     for i in range(model.n_layers):
-        out.extend(block_tensors(model, f"blocks.{i}."))
+        out.extend(block_tensors(model, f"blocks.{i}.", dense=i < model.n_dense_layers))
     out.extend(t for t in root_tensors(model) if not t[0].startswith(("embed", "pos_", "type_")))
     return out
 
@@ -96,7 +158,10 @@ def param_tensors(model: ModelSpec) -> list[tuple[str, Shape]]:
 def tensor_groups(model: ModelSpec) -> tuple[tuple[str, Shape, int], ...]:
     """(name, shape, how many) with every block's tensors listed once: the fast path for
     sums over all parameters (param_tensors lists n_layers copies)."""
-    out = [(n, s, model.n_layers) for n, s in block_tensors(model)]
+    nd = model.n_dense_layers
+    out = [(n, s, model.n_layers - nd) for n, s in block_tensors(model)]
+    if nd:
+        out += [(n, s, nd) for n, s in block_tensors(model, dense=True)]
     out += [(n, s, 1) for n, s in root_tensors(model)]
     return tuple(out)
 
@@ -113,6 +178,7 @@ class ParamCounts:
     """Element counts, grouped as FSDP units: one per block plus the root."""
 
     per_block: int
+    """One typical block (with its experts for MoE): the largest all-gather unit."""
     root: int
     largest_tensor: int
     """Elements of the largest single parameter tensor (single-tensor optimizer temporaries)."""
@@ -120,37 +186,52 @@ class ParamCounts:
     """Elements of the largest tensor inside a block (the typical per-parameter gradient)."""
     per_block_active: int
     """Per-block parameters a token actually multiplies (MoE: router + experts_per_token)."""
+    blocks_total: int = 0
+    """All blocks together (differs from per_block x n_layers when an MoE model has dense
+    blocks)."""
+    blocks_active: int = 0
+
+
+def _active(model: ModelSpec, tensors: list[tuple[str, Shape]]) -> int:
+    """A block's parameters a token multiplies: routed experts weighted by top-k / experts
+    (shared experts always run)."""
+    total = sum(numel(s) for _, s in tensors)
+    if not model.is_moe:
+        return total
+    e, k = model.n_experts, model.experts_per_token
+    expert = sum(numel(s) for n, s in tensors if n.startswith("mlp.w_"))
+    return total - expert + expert * k // e
 
 
 @functools.lru_cache(maxsize=1024)
 def count(model: ModelSpec) -> ParamCounts:
-    block = [numel(s) for _, s in block_tensors(model)]
+    tensors = list(block_tensors(model))
+    dense = list(block_tensors(model, dense=True)) if model.n_dense_layers else []
+    block = [numel(s) for _, s in tensors]
     root = [numel(s) for _, s in root_tensors(model)]
+    nd = model.n_dense_layers
     per_block = sum(block)
-    if model.is_moe:
-        e, k = model.n_experts, model.experts_per_token
-        expert = sum(numel(s) for n, s in block_tensors(model) if n.startswith("mlp.w_"))
-        per_block_active = per_block - expert + expert * k // e
-    else:
-        per_block_active = per_block
+    dense_total = sum(numel(s) for _, s in dense)
     return ParamCounts(
         per_block=per_block,
         root=sum(root),
         largest_tensor=max(block + root),
-        largest_block_tensor=max(block),
-        per_block_active=per_block_active,
+        largest_block_tensor=max(block + [numel(s) for _, s in dense]),
+        per_block_active=_active(model, tensors),
+        blocks_total=per_block * (model.n_layers - nd) + dense_total * nd,
+        blocks_active=_active(model, tensors) * (model.n_layers - nd) + dense_total * nd,
     )
 
 
 def total_params(model: ModelSpec) -> int:
     c = count(model)
-    return c.per_block * model.n_layers + c.root
+    return c.blocks_total + c.root
 
 
 def active_params(model: ModelSpec) -> int:
     """Parameters used per token (differs from total for MoE)."""
     c = count(model)
-    return c.per_block_active * model.n_layers + c.root
+    return c.blocks_active + c.root
 
 
 # ---------------------------------------------------------------------------------------------
@@ -193,9 +274,23 @@ class Trainable:
     largest_linear: int
     """Elements of the largest block linear (its dequantized copy is a transient)."""
 
+    train_dense_delta: int = 0
+    """An MoE model's trainable dense blocks: their elements minus as many typical blocks
+    (planner.params.count)."""
+    frozen_whole_blocks: int = 0
+    """Blocks frozen whole (--freeze N-layers): every element stored in the base dtype."""
+    block_elems: int = 0
+    """Elements of one block."""
+
     @property
     def train(self) -> int:
-        return self.train_per_block * self.train_blocks + self.train_root
+        return self.train_per_block * self.train_blocks + self.train_root + self.train_dense_delta
+
+    def frozen(self, n_layers: int) -> int:
+        """Frozen elements kept in the base dtype (not quantized): the frozen part of every
+        block, whole frozen blocks and the frozen root tensors."""
+        return (self.frozen_per_block * n_layers + self.frozen_whole_blocks * self.block_elems
+                + self.frozen_root)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -218,13 +313,15 @@ def trainable(model: ModelSpec, ft: FineTune) -> Trainable:
         if model.is_moe and {"gate", "up", "down"} & set(ft.lora_targets):
             raise ValueError("LoRA on MoE experts is not modelled; target attention (q,k,v,o)")
         dims = linear_dims(model)
-        missing = [m for m in ft.lora_targets if m not in dims]
+        # "all-linear" (every name) adapts the linears the model has: no gate without SwiGLU
+        every = set(ft.lora_targets) == set(LINEAR_MODULES)
+        missing = [m for m in ft.lora_targets if m not in dims and not every]
         if missing:
             raise ValueError(f"this model has no {', '.join(missing)} projection "
                              f"(it has {', '.join(dims)})")
         r = ft.lora_rank
         groups = []
-        for m in ft.lora_targets:
+        for m in (t for t in ft.lora_targets if t in dims):
             i, o = dims[m]
             groups += [(f"lora.{m}.A", (r, i), model.n_layers), (f"lora.{m}.B", (o, r),
                                                                   model.n_layers)]
@@ -235,18 +332,30 @@ def trainable(model: ModelSpec, ft: FineTune) -> Trainable:
             quant_per_block=lin_elems if quant else 0,
             quant_rows_per_block=sum(s[0] for _, s in lin) if quant else 0,
             frozen_root=sum(numel(s) for _, s in root), largest_linear=largest_linear)
-    n_frozen = min(ft.freeze_layers, model.n_layers)
+    n_frozen = ft.frozen_blocks(model.n_layers)
     frozen_root_names = set()
-    if ft.freeze_embeddings:
+    if ft.train_last_layers:
+        # only the last blocks train (LLaMA-Factory freeze tuning): embeddings, final norm
+        # and head are frozen too
+        frozen_root_names = {n for n, _ in root}
+    elif ft.freeze_embeddings:
         frozen_root_names = {n for n, _ in root if n.split(".")[0] in ("embed", "pos_embed",
                                                                        "type_embed")}
         if model.tied_embeddings:
             frozen_root_names.add("lm_head.weight")  # the tied head is the embedding
     groups = [(n, s, model.n_layers - n_frozen) for n, s in block if n_frozen < model.n_layers]
+    dense_delta = 0
+    nd = max(0, model.n_dense_layers - n_frozen)  # an MoE model's dense blocks come first
+    if nd:
+        groups = [(n, s, k - nd) for n, s, k in groups if k > nd]
+        groups += [(n, s, nd) for n, s in block_tensors(model, dense=True)]
+        dense_delta = nd * (sum(numel(s) for _, s in block_tensors(model, dense=True))
+                            - per_block)
     groups += [(n, s, 1) for n, s in root if n not in frozen_root_names]
     frozen_root = sum(numel(s) for n, s in root if n in frozen_root_names)
     return Trainable(
         groups=tuple(groups), train_per_block=per_block, train_blocks=model.n_layers - n_frozen,
         train_root=sum(numel(s) for _, s in root) - frozen_root,
         frozen_per_block=0, quant_per_block=0, quant_rows_per_block=0,
-        frozen_root=frozen_root, largest_linear=largest_linear)
+        frozen_root=frozen_root, largest_linear=largest_linear, train_dense_delta=dense_delta,
+        frozen_whole_blocks=n_frozen, block_elems=per_block)

@@ -16,10 +16,12 @@ from dataclasses import dataclass
 from planner.candidates import (
     EQUIVALENT,
     OFFLOAD_ORDER,
+    TP_DEGREES,
     expand,
     fit_first_key,
     label,
     preference_key,
+    tp_problem,
 )
 from planner.memory import Estimate, estimate
 from planner.request import Request
@@ -73,18 +75,52 @@ def _estimate(r: Request, c: Candidate) -> Estimate:
                     overheads=r.runtime.overheads)
 
 
+def auto_tp_degrees(r: Request) -> tuple[int, ...]:
+    """The TP degrees `--tp auto` may add: those the model and the node allow."""
+    return tuple(t for t in TP_DEGREES
+                 if tp_problem(r.model, t, r.cluster.n_gpus, r.cluster.gpus_per_node) is None)
+
+
+AUTO_TP_STRATEGIES = (Strategy.FULL_SHARD, Strategy.HYBRID_SHARD)
+"""What `--tp auto` composes with TP: FSDP2 over the data-parallel mesh dimension as
+torchtitan's 2-D (and HSDP 3-D) meshes do."""
+
+
 def evaluate(r: Request, offloads: Sequence[Offload],
              skipped: list[str] | None = None) -> list[Estimate]:
     """One estimate per (strategy, offload): the lightest checkpointing that fits (the
     heaviest if none does) when the request says auto, else the one asked for."""
     out = []
     for tries in expand(r.options.strategies, offloads, r.options.checkpointing,
-                        r.cluster.n_gpus, skipped):
+                        r.cluster.n_gpus, skipped, tps=(r.options.tp or 1,)):
         for c in tries:
             e = _estimate(r, c)
             if e.fits:
                 break
         out.append(e)
+    return out
+
+
+def auto_tp_strategies(r: Request) -> list[Strategy]:
+    return [s for s in r.options.strategies if s in AUTO_TP_STRATEGIES
+            and (s is not Strategy.HYBRID_SHARD or r.cluster.n_nodes > 1)]
+
+
+def evaluate_auto_tp(r: Request) -> list[Estimate]:
+    """`--tp auto` when nothing fits without TP: per FSDP strategy of the request, the
+    smallest TP degree that fits (each with the lightest checkpointing that fits), or the
+    largest when none does, as `--checkpointing auto` picks a mode."""
+    out = []
+    strategies = auto_tp_strategies(r)
+    for s in strategies:
+        last = None
+        for tp in auto_tp_degrees(r):
+            found = evaluate(r.with_options(strategies=(s,), tp=tp), (Offload.NONE,))
+            last = found[0] if found else last
+            if last is not None and last.fits:
+                break
+        if last is not None:
+            out.append(last)
     return out
 
 
@@ -99,9 +135,16 @@ def offload_modes(r: Request, *, for_fit: bool = False) -> tuple[Offload, ...]:
 def fits_any(r: Request) -> bool:
     """Whether some candidate of the request fits (offload included when 'auto')."""
     r = r.resolved()
+    if r.options.tp is not None:
+        tps = (r.options.tp,) if not tp_problem(r.model, r.options.tp, r.cluster.n_gpus,
+                                                 r.cluster.gpus_per_node) else ()
+    else:
+        tps = (1,) + auto_tp_degrees(r)
     tries = [c for group in expand(r.options.strategies, offload_modes(r, for_fit=True),
-                                   r.options.checkpointing, r.cluster.n_gpus)
-             for c in group]
+                                   r.options.checkpointing, r.cluster.n_gpus, tps=tps,
+                                   quiet_tp=True)
+             for c in group
+             if c.tp == 1 or r.options.tp is not None or c.strategy in auto_tp_strategies(r)]
     return any(_estimate(r, c).fits for c in sorted(tries, key=fit_first_key))
 
 
@@ -134,11 +177,16 @@ def recommend(estimates: Sequence[Estimate], steps: Sequence[StepEstimate], mult
     def simple(pair: tuple[Estimate, StepEstimate]) -> tuple[int, int, int]:
         return preference_key(pair[0].candidate, multi_node)
 
+    # time per token per GPU: under tensor parallel a step trains 1/tp of the tokens per GPU,
+    # so step times compare only through tokens/s/GPU
+    def per_token(st: StepEstimate) -> float:
+        return 1.0 / st.tokens_per_s_per_gpu
+
     if rank == "memory":
         best, best_step = min(fitting, key=simple)
     else:
-        fastest = min(st.step_time_s for _, st in fitting)
-        tied = [p for p in fitting if p[1].step_time_s <= fastest * (1 + TIE)]
+        fastest = min(per_token(st) for _, st in fitting)
+        tied = [p for p in fitting if per_token(p[1]) <= fastest * (1 + TIE)]
         best, best_step = min(tied, key=simple)
     c = best.candidate
     reasons = [
@@ -147,13 +195,13 @@ def recommend(estimates: Sequence[Estimate], steps: Sequence[StepEstimate], mult
         f"{best_step.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, MFU {best_step.mfu:.0%}",
         "ranked by the memory-only order (least sharding, checkpointing, offload)"
         if rank == "memory" else
-        f"ranked by predicted step time among candidates that fit; within {TIE:.0%} the "
-        "simpler one wins",
+        f"ranked by predicted tokens/s per GPU among candidates that fit; within {TIE:.0%} "
+        "the simpler one wins",
     ]
 
     def order(p: tuple[Estimate, StepEstimate]) -> tuple:
         """Fitting candidates fastest first, then those that do not fit."""
-        return (not p[0].fits, p[1].step_time_s if p[0].fits else 0.0, simple(p))
+        return (not p[0].fits, per_token(p[1]) if p[0].fits else 0.0, simple(p))
 
     for e, st in sorted(scored, key=order):
         if e is best:
@@ -161,7 +209,7 @@ def recommend(estimates: Sequence[Estimate], steps: Sequence[StepEstimate], mult
         if not e.fits:
             reasons.append(f"not {label(e.candidate)}: {why_not(e)}")
             continue
-        ratio = st.step_time_s / best_step.step_time_s
+        ratio = per_token(st) / per_token(best_step)
         if ratio >= 1:
             word = f"{ratio - 1:.0%} slower" if ratio > 1 + 0.005 else "as fast"
         else:
@@ -176,9 +224,13 @@ def plan(r: Request, rank: str = "throughput") -> Answer:
     r = r.resolved()
     skipped: list[str] = []
     estimates = evaluate(r, offload_modes(r), skipped)
-    if r.options.offloads is None and not any(e.fits for e in estimates):
-        # combinations that don't exist are left out silently here
-        estimates += evaluate(r, OFFLOAD_ORDER[1:])
+    if not any(e.fits for e in estimates):
+        if r.options.tp is None and Offload.NONE in offload_modes(r):
+            # tensor parallel (torchtitan's 2-D mesh) beside offload
+            estimates += evaluate_auto_tp(r)
+        if r.options.offloads is None:
+            # combinations that don't exist are left out silently here
+            estimates += evaluate(r, OFFLOAD_ORDER[1:])
     steps = tuple(estimate_step(r.model, r.training, r.cluster, e.candidate,
                                 r.runtime.assumptions) for e in estimates)
     ddp: dict = {}

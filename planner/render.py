@@ -8,10 +8,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from planner.memory import Estimate
-from planner.params import active_params, total_params
+from planner.error_bands import bands_json, bands_line
+from planner.memory import DEFAULT_MARGIN, Estimate
+from planner.params import active_params, total_params, trainable
 from planner.plan import Answer, Found
-from planner.spec import Checkpointing, ModelSpec, Offload, Strategy
+from planner.spec import (Checkpointing, CompileMode, GradSync, LossKind, ModelSpec, Offload,
+                          Quantize, Strategy)
 from planner.throughput import StepEstimate
 
 SCHEMA_VERSION = 1
@@ -67,7 +69,8 @@ def step_json(st: StepEstimate, ddp: StepEstimate) -> dict[str, Any]:
 
 
 def candidate_json(e: Estimate, st: StepEstimate | None = None,
-                   ddp: StepEstimate | None = None, grad_accum: int | None = None) -> dict[str, Any]:
+                   ddp: StepEstimate | None = None, grad_accum: int | None = None,
+                   compile: CompileMode = CompileMode.NONE) -> dict[str, Any]:
     c = e.candidate
     speed = step_json(st, ddp) if st is not None and ddp is not None else {}
     if grad_accum is not None:
@@ -76,6 +79,7 @@ def candidate_json(e: Estimate, st: StepEstimate | None = None,
         "strategy": str(c.strategy),
         "offload": str(c.offload),
         "checkpointing": str(c.checkpointing),
+        "tp": c.tp,
         "fits": e.fits,
         "fits_gpu": e.fits_gpu,
         "fits_host": e.fits_host,
@@ -93,6 +97,7 @@ def candidate_json(e: Estimate, st: StepEstimate | None = None,
         "host_bytes_per_node": e.host_bytes_per_node,
         "host_capacity_bytes": e.host_capacity_bytes,
         "notes": list(e.notes),
+        "error_band": bands_json(c.strategy, compile),
         **speed,
     }
 
@@ -108,6 +113,7 @@ def found_json(found: Found | None) -> dict[str, Any] | None:
             "strategy": str(rec.candidate.strategy),
             "offload": str(rec.candidate.offload),
             "checkpointing": str(rec.candidate.checkpointing),
+            "tp": rec.candidate.tp,
         },
     }
 
@@ -128,7 +134,16 @@ def answer_json(answer: Answer, found: Found | None = None) -> dict[str, Any]:
                 "optimizer": str(t.optimizer),
                 "optimizer_impl": str(t.optimizer_impl),
                 "attention": str(t.attention),
+                "grad_sync": str(t.grad_sync),
+                "loss": str(t.loss),
+                "loss_chunks": t.loss_chunks,
+                "keep_logits": t.keep_logits,
+                "compile": str(t.compile),
+                "allocator": str(t.allocator),
+                "fsdp_version": t.fsdp_version,
+                "init": str(t.init),
             },
+            "finetune": finetune_json(q),
             "hardware": {
                 "gpu": cl.gpu.id,
                 "gpu_name": cl.gpu.name,
@@ -143,14 +158,17 @@ def answer_json(answer: Answer, found: Found | None = None) -> dict[str, Any]:
             "checkpointing": str(q.options.checkpointing),
             "margin": q.options.margin,
             "global_batch": q.options.global_batch,
+            "tp": "auto" if q.options.tp is None else q.options.tp,
         },
-        "candidates": [candidate_json(e, st, d, t.grad_accum) for e, st, d
+        "candidates": [candidate_json(e, st, d, t.grad_accum, t.compile) for e, st, d
                        in zip(answer.estimates, answer.steps, answer.ddp_steps)],
         "recommendation": None if rec is None else {
             "strategy": str(rec.candidate.strategy),
             "offload": str(rec.candidate.offload),
             "checkpointing": str(rec.candidate.checkpointing),
+            "tp": rec.candidate.tp,
             "reasons": list(rec.reasons),
+            "error_band": bands_json(rec.candidate.strategy, t.compile),
         },
         "calibration": q.runtime.calibration,
         "min_gpus": answer.min_gpus,
@@ -158,6 +176,42 @@ def answer_json(answer: Answer, found: Found | None = None) -> dict[str, Any]:
         "skipped": list(answer.skipped),
         "assumptions": assumptions(answer),
     }
+
+
+def finetune_json(q) -> dict[str, Any]:
+    ft = q.training.finetune
+    T = trainable(q.model, ft)
+    return {
+        "lora_rank": ft.lora_rank, "lora_targets": list(ft.lora_targets) if ft.lora else [],
+        "lora_dtype": "fp32" if ft.lora_fp32 else "base", "lora_dropout": ft.lora_dropout,
+        "quantize_base": str(ft.quantize_base), "double_quant": ft.double_quant,
+        "freeze_embeddings": ft.freeze_embeddings, "freeze_layers": ft.freeze_layers,
+        "train_last_layers": ft.train_last_layers, "trainable_params": T.train,
+    }
+
+
+def finetune_line(q) -> str | None:
+    """'LoRA r 8 on q, v: 4,194,304 trainable (0.06 %), fp32 adapters' (None: full training)."""
+    ft = q.training.finetune
+    if ft.full:
+        return None
+    T = trainable(q.model, ft)
+    share = f"{T.train:,} trainable ({T.train / total_params(q.model):.2%})"
+    if ft.lora:
+        base = "" if ft.quantize_base is Quantize.NONE else (
+            f", {ft.quantize_base} base" + (" (double quant)" if ft.double_quant
+                                            and ft.quantize_base is Quantize.NF4 else ""))
+        return (f"LoRA r {ft.lora_rank} on {', '.join(ft.lora_targets)}: {share}, "
+                f"{'fp32' if ft.lora_fp32 else 'base-dtype'} adapters{base}"
+                + (", dropout" if ft.lora_dropout else ""))
+    parts = []
+    if ft.train_last_layers:
+        parts.append(f"all but the last {ft.train_last_layers} blocks")
+    if ft.freeze_embeddings:
+        parts.append("embeddings" + (" (and the tied head)" if q.model.tied_embeddings else ""))
+    if ft.freeze_layers:
+        parts.append(f"the first {ft.freeze_layers} blocks")
+    return f"frozen {' and '.join(parts)}: {share}"
 
 
 def assumptions(answer: Answer) -> list[str]:
@@ -181,8 +235,23 @@ def assumptions(answer: Answer) -> list[str]:
         f"{ov.cublas_workspace_bytes // 2**20} MiB, allocator reserved/allocated "
         f"{1 + ov.allocator_fragmentation:.2f} (not releasable)",
         f"fits = needed <= capacity x (1 - margin {q.options.margin:g}); the allocator's cache "
-        "of freed segments is not counted: it is released before an out-of-memory",
+        "of freed segments is not counted: it is released before an out-of-memory"
+        + ("" if q.options.margin != DEFAULT_MARGIN else
+           "; the default margin is the p90 of the planner's measured under-prediction on "
+           "public runs (docs/accuracy.md)"),
     ]
+    t = q.training
+    loss = f"chunked:{t.loss_chunks}" if t.loss is LossKind.CHUNKED else str(t.loss)
+    out.append(f"training loop: gradients synced {'every micro-batch' if t.grad_sync is GradSync.EVERY else 'on the last micro-batch only'}, "
+               f"loss {loss}{' (logits kept through backward)' if t.keep_logits else ''}, "
+               f"compile {t.compile}, allocator {t.allocator}, FSDP{t.fsdp_version}, init {t.init}")
+    ft = finetune_line(q)
+    out.append(f"fine-tuning: {ft}" if ft else "fine-tuning: none (every parameter trains)")
+    tp = q.options.tp
+    out.append(("tensor parallel: auto (TP 2/4/8 with sequence parallel, FSDP over the rest, "
+                "tried only when nothing fits without it)" if tp is None else
+                f"tensor parallel: {tp}" + (" (with sequence parallel)" if tp > 1 else ""))
+               + "; pipeline, context and expert parallel: not modelled")
     return out
 
 
@@ -200,7 +269,8 @@ def why_never(q) -> str:
 
 def _label(e: Estimate) -> list[str]:
     c = e.candidate
-    return [str(c.strategy), str(c.offload) if c.offload is not Offload.NONE else "-",
+    return [str(c.strategy) + (f"+tp{c.tp}" if c.tp > 1 else ""),
+            str(c.offload) if c.offload is not Offload.NONE else "-",
             str(c.checkpointing) if c.checkpointing is not Checkpointing.NONE else "-"]
 
 
@@ -310,6 +380,9 @@ def table(answer: Answer, found: Found | None = None, *, width: int = 100,
                     "sequences)")
     head.append(f"training  seq {t.seq}, micro-batch {t.micro_batch}, grad-accum {t.grad_accum}, "
                 f"{t.precision}, {t.optimizer} ({t.optimizer_impl}), attention {t.attention}")
+    ft = finetune_line(q)
+    if ft:
+        head.append(f"finetune  {ft}")
     head.append(f"hardware  {cl.n_gpus} x {cl.gpu.name} ({gib(cl.gpu.memory_bytes)} GiB), "
                 f"{cl.gpus_per_node} per node, {cl.n_nodes} node(s), host RAM "
                 f"{gib(cl.host_ram_bytes_per_node)} GiB per node")
@@ -317,9 +390,11 @@ def table(answer: Answer, found: Found | None = None, *, width: int = 100,
         lines += _wrap(h, wrap_width, " " * 10)
     lines.append("")
     rows = list(zip(answer.estimates, answer.steps, answer.ddp_steps))
+    tp_note = ("; +tpN rows: a tensor-parallel group of N GPUs shares each micro-batch"
+               if any(e.candidate.tp > 1 for e in answer.estimates) else "")
     step_note = (f"(one optimizer step = {t.grad_accum} micro-batch(es) of {t.micro_batch} x "
                  f"{t.seq} tokens per GPU; vs DDP = step time over DDP's with the same "
-                 "checkpointing, whether or not DDP fits)")
+                 f"checkpointing, whether or not DDP fits{tp_note})")
     if wide:
         for cols, note in ((MEMORY_COLUMNS, MEMORY_NOTE), (SPEED_COLUMNS, step_note)):
             lines.append(columns([_label(r[0]) + [cell(r) for _, cell in cols] for r in rows],
@@ -329,8 +404,8 @@ def table(answer: Answer, found: Found | None = None, *, width: int = 100,
     else:
         lines.append(_compact(rows, width))
         lines += _wrap("(GiB per GPU at each candidate's peak moment; step time of one optimizer "
-                       f"step of {t.grad_accum} x {t.micro_batch} x {t.seq} tokens per GPU; "
-                       "--wide for every term)", width)
+                       f"step of {t.grad_accum} x {t.micro_batch} x {t.seq} tokens per GPU"
+                       f"{tp_note}; --wide for every term)", width)
         lines.append("")
     if found is not None:
         what = {"min-gpus": "fewest GPUs", "max-micro-batch": "largest micro-batch",
@@ -341,16 +416,21 @@ def table(answer: Answer, found: Found | None = None, *, width: int = 100,
             c = answer.recommendation.candidate if answer.recommendation else None
             lines += _wrap(f"found: {what} = {found.value}"
                            + (f" (with {c.strategy}, checkpointing {c.checkpointing}, offload "
-                              f"{c.offload})" if c else ""), wrap_width, "  ")
+                              f"{c.offload}{f', TP {c.tp}' if c.tp > 1 else ''})" if c else ""),
+                           wrap_width, "  ")
     rec = answer.recommendation
     if rec is not None:
         c = rec.candidate
         extra = "".join([
+            f" + TP {c.tp}" if c.tp > 1 else "",
             f" + {c.checkpointing} checkpointing" if c.checkpointing is not Checkpointing.NONE else "",
             f" + {c.offload} offload" if c.offload is not Offload.NONE else ""])
         lines.append(f"recommendation: {c.strategy}{extra}")
         for r in rec.reasons:
             lines += _wrap(f"  - {r}", wrap_width, "    ")
+        band = bands_line(c.strategy, t.compile)
+        if band:
+            lines += _wrap(f"  - {band}", wrap_width, "    ")
     elif answer.min_gpus is not None:
         lines += _wrap(f"does not fit: needs {answer.min_gpus} GPUs of this type "
                        f"({cl.gpu.id}) with the best of these candidates", wrap_width, "  ")

@@ -15,12 +15,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planner.errors import InputDataError
-from planner.fields import FLAGS, Naming, parse
+from planner.fields import FIELDS, FLAGS, Naming, parse
 from planner.memory.breakdown import Overheads
 from planner.memory.estimator import DEFAULT_MARGIN
 from planner.spec import (
     Checkpointing,
     Cluster,
+    DeepSpeedConfig,
+    FineTune,
     GpuProfile,
     MlpKind,
     ModelSpec,
@@ -28,6 +30,8 @@ from planner.spec import (
     Strategy,
     TrainingSpec,
 )
+from planner.candidates import tp_problem
+from planner.params import trainable
 from planner.throughput import DEFAULT_ASSUMPTIONS, ThroughputAssumptions
 
 
@@ -43,6 +47,8 @@ class Options:
     """Fraction of device memory kept free."""
     global_batch: int | None = None
     """Sequences per optimizer step over all GPUs; sets grad_accum (pure data parallel)."""
+    tp: int | None = 1
+    """Tensor-parallel degree of the FSDP candidates; None: 1, and 2/4/8 when nothing fits."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -104,8 +110,10 @@ def llama_ffn(hidden: int) -> int:
 
 
 def resolve_model(v: Mapping[str, Any], naming: Naming, *, allow_files: bool,
-                  base_dir: str | None) -> tuple[ModelSpec, str]:
-    """The model and a word for where its shape came from: params, preset, config, explicit."""
+                  base_dir: str | None,
+                  warnings: list[str] | None = None) -> tuple[ModelSpec, str]:
+    """The model and a word for where its shape came from: params, preset, config, explicit.
+    ``warnings`` collects the accepted approximations of a config (model.approximate)."""
     given = [p for p in ("model.params", "model.preset", "model.config") if v.get(p) is not None]
     if len(given) > 1:
         raise naming.error(f"give only one of {', '.join(naming.name(p) for p in given)}")
@@ -139,7 +147,8 @@ def resolve_model(v: Mapping[str, Any], naming: Naming, *, allow_files: bool,
         if not os.path.isfile(path):
             raise naming.fail("model.config", f"no such file: {v['model.config']!r}")
         try:
-            spec, source = load_hf_config(path), "config"
+            spec, source = load_hf_config(path, notes=warnings,
+                                          approximate=bool(v.get("model.approximate"))), "config"
         except ConfigError as exc:
             raise InputDataError(str(exc)) from None
     else:
@@ -239,6 +248,13 @@ def resolve_runtime(choice: str, gpu: GpuProfile, model: ModelSpec, naming: Nami
 def training_from(v: Mapping[str, Any]) -> TrainingSpec:
     """The training run from parsed fields (``fields.parse``)."""
     loss, chunks = v["training.loss"]
+    emb, first, last = v["finetune.freeze"]
+    rank = v["finetune.lora_rank"] or 0
+    finetune = FineTune(
+        lora_rank=rank, lora_targets=v["finetune.lora_targets"],
+        lora_fp32=v["finetune.lora_dtype"], lora_dropout=bool(v["finetune.lora_dropout"]),
+        quantize_base=v["finetune.quantize_base"], double_quant=bool(v["finetune.double_quant"]),
+        freeze_embeddings=emb, freeze_layers=first, train_last_layers=last)
     return TrainingSpec(
         seq=v["training.seq"], micro_batch=v["training.micro_batch"],
         grad_accum=v["training.grad_accum"], precision=v["training.precision"],
@@ -246,7 +262,29 @@ def training_from(v: Mapping[str, Any]) -> TrainingSpec:
         attention=v["training.attention"], grad_sync=v["training.grad_sync"], loss=loss,
         loss_chunks=chunks, keep_logits=bool(v["training.keep_logits"]),
         compile=v["training.compile"], allocator=v["training.allocator"],
-        fsdp_version=v["training.fsdp_version"], init=v["training.init"])
+        fsdp_version=v["training.fsdp_version"], init=v["training.init"], finetune=finetune,
+        deepspeed=deepspeed_from(v))
+
+
+def deepspeed_from(v: Mapping[str, Any]) -> DeepSpeedConfig:
+    """The DeepSpeed settings given (``deepspeed.*`` fields); DeepSpeed's defaults for the
+    rest. "auto" stays until ``resolve_deepspeed`` knows the model."""
+    given = {f.key: v[f.path] for f in FIELDS if f.section == "deepspeed"
+             and v.get(f.path) is not None}
+    return DeepSpeedConfig(**given)
+
+
+def resolve_deepspeed(training: TrainingSpec, model: ModelSpec) -> tuple[TrainingSpec, list[str]]:
+    """"auto" DeepSpeed sizes filled in as the HF integration does, from the hidden size, and
+    the assumption line that says so."""
+    ds = training.deepspeed
+    if not ds.autos:
+        return training, []
+    done = ds.resolved(model.hidden)
+    shown = ", ".join(f"{k} {getattr(done, k):,}" for k in ds.autos)
+    note = (f'DeepSpeed "auto" filled in as the HF integration does from hidden '
+            f"{model.hidden:,}: {shown}")
+    return dataclasses.replace(training, deepspeed=done), [note]
 
 
 def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
@@ -255,20 +293,37 @@ def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
     field the way the front end calls it (``naming``). With ``allow_files=False`` (the
     webhook) nothing on disk is read: profile ids, presets and ``auto`` calibration only."""
     v = parse(values, naming)
-    model, source = resolve_model(v, naming, allow_files=allow_files, base_dir=base_dir)
+    model_warnings: list[str] = []
+    model, source = resolve_model(v, naming, allow_files=allow_files, base_dir=base_dir,
+                                  warnings=model_warnings)
     gpu = resolve_gpu(v["hardware.gpu"], naming, allow_files=allow_files, base_dir=base_dir)
     runtime, gpu = resolve_runtime(v["calibration"], gpu, model, naming,
                                    allow_files=allow_files)
     cluster = resolve_cluster(gpu, v["hardware.n"], v["hardware.gpus_per_node"],
                               v["hardware.host_ram_gib"], naming)
-    training = training_from(v)
+    try:
+        training = training_from(v)
+    except ValueError as exc:  # a combination FineTune refuses (a quantized base without LoRA)
+        raise naming.fail("finetune.lora_rank" if v["finetune.lora_rank"] or
+                          v["finetune.quantize_base"] != "none" else "finetune.freeze",
+                          str(exc)) from None
+    try:
+        trainable(model, training.finetune)
+    except ValueError as exc:  # targets the model does not have (gate on a GELU MLP)
+        raise naming.fail("finetune.lora_targets", str(exc)) from None
+    training, ds_notes = resolve_deepspeed(training, model)
+    tp = v["parallel.tp"]
+    if tp != "auto":
+        problem = tp_problem(model, tp, cluster.n_gpus, cluster.gpus_per_node)
+        if problem:
+            raise naming.fail("parallel.tp", problem)
     offload = v["offload"]
     options = Options(
         strategies=v["strategy"] or tuple(Strategy),
         offloads=None if offload == "auto" else (offload,),
         checkpointing=v["checkpointing"], margin=v["margin"],
-        global_batch=v["training.global_batch"])
-    warnings = []
+        global_batch=v["training.global_batch"], tp=None if tp == "auto" else tp)
+    warnings = list(model_warnings) + ds_notes
     if model.shape_assumed:
         warnings.append(f"model shape assumed from {naming.name('model.params')}; give "
                         f"{naming.name('model.preset')} or a shape for an exact estimate")

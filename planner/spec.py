@@ -9,7 +9,7 @@ planner and the trace probes describe one model.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 class MlpKind(enum.StrEnum):
@@ -25,6 +25,15 @@ class MlpKind(enum.StrEnum):
 class NormKind(enum.StrEnum):
     LAYERNORM = "layernorm"  # weight + bias
     RMSNORM = "rmsnorm"  # weight only
+    LAYERNORM_PLAIN = "layernorm-plain"  # no weight, no bias (OLMo-1's non-parametric norm)
+
+
+class QkNorm(enum.StrEnum):
+    """An RMSNorm on the queries and keys before RoPE."""
+
+    NONE = "none"
+    HEAD = "head"  # over each head's head_dim (Qwen3, Gemma-3: q_norm/k_norm of head_dim)
+    FULL = "full"  # over all heads at once (OLMo-2: q_norm of n_heads*head_dim, k_norm of kv_dim)
 
 
 class PositionKind(enum.StrEnum):
@@ -131,7 +140,12 @@ class LossKind(enum.StrEnum):
 class CompileMode(enum.StrEnum):
     NONE = "none"  # eager
     BLOCKS = "blocks"  # torch.compile per transformer block (torchtitan)
-    MODEL = "model"  # the whole model in one graph
+    BLOCKS_LOSS = "blocks+loss"  # and the loss (torchtune compile=True, torchtitan components)
+    MODEL = "model"  # the whole model in one graph, its loss included (HF computes it in forward)
+
+    @property
+    def loss_compiled(self) -> bool:
+        return self in (CompileMode.BLOCKS_LOSS, CompileMode.MODEL)
 
 
 class Allocator(enum.StrEnum):
@@ -195,6 +209,63 @@ class ModelSpec:
     mask per element for backward."""
     shape_assumed: bool = False
     """True when the shape was derived from --params by the scaling rule, not given."""
+    # ---- features of particular families (defaults: the plain block above) -----------------
+    attn_out_bias: bool = False
+    """The attention output projection carries a bias (Llama's attention_bias=true)."""
+    qk_norm: QkNorm = QkNorm.NONE
+    post_norms: bool = False
+    """The block's two norms sit on the branch outputs, not on the inputs (OLMo-2)."""
+    q_lora_rank: int = 0
+    """Multi-head latent attention (DeepSeek-V2/V3, Liu et al. 2024 sec. 2.1): rank of the
+    query down-projection (0: a plain q projection)."""
+    kv_lora_rank: int = 0
+    """MLA: rank of the joint key/value compression; > 0 turns MLA on. head_dim is then the
+    query/key head (qk_nope_head_dim + qk_rope_head_dim)."""
+    qk_rope_dim: int = 0
+    """MLA: the decoupled RoPE part of each query/key head (one shared key part)."""
+    v_head_dim: int = 0
+    """MLA: the value head (0: head_dim)."""
+    shared_ffn: int = 0
+    """MoE: the inner width of the always-on shared expert(s), all together (DeepSeek:
+    n_shared_experts x moe_intermediate_size; Qwen2-MoE: shared_expert_intermediate_size)."""
+    router_fp32: bool = False
+    """MoE: the router multiplies in fp32 (DeepSeek's gate: F.linear(x.float(), w.float())),
+    saving an fp32 copy of its input."""
+    shared_expert_gate: bool = False
+    """MoE: a sigmoid gate (hidden -> 1) scales the shared expert (Qwen2-MoE)."""
+    n_dense_layers: int = 0
+    """MoE: blocks with a dense MLP of dense_ffn_hidden instead of experts (DeepSeek's
+    first_k_dense_replace, Qwen-MoE's mlp_only_layers / decoder_sparse_step)."""
+    dense_ffn_hidden: int = 0
+    fused_gate_up: bool = False
+    """One gate_up projection whose (tokens, 2 ffn) output is split in two (Phi-3)."""
+    fused_qkv: bool = False
+    """One qkv projection whose output is split into q, k, v views (Phi-3)."""
+    partial_rotary: bool = False
+    """RoPE on part of each head, the parts concatenated again (phi-2's
+    partial_rotary_factor 0.4)."""
+    norm_weight_fp32: bool = False
+    """The RMSNorm multiplies by its weight in fp32 before casting back (Gemma's
+    x_normed * (1 + w), OLMo-2's w * x_normed): it saves an fp32 product, not a cast."""
+    python_gelu: bool = False
+    """The tanh GELU written out op by op (HF ``gelu_new``: GPT-2, phi-2), not one kernel."""
+    sliding_window: int = 0
+    """Tokens a sliding-window layer attends to (0: none); past it such a layer's SDPA gets an
+    explicit mask (Mistral-7B-v0.1, Phi-3-mini, Gemma-3's local layers)."""
+    sliding_layers: int = 0
+    """How many of the blocks attend through the sliding window."""
+    attn_softcap: bool = False
+    """tanh soft-capping of the attention logits (Gemma-2; eager attention)."""
+    final_softcap: bool = False
+    """tanh soft-capping of the output logits (Gemma-2)."""
+    pooler: bool = True
+    """BERT (encoder_head): the pooler dense layer (BertForPreTraining has it,
+    BertForMaskedLM not)."""
+    head_bias: bool = False
+    """The output projection carries a bias (phi-2)."""
+    loss_upcast: bool = True
+    """The class's own loss upcasts the logits to fp32 (HF ForCausalLMLoss); False: it takes
+    cross-entropy in the logits' dtype (BertForMaskedLM's CrossEntropyLoss)."""
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab"):
@@ -219,6 +290,16 @@ class ModelSpec:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
         if self.position is PositionKind.LEARNED and self.max_positions <= 0:
             raise ValueError("max_positions must be positive for learned positions")
+        if self.n_dense_layers and not (self.is_moe and self.n_dense_layers < self.n_layers
+                                        and self.dense_ffn_hidden > 0):
+            raise ValueError(f"n_dense_layers ({self.n_dense_layers}) needs an MoE model with "
+                             "fewer dense layers than layers and dense_ffn_hidden")
+        if not 0 <= self.sliding_layers <= self.n_layers:
+            raise ValueError(f"sliding_layers ({self.sliding_layers}) must be between 0 and "
+                             f"n_layers ({self.n_layers})")
+        if self.kv_lora_rank and not (self.head_dim and 0 < self.qk_rope_dim < self.head_dim):
+            raise ValueError("multi-head latent attention needs head_dim (qk_nope + qk_rope) "
+                             f"above qk_rope_dim ({self.qk_rope_dim}) > 0")
 
     @property
     def d_head(self) -> int:
@@ -235,6 +316,19 @@ class ModelSpec:
     @property
     def is_moe(self) -> bool:
         return self.n_experts > 1
+
+    @property
+    def mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def o_in_dim(self) -> int:
+        """Width of the attention output (the o projection's input)."""
+        return self.n_heads * (self.v_head_dim or self.d_head)
+
+    @property
+    def n_moe_layers(self) -> int:
+        return self.n_layers - self.n_dense_layers if self.is_moe else 0
 
 
 class Quantize(enum.StrEnum):
@@ -269,6 +363,8 @@ class FineTune:
     freeze_embeddings: bool = False
     freeze_layers: int = 0
     """The first N blocks frozen."""
+    train_last_layers: int = 0
+    """Everything frozen but the last N blocks (LLaMA-Factory's freeze tuning; 0: unused)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.lora_rank, int) or isinstance(self.lora_rank, bool) \
@@ -279,19 +375,103 @@ class FineTune:
             raise ValueError(f"lora_targets must be some of {', '.join(LINEAR_MODULES)}, got "
                              f"{', '.join(self.lora_targets) or 'none'}")
         if self.quantize_base is not Quantize.NONE and not self.lora_rank:
-            raise ValueError("a quantized base trains only adapters: give lora_rank")
-        if not isinstance(self.freeze_layers, int) or self.freeze_layers < 0:
-            raise ValueError(f"freeze_layers must be a non-negative integer, got "
-                             f"{self.freeze_layers!r}")
+            raise ValueError("a quantized base trains only LoRA adapters: give a LoRA rank")
+        for name in ("freeze_layers", "train_last_layers"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"{name} must be a non-negative integer, got {v!r}")
+        if self.lora_rank and (self.freeze_layers or self.train_last_layers
+                               or self.freeze_embeddings):
+            raise ValueError("LoRA freezes the whole base already: drop the freeze")
 
     @property
     def lora(self) -> bool:
         return self.lora_rank > 0
 
     @property
+    def embeddings_frozen(self) -> bool:
+        return self.lora or self.freeze_embeddings or bool(self.train_last_layers)
+
+    def head_frozen(self, tied: bool) -> bool:
+        """The output head gets no gradient (a tied head is the embedding table)."""
+        return self.lora or bool(self.train_last_layers) or (self.freeze_embeddings and tied)
+
+    def frozen_blocks(self, n_layers: int) -> int:
+        """Leading blocks with no trainable parameter and no adapter."""
+        if self.lora:
+            return 0
+        if self.train_last_layers:
+            return max(0, n_layers - self.train_last_layers)
+        return min(self.freeze_layers, n_layers)
+
+    @property
     def full(self) -> bool:
         """Every parameter trains."""
-        return not self.lora and not self.freeze_embeddings and not self.freeze_layers
+        return not (self.lora or self.freeze_embeddings or self.freeze_layers
+                    or self.train_last_layers)
+
+
+HF_AUTO = "auto"
+"""A DeepSpeed value the Hugging Face integration fills in (``DeepSpeedConfig.resolved``)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeepSpeedConfig:
+    """The DeepSpeed engine settings that hold device or host memory, with DeepSpeed's own
+    defaults (``deepspeed/runtime/zero/config.py`` at v0.19.6, commit edaa7221; the config
+    docs' table of stage-3 defaults is out of date). Sizes are elements, as in DeepSpeed's
+    JSON. ``"auto"`` is the Hugging Face integration's placeholder, resolved from the model's
+    hidden size by ``resolved``."""
+
+    reduce_bucket_size: int | str = 500_000_000
+    """Gradient bucket (elements): ZeRO-1/2 allocate it during backward, ZeRO-3 at init."""
+    allgather_bucket_size: int | str = 500_000_000
+    """ZeRO-1/2 parameter all-gather after the step: with current torch the partitions are
+    gathered straight into the flat parameter buffer, so it holds no memory of its own."""
+    overlap_comm: bool | None = None
+    """None: DeepSpeed's validator default, True for stage 3 and False for stages 0-2."""
+    contiguous_gradients: bool = True
+    sub_group_size: int = 1_000_000_000
+    """ZeRO-3: elements of the flat fp32 partition the optimizer steps at a time."""
+    stage3_prefetch_bucket_size: int | str = 50_000_000
+    stage3_param_persistence_threshold: int | str = 100_000
+    """ZeRO-3: parameters with fewer elements stay gathered on every rank."""
+    stage3_max_live_parameters: int = 1_000_000_000
+    stage3_max_reuse_distance: int = 1_000_000_000
+    stage3_gather_16bit_weights_on_model_save: bool = False
+    """ZeRO-3 saving: rank 0 gathers a 16-bit state dict into host RAM (module by module on
+    the GPU: no more than the gathered working set)."""
+    zero_init: bool = True
+    """ZeRO-3: the model is built under ``deepspeed.zero.Init`` (partitioned as it is
+    constructed; the HF integration does this when the config says stage 3)."""
+    fused_adam: bool = True
+    """The optimizer is DeepSpeed's own (an ``optimizer`` block: FusedAdam, DeepSpeedCPUAdam
+    under offload), else the client's torch optimizer (the HF Trainer without one)."""
+
+    def overlap(self, stage3: bool) -> bool:
+        """overlap_comm as DeepSpeed resolves it (``overlap_comm_valid``)."""
+        return stage3 if self.overlap_comm is None else self.overlap_comm
+
+    def resolved(self, hidden: int) -> DeepSpeedConfig:
+        """"auto" values as ``transformers.integrations.deepspeed``
+        (``HfTrainerDeepSpeedConfig.trainer_config_finalize``) and accelerate fill them in:
+        reduce_bucket_size = h^2, stage3_prefetch_bucket_size = int(0.9 h^2),
+        stage3_param_persistence_threshold = 10 h."""
+        auto = {"reduce_bucket_size": hidden * hidden,
+                "stage3_prefetch_bucket_size": int(0.9 * hidden * hidden),
+                "stage3_param_persistence_threshold": 10 * hidden}
+        changes = {k: v for k, v in auto.items() if getattr(self, k) == HF_AUTO}
+        if self.allgather_bucket_size == HF_AUTO:
+            changes["allgather_bucket_size"] = 500_000_000
+        return replace(self, **changes) if changes else self
+
+    @property
+    def autos(self) -> tuple[str, ...]:
+        """The settings still "auto"."""
+        return tuple(k for k in ("reduce_bucket_size", "allgather_bucket_size",
+                                 "stage3_prefetch_bucket_size",
+                                 "stage3_param_persistence_threshold")
+                     if getattr(self, k) == HF_AUTO)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -316,6 +496,8 @@ class TrainingSpec:
     """FSDP1 (FullyShardedDataParallel) or FSDP2 (fully_shard), for the FSDP strategies."""
     init: InitMode = InitMode.META
     finetune: FineTune = field(default_factory=FineTune)
+    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
+    """The DeepSpeed engine's settings, for the ZeRO candidates."""
 
     def __post_init__(self) -> None:
         for name in ("seq", "micro_batch", "grad_accum", "loss_chunks"):
@@ -367,8 +549,11 @@ class GpuProfile:
     cuda_context_bytes: int
     """Device memory taken by the CUDA/ROCm context and loaded kernels before any tensor."""
     compute_efficiency: float = 0.5
-    """Achieved fraction of the dense peak in large-model training (fitted per GPU family on
+    """Achieved fraction of the dense peak in large-model training, eager (fitted per GPU family on
     public throughput measurements; calibrations replace it)."""
+    compiled_compute_efficiency: float | None = None
+    """The same under torch.compile (training.compile != none), fitted per GPU family on the
+    compiled public runs; None: compute_efficiency."""
     sources: dict[str, str] = field(default_factory=dict)
     """Field name -> where the value comes from."""
 

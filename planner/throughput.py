@@ -38,6 +38,7 @@ from planner.spec import (
     Checkpointing,
     Candidate,
     Cluster,
+    CompileMode,
     GpuProfile,
     GradSync,
     ModelSpec,
@@ -127,9 +128,28 @@ def matmul_params(model: ModelSpec) -> tuple[int, int]:
 
     Per block: q (q_dim x h), k and v (kv_dim x h), o (h x q_dim), the MLP matrices
     (3 for gated MLPs, 2 otherwise; ``experts_per_token`` of them for MoE) and the MoE router.
-    Biases and norms are excluded (they are not matmuls). Head: vocab x hidden.
+    Biases and norms are excluded (they are not matmuls). Head: vocab x hidden. Multi-head
+    latent attention, shared experts and dense blocks: read off the block's tensors.
     """
     h = model.hidden
+    if model.mla or model.shared_ffn or model.n_dense_layers or model.shared_expert_gate:
+        # the block's own tensors (planner.params): every matrix, routed experts weighted by
+        # top-k / experts; an MoE model with dense blocks: the average block
+        from planner.params import block_tensors, numel
+
+        def mm(dense: bool) -> int:
+            total = 0
+            for name, shape in block_tensors(model, dense=dense):
+                if len(shape) < 2:
+                    continue
+                k = numel(shape)
+                routed = name.startswith("mlp.w_") and not dense
+                total += k * model.experts_per_token // model.n_experts if routed else k
+            return total
+
+        L, nd = model.n_layers, model.n_dense_layers
+        block = (mm(False) * (L - nd) + (mm(True) * nd if nd else 0)) // L
+        return block, model.vocab * h
     attn = h * (2 * model.q_dim + 2 * model.kv_dim)
     mlp = (3 if model.mlp.gated else 2) * h * model.ffn_hidden
     if model.is_moe:
@@ -329,8 +349,12 @@ def peak_flops(gpu: GpuProfile, precision: Precision) -> float:
     return gpu.bf16_tflops * 1e12
 
 
-def default_compute_efficiency(gpu: GpuProfile) -> float:
-    """The profile's achieved fraction of peak (data in hardware_profiles/*.toml)."""
+def default_compute_efficiency(gpu: GpuProfile, compile: CompileMode = CompileMode.NONE) -> float:
+    """The profile's achieved fraction of peak (data in hardware_profiles/*.toml): eager, or
+    compiled when the blocks or the model are torch.compile-d (fitted separately on the public
+    runs: benchmarks/throughput_accuracy.py, docs/throughput.md)."""
+    if compile is not CompileMode.NONE and gpu.compiled_compute_efficiency is not None:
+        return gpu.compiled_compute_efficiency
     return gpu.compute_efficiency
 
 
@@ -384,6 +408,24 @@ class StepInputs:
     comm: Collectives
     recompute: Recompute
     offload: OffloadTraffic
+    # ---- fine-tuning and tensor parallel (defaults: full training, no TP) -----------------
+    p_grad: Any = None
+    """Parameters with gradients (reduced, offloaded); None: all (p_total)."""
+    mm_w: Any = None
+    """Matmul weights per token whose weight gradient is computed; None: all (L·p_block +
+    p_head). LoRA: the adapters; frozen layers: the rest."""
+    mm_x: Any = None
+    """Matmul weights per token through which an input gradient flows; None: all."""
+    attn_bwd_layers: Any = None
+    """Layers whose attention backward runs (frozen leading blocks with frozen embeddings have
+    none); None: all."""
+    dequant_s: Any = 0.0
+    """Dequantizing a quantized base, per micro-batch (forward and backward)."""
+    tp: Any = 1.0
+    """Tensor-parallel degree (sequence parallel)."""
+    tp_bytes: Any = 0.0
+    """Bytes of one sequence-parallel all-gather / reduce-scatter: micro-batch x seq x hidden
+    x compute bytes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -420,18 +462,26 @@ def step_core(x: StepInputs) -> StepEstimate:
     mm = L * x.p_block + x.p_head
     attn_fwd = 4.0 * L * seq * q
     fwd_tok = 2.0 * mm + attn_fwd
-    bwd_tok = 4.0 * mm + 2.0 * attn_fwd
+    # backward: an input-gradient and a weight-gradient matmul per weight (2 + 2 FLOPs per
+    # weight per token); a frozen weight skips the second, a block no gradient reaches both
+    mm_w = mm if x.mm_w is None else x.mm_w
+    mm_x = mm if x.mm_x is None else x.mm_x
+    attn_bwd = attn_fwd if x.attn_bwd_layers is None else 4.0 * x.attn_bwd_layers * seq * q
+    bwd_tok = 2.0 * mm_x + 2.0 * mm_w + 2.0 * attn_bwd
     model_tok = fwd_tok + bwd_tok
     recompute_tok = rc.matmul * 2.0 * L * x.p_block + rc.attention * attn_fwd
     tokens_micro = mb * seq
-    rate = x.peak * x.eff
-    fwd_s = tokens_micro * fwd_tok / rate
-    bwd_s = tokens_micro * (bwd_tok + recompute_tok) / rate
+    tp = x.tp
+    rate = x.peak * x.eff * tp  # a TP group shares each micro-batch's matmuls
+    fwd_s = tokens_micro * fwd_tok / rate + 0.5 * x.dequant_s
+    # (a recomputed forward dequantizes again)
+    bwd_s = tokens_micro * (bwd_tok + recompute_tok) / rate + 0.5 * x.dequant_s * (1.0 + rc.matmul)
     compute_s = ga * (fwd_s + bwd_s)
 
     # ---- communication ----------------------------------------------------------------------
-    # shard / reduction group: a node for HYBRID_SHARD, all GPUs otherwise
-    m = vec.where(cm.hybrid > 0, vec.minimum(n, gpn), n)
+    # shard / reduction group: a node for HYBRID_SHARD, all GPUs otherwise (over the
+    # data-parallel dimension of a TP mesh: n / tp)
+    m = vec.where(cm.hybrid > 0, vec.minimum(n, gpn), n) / tp
     # A ring over a group that spans nodes is bottlenecked by the network, but NCCL runs one
     # ring per NIC (channel) and each ring leaves a node once: the network carries 1/local of
     # a GPU's ring traffic, where local = group members per node. Bus bandwidth is therefore
@@ -443,8 +493,9 @@ def step_core(x: StepInputs) -> StepEstimate:
     hop = vec.where(spans, x.lat_inter, x.lat_intra)
     k = vec.ceil(n / gpn)  # replicas across nodes (HYBRID_SHARD)
     ring = (m - 1.0) / m
-    param_buf = x.p_total * x.gather_b
-    grad_buf = x.p_total * x.grad_b
+    p_grad = x.p_total if x.p_grad is None else x.p_grad
+    param_buf = x.p_total * x.gather_b / tp
+    grad_buf = vec.maximum(p_grad * x.grad_b / tp, 1.0)
     units = L + 1.0
     # collectives per full-model pass: one per FSDP unit, or one per DDP bucket
     calls_grad = vec.where(cm.per_unit > 0, units,
@@ -476,9 +527,18 @@ def step_core(x: StepInputs) -> StepEstimate:
     last_b = b_micro + b_step
     exp_last = vec.maximum(last_b * tail_b, last_b - ov * bwd_s)
     exposed_s = ga * exp_f + (ga - 1.0) * exp_b + exp_last + e_step
+    # sequence-parallel collectives inside each layer (Korthikanti et al. 2022, sec. 4.2.2):
+    # forward all-gathers before attention and MLP and reduce-scatters after them, backward
+    # the same, a recomputed forward again; on the critical path (torchtitan without async
+    # TP), inside a node
+    tp_calls = L * (8.0 + 4.0 * rc.matmul)
+    tp_s = vec.where(tp > 1.0, ga * tp_calls * ((tp - 1.0) / tp * x.tp_bytes / x.bw_intra
+                                                 + (tp - 1.0) * x.lat_intra), 0.0)
+    comm_s = comm_s + tp_s
+    exposed_s = exposed_s + tp_s
 
     # ---- offload over PCIe + CPU optimizer (not overlapped: an upper bound) ------------------
-    p_local = x.p_total / vec.where(cm.sharded_opt > 0, m, 1.0)
+    p_local = p_grad / vec.where(cm.sharded_opt > 0, m, 1.0)
     pcie_bytes = p_local * (off.grads_down_micro * ga * x.grad_b
                             + off.grads_down_step * x.grad_b
                             + off.params_up_step * x.gather_b
@@ -486,7 +546,7 @@ def step_core(x: StepInputs) -> StepEstimate:
     offload_s = pcie_bytes / x.pcie + off.cpu_step * p_local / x.cpu_rate
 
     step_s = compute_s + exposed_s + offload_s
-    tokens_step = ga * tokens_micro
+    tokens_step = ga * tokens_micro / tp  # per GPU: a TP group shares its micro-batches
     return StepEstimate(
         step_time_s=step_s, compute_s=compute_s, comm_s=comm_s, exposed_comm_s=exposed_s,
         offload_s=offload_s, tokens_per_s_per_gpu=tokens_step / step_s,
@@ -499,6 +559,43 @@ def step_core(x: StepInputs) -> StepEstimate:
 # --------------------------------------------------------------------------------------------
 
 
+def finetune_inputs(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile) -> dict[str, Any]:
+    """StepInputs fields of a fine-tune (empty for full training): what has gradients, which
+    backward matmuls run, and the quantized base's dequantization.
+
+    bitsandbytes dequantizes each 4-bit linear to the compute dtype in forward and again in
+    backward (``MatMul4Bit``): memory-bound, reading the packed codes (0.5 B) and writing the
+    bf16 copy (2 B) per element at HBM bandwidth.
+    """
+    from planner.params import trainable
+
+    ft = training.finetune
+    if ft.full:
+        return {}
+    T = trainable(model, ft)
+    p_block, p_head = matmul_params(model)
+    L = model.n_layers
+    frozen = ft.frozen_blocks(L)
+    head_w = 0 if ft.head_frozen(model.tied_embeddings) else p_head
+    if ft.lora:
+        w = float(T.train)  # the adapters' own matmuls are counted as weight gradients
+        x_elems = float(L * p_block + p_head)
+        attn_layers = float(L)
+    else:
+        w = float((L - frozen) * p_block + head_w)
+        reach = 0 if ft.embeddings_frozen else frozen  # frozen blocks a gradient crosses
+        x_elems = float((L - frozen + reach) * p_block + p_head)
+        attn_layers = float(L - frozen + reach)
+    out: dict[str, Any] = {"p_grad": float(T.train), "mm_w": w, "mm_x": x_elems,
+                           "attn_bwd_layers": attn_layers}
+    if T.quant_per_block:
+        packed = 0.5 if str(ft.quantize_base) == "nf4" else 1.0
+        per_pass = L * T.quant_per_block * (packed + training.precision.compute_bytes)
+        # once per forward and once per backward of each micro-batch, whatever its size
+        out["dequant_s"] = 2.0 * per_pass / gpu.hbm_bandwidth_bytes_per_s
+    return out
+
+
 def step_inputs(model: ModelSpec, training: TrainingSpec, cluster: Cluster, candidate: Candidate,
                 assumptions: ThroughputAssumptions = DEFAULT_ASSUMPTIONS) -> StepInputs:
     """The StepInputs of one configuration."""
@@ -508,7 +605,7 @@ def step_inputs(model: ModelSpec, training: TrainingSpec, cluster: Cluster, cand
     precision = training.precision
     p_block, p_head = matmul_params(model)
     eff = a.compute_efficiency if a.compute_efficiency is not None else \
-        default_compute_efficiency(gpu)
+        default_compute_efficiency(gpu, training.compile)
     return StepInputs(
         n_layers=float(model.n_layers), q_dim=float(model.q_dim), seq=float(training.seq),
         mb=float(training.micro_batch), ga=float(training.grad_accum),
@@ -525,7 +622,11 @@ def step_inputs(model: ModelSpec, training: TrainingSpec, cluster: Cluster, cand
         master_b=float(precision.param_bytes),
         comm=collectives(candidate.strategy, training.grad_sync),
         recompute=RECOMPUTE[_ckpt(candidate.checkpointing)],
-        offload=OFFLOAD_TRAFFIC[candidate.offload])
+        offload=OFFLOAD_TRAFFIC[candidate.offload],
+        tp=float(candidate.tp),
+        tp_bytes=float(training.micro_batch * training.seq * model.hidden
+                       * precision.compute_bytes),
+        **finetune_inputs(model, training, gpu))
 
 
 def estimate_step(model: ModelSpec, training: TrainingSpec, cluster: Cluster,

@@ -123,8 +123,10 @@ def test_kept_logits_stay_through_backward():
     t, V = 2048, 32000
     base = est(seq=1024, micro_batch=2)
     kept = est(seq=1024, micro_batch=2, keep_logits=True)
+    # the held logits are the model's bf16 output; the loss's fp32 copy is freed once
+    # log_softmax has run (traced: tests/test_trace_effects.py test_kept_logits_are_the_bf16_logits)
     for phase in (Phase.LOSS_BWD, Phase.BLOCK_BWD, Phase.BWD_END, Phase.OPTIMIZER):
-        assert kept.phases[phase].total - base.phases[phase].total == (2 + 4) * t * V, phase
+        assert kept.phases[phase].total - base.phases[phase].total == 2 * t * V, phase
 
 
 # ---- torch.compile ---------------------------------------------------------------------------
@@ -155,8 +157,10 @@ def test_compiled_table_is_one_entry_per_preset_family():
         doc = json.load(f)
     from planner.presets import PRESETS
 
+    from planner.compiled import measurable
+
     for m in PRESETS.values():
-        if m.is_moe:
+        if not measurable(m):  # MoE, or a block the reference module cannot build
             continue
         for autocast in (False, True):
             assert family_key(m, autocast, Attention.SDPA) in doc["families"], m.name

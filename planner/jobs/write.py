@@ -41,6 +41,9 @@ class Knobs:
     advise: tuple[Checkpointing, ...] = ()
     """Checkpointing modes to plan over when the file cannot say it but the training code
     can (a DeepSpeed JSON beside HF's gradient_checkpointing: none or full)."""
+    fsdp_version: int | None = None
+    """The FSDP version the written strategies run with, when the file does not say it yet
+    (HF Trainer's ``fsdp`` option is FSDP1 unless fsdp_config says version 2)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -286,7 +289,8 @@ class TrainerWriter(Writer):
                          offloads=(Offload.PARAMS_AND_OPTIMIZER,), checkpointing=NO_SELECTIVE)
         if src is None and job.format is JobFormat.TRAINER:  # plain DDP unless fsdp is added
             return Knobs(strategies=(Strategy.DDP, *FSDP1),
-                         offloads=(Offload.PARAMS_AND_OPTIMIZER,), checkpointing=NO_SELECTIVE)
+                         offloads=(Offload.PARAMS_AND_OPTIMIZER,), checkpointing=NO_SELECTIVE,
+                         fsdp_version=1)
         return Knobs(checkpointing=NO_SELECTIVE)
 
     def apply(self, text: str, job: Job, c: Candidate) -> tuple[str, list[str]]:
@@ -375,6 +379,9 @@ def recommend(job: Job, request, knobs: Knobs, fixed: frozenset[str]):
     gave, which stay as asked): (candidate, answer), or (None, the last answer)."""
     from planner.plan import plan
 
+    if knobs.fsdp_version is not None and "training.fsdp_version" not in fixed:
+        # plan what the written file will run (the read-back plans the same way)
+        request = request.with_training(fsdp_version=knobs.fsdp_version)
     o = request.options
     strategies = o.strategies if "strategy" in fixed or not knobs.strategies else \
         knobs.strategies
@@ -397,8 +404,9 @@ def recommend(job: Job, request, knobs: Knobs, fixed: frozenset[str]):
     for offloads in stages:
         found = []  # (step time, lighter first, candidate, answer) per checkpointing mode
         for i, mode in enumerate(modes):
+            # the tensor-parallel degree stays as the job has it (1 when it says none)
             answer = plan(request.with_options(strategies=strategies, offloads=offloads,
-                                               checkpointing=mode))
+                                               checkpointing=mode, tp=o.tp or 1))
             e, st = answer.chosen()
             if e is not None:
                 found.append((st.step_time_s, i, e.candidate, answer))

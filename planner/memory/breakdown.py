@@ -53,12 +53,6 @@ class Overheads:
     """Host RAM of one training process (Python, torch, CUDA libraries) before offload."""
     ddp_bucket_view: bool = False
     """DDP(gradient_as_bucket_view=...); PyTorch's default is False."""
-    zero_reduce_bucket_elems: int = 500_000_000
-    """DeepSpeed reduce_bucket_size default (zero/config.py)."""
-    zero_allgather_bucket_elems: int = 500_000_000
-    """DeepSpeed allgather_bucket_size default (stages 1 and 2)."""
-    zero3_prefetch_bucket_elems: int = 50_000_000
-    """DeepSpeed stage3_prefetch_bucket_size default."""
     activation_scale: float = 1.0
     """Calibrated correction of the activation terms per architecture family (1.0: the
     tensor-by-tensor count as is; planner/calibration.py sets it from GPU measurements)."""

@@ -13,11 +13,12 @@ from typing import Any
 from planner.activations import plan_activations
 from planner.candidates import check_supported, degree_of
 from planner import vec
+from planner.error_bands import default_margin
 from planner.memory.breakdown import PHASES, Breakdown, Estimate, Overheads, Phase, pick
 from planner.memory.moments import MOMENTS, Activations, Step
-from planner.memory.states import FP32, dtypes, resident, shards
+from planner.memory.states import FP32, dtypes, resident, shards, train_dtypes
 from planner.memory.working import Working, autocast_working, fsdp_working, zero_working
-from planner.params import count, total_params
+from planner.params import count, total_params, trainable
 from planner.spec import (
     Allocator,
     Candidate,
@@ -31,8 +32,9 @@ from planner.spec import (
     TrainingSpec,
 )
 
-DEFAULT_MARGIN = 0.05
-"""Fraction of device memory kept free by default (--margin)."""
+DEFAULT_MARGIN = default_margin()
+"""Fraction of device memory kept free by default (--margin): derived from the planner's
+measured under-prediction on public runs (planner/error_bands.py, docs/accuracy.md)."""
 
 
 def uses_autocast_amp(strategy: Strategy) -> bool:
@@ -42,14 +44,39 @@ def uses_autocast_amp(strategy: Strategy) -> bool:
 
 
 def activation_plan(model: ModelSpec, training: TrainingSpec, candidate: Candidate):
-    """The activation count estimate() uses for this candidate (for reports and tests)."""
+    """The activation count estimate() uses for this candidate (for reports and tests).
+
+    Under LoRA the base is loaded in the low precision, so even under torch.autocast (DDP,
+    one GPU) the residual stream is bf16: the module regime, with the adapters' own input
+    copies (``adapter_bytes``)."""
+    ft = training.finetune
     return plan_activations(model, batch=training.micro_batch, seq=training.seq,
                             precision=training.precision, attention=training.attention,
                             checkpointing=candidate.checkpointing,
-                            uses_autocast=uses_autocast_amp(candidate.strategy),
+                            uses_autocast=uses_autocast_amp(candidate.strategy) and not ft.lora,
                             loss=training.loss, loss_chunks=training.loss_chunks,
                             keep_logits=training.keep_logits,
-                            compiled=training.compile is not CompileMode.NONE)
+                            compiled=training.compile is not CompileMode.NONE,
+                            finetune=ft, tp=candidate.tp,
+                            adapter_bytes=adapter_input_bytes(training, candidate),
+                            compiled_loss=training.compile.loss_compiled)
+
+
+def adapter_input_bytes(training: TrainingSpec, candidate: Candidate) -> int:
+    """Bytes per element of each LoRA adapter's own input copy, 0 when it reads the base
+    layer's input. peft casts an adapter's input to the adapter's dtype
+    (``_cast_input_dtype``): fp32 adapters over a low-precision base make an fp32 copy, which
+    under autocast (DDP, one GPU with -amp) is cast back to bf16 for the matmul and saved as
+    such. FSDP's MixedPrecisionPolicy (-amp precisions) and DeepSpeed's bf16 module cast the
+    adapters to the compute dtype instead: no copy. Pure bf16 under FSDP has no such policy:
+    the adapters stay fp32 and so does the copy (traced)."""
+    ft, prec = training.finetune, training.precision
+    if not (ft.lora and ft.lora_fp32 and prec.compute_bytes != FP32):
+        return 0
+    s = candidate.strategy
+    if s.is_zero or (s.is_fsdp and prec.amp):
+        return 0
+    return prec.compute_bytes if prec.amp else FP32
 
 
 def working(model: ModelSpec, training: TrainingSpec, candidate: Candidate, degree: Any,
@@ -57,12 +84,13 @@ def working(model: ModelSpec, training: TrainingSpec, candidate: Candidate, degr
     """The working copies and buffers of the candidate's strategy family."""
     counts = count(model)
     d = dtypes(candidate.strategy, training.precision)
+    ft = training.finetune
     if candidate.strategy.is_fsdp:
         return fsdp_working(model, counts, candidate, training.precision, d, degree,
-                            training.fsdp_version)
+                            training.fsdp_version, ft)
     if candidate.strategy.is_zero:
-        return zero_working(model, counts, candidate, training.precision, d, opt_shard, ov)
-    return autocast_working(model, counts, candidate, training.precision, d, ov)
+        return zero_working(model, counts, candidate, training, d, opt_shard)
+    return autocast_working(model, counts, candidate, training.precision, d, ov, ft)
 
 
 def load_bytes(training: TrainingSpec) -> int:
@@ -73,9 +101,12 @@ def load_bytes(training: TrainingSpec) -> int:
 
 def init_mode(training: TrainingSpec, candidate: Candidate) -> InitMode:
     """ZeRO-3 under DeepSpeed builds the model inside ``zero.Init`` (partitioned at
-    construction, as meta-device init); the rest load as asked."""
-    if candidate.strategy is Strategy.ZERO3 and training.init is not InitMode.FULL_GPU:
-        return InitMode.META
+    construction, as meta-device init; ``deepspeed.zero_init``). Without it every process
+    builds the full model in host RAM and the engine moves it, cast to 16 bits, to its GPU
+    before partitioning (``engine.py`` ``_configure_distributed_model``; deepspeedai/DeepSpeed
+    #4700: 26.38 GB allocated before partitioning a 13B model). The rest load as asked."""
+    if candidate.strategy is Strategy.ZERO3:
+        return InitMode.META if training.deepspeed.zero_init else InitMode.FULL_GPU
     return training.init
 
 
@@ -86,11 +117,28 @@ def init_host_bytes(model: ModelSpec, training: TrainingSpec, candidate: Candida
     rank loads the model (deepspeedai/DeepSpeed#3606, #4571: 8 ranks x a full fp32 copy)."""
     mode = init_mode(training, candidate)
     full = total_params(model) * load_bytes(training)
+    # DeepSpeed ZeRO-3 saving with stage3_gather_16bit_weights_on_model_save: rank 0 gathers
+    # every parameter into a 16-bit state dict in host RAM (engine.py
+    # _zero3_consolidated_16bit_state_dict), outside the step like loading
+    save = total_params(model) * dtypes(candidate.strategy, training.precision).param \
+        if candidate.strategy is Strategy.ZERO3 \
+        and training.deepspeed.stage3_gather_16bit_weights_on_model_save else 0
     if mode is InitMode.RANK0:
-        return full
+        return vec.maximum(full, save)
     if mode in (InitMode.FULL, InitMode.FULL_GPU):
-        return ranks_on_node * full
-    return 0
+        return vec.maximum(ranks_on_node * full, save)
+    return save
+
+
+def root_grad_elems(model: ModelSpec, T: Any, embed_trains: bool, tp: int) -> int:
+    """The root's unsharded gradient on one GPU. Under tensor parallel the head's is split tp
+    ways, but DTensor has no sharding rule for ``embedding_dense_backward`` over a
+    RowwiseParallel (vocabulary-sharded) table: every rank makes the whole V x h gradient
+    (traced: 2,004 MiB at Llama-3-70B, TP 8)."""
+    if tp <= 1:
+        return T.train_root
+    embed = model.vocab * model.hidden if embed_trains and not model.tied_embeddings else 0
+    return embed + -(-(T.train_root - embed) // tp)
 
 
 def unsynced_gradients(model: ModelSpec, training: TrainingSpec, candidate: Candidate) -> int:
@@ -108,7 +156,10 @@ def unsynced_gradients(model: ModelSpec, training: TrainingSpec, candidate: Cand
         nbytes = prec.compute_bytes
     else:
         nbytes = FP32 if prec.amp else prec.param_bytes
-    return total_params(model) * nbytes
+    if training.finetune.lora:
+        # adapters: FSDP's param_dtype copy is cast from (and accumulates in) the adapter dtype
+        nbytes = FP32 if training.finetune.lora_fp32 else prec.compute_bytes
+    return -(-trainable(model, training.finetune).train // candidate.tp) * nbytes
 
 
 def step_for(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, n_gpus: Any,
@@ -117,24 +168,36 @@ def step_for(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, 
     totals may be numpy arrays; the rest of ``training`` is read as given."""
     counts = count(model)
     strategy = candidate.strategy
+    tp = candidate.tp
     d = dtypes(strategy, training.precision)
-    sh = shards(strategy, degree)
+    sh = shards(strategy, degree, tp)
     states = resident(model, training, counts, candidate, d, sh)
     work = working(model, training, candidate, degree, sh.optimizer, ov)
+    T = trainable(model, training.finetune)
+    td = train_dtypes(training.finetune, d, strategy.is_zero, training.precision.amp)
+    embed_trains = not training.finetune.embeddings_frozen
     return Step(
         unsynced_grads=unsynced_gradients(model, training, candidate),
         allocator=training.allocator, init=str(init_mode(training, candidate)),
-        load_bytes=(counts.per_block * model.n_layers + counts.root) * load_bytes(training),
+        # DeepSpeed casts the module to its 16-bit dtype before moving it to the GPU
+        load_bytes=(counts.blocks_total + counts.root)
+        * (d.param if strategy.is_zero else load_bytes(training)),
         unit_load_bytes=counts.per_block * load_bytes(training),
         n_layers=model.n_layers, block_params=counts.per_block, root_params=counts.root,
-        vocab_x_hidden=model.vocab * model.hidden, tokens=tokens,
-        tokens_x_hidden=tokens * model.hidden,
-        tied=model.tied_embeddings, fsdp=strategy.is_fsdp, compute_bytes=d.compute,
-        grad_bytes=d.grad, grad_shards=sh.grads, degree=degree,
+        train_block_params=T.train_per_block, train_blocks=T.train_blocks,
+        train_root_params=T.train_root, root_grad_elems=root_grad_elems(model, T, embed_trains, tp),
+        vocab_x_hidden=model.vocab * model.hidden // tp, tokens=tokens,
+        tokens_x_hidden=tokens * model.hidden // tp,
+        tied=model.tied_embeddings and embed_trains, fsdp=strategy.is_fsdp,
+        compute_bytes=d.compute, grad_bytes=td.grad, grad_shards=sh.grads, degree=degree * tp,
         offloaded=candidate.offload is not Offload.NONE,
         params_offloaded=candidate.offload is Offload.PARAMS_AND_OPTIMIZER,
-        accumulating=training.grad_accum > 1, states=states,
-        work=dataclasses.replace(work, buckets=work.buckets * (n_gpus > 1)),
+        # ZeRO-3's flat gradient buffer is allocated at init and every micro-batch's
+        # gradients land in it: held at every moment, as accumulated gradients are
+        accumulating=(training.grad_accum > 1) | (strategy is Strategy.ZERO3), states=states,
+        # DDP allocates no buckets on one GPU; DeepSpeed's engine does (stage3.py, setup_buckets)
+        work=work if strategy.is_zero else dataclasses.replace(work,
+                                                              buckets=work.buckets * (n_gpus > 1)),
         acts=acts, cublas=ov.cublas_workspace_bytes)
 
 
@@ -189,7 +252,7 @@ def evaluate(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, 
     the GPU count and node size, tokens per micro-batch and their activation totals, and the
     device's capacity, context and host RAM. ``estimate`` is the scalar entry point."""
     check_supported(candidate)
-    S = degree_of(candidate.strategy, n_gpus, gpus_per_node)
+    S = degree_of(candidate.strategy, n_gpus, gpus_per_node, candidate.tp)
     step = step_for(model, training, candidate, n_gpus=n_gpus, degree=S, tokens=tokens,
                     acts=acts, ov=ov)
     phases = moments(step)
@@ -220,7 +283,9 @@ def from_phases(candidate: Candidate, phases: dict[Phase, Breakdown], *, degree:
     needed = [t + fragmentation(t, ov, allocator) for t in totals]
     i = vec.argmax(needed)
     peak = pick(i, list(phases.values()))
-    nccl = nccl_communicators(candidate.strategy, n_gpus, degree) * ov.nccl_bytes_per_communicator
+    # tensor parallel: one more communicator (the TP group of a 2-D mesh)
+    nccl = (nccl_communicators(candidate.strategy, n_gpus, degree) + (candidate.tp > 1)) \
+        * ov.nccl_bytes_per_communicator
     # the cache is released before an out-of-memory: reserved never exceeds the device
     room = capacity - context - nccl
     reserved = [vec.minimum(n + c, vec.maximum(room, n)) for n, c in zip(needed, cached)]

@@ -23,7 +23,9 @@ class Activations:
     """The activation totals the moments read (from planner/activations.py)."""
 
     kept_per_block: Any
-    """What one block keeps for backward under the chosen checkpointing."""
+    """What one (trainable) block keeps for backward under the chosen checkpointing."""
+    kept_blocks: Any
+    """What all blocks keep (frozen first blocks keep less, or nothing)."""
     root: Any
     """Saved outside the blocks (embeddings, final norm, head input, the loss's output)."""
     loss_out: Any
@@ -40,7 +42,8 @@ class Activations:
 
     @classmethod
     def of(cls, plan: ActivationPlan) -> Activations:
-        return cls(kept_per_block=plan.block_kept, root=plan.root_bytes,
+        return cls(kept_per_block=plan.block_kept, kept_blocks=plan.blocks_kept,
+                   root=plan.root_bytes,
                    loss_out=plan.root_saved[-1].nbytes,
                    loss_fwd=plan.loss_forward_transient, loss_bwd=plan.loss_backward_transient,
                    block_bwd=plan.block_backward_transient, recompute=plan.recompute,
@@ -55,6 +58,15 @@ class Step:
     block_params: int
     """Parameters of one block (P_block)."""
     root_params: int
+    train_block_params: int
+    """Trainable parameters of a trainable block (LoRA: its adapters)."""
+    train_blocks: int
+    """Blocks with trainable parameters."""
+    train_root_params: int
+    """Trainable parameters outside the blocks."""
+    root_grad_elems: int = 0
+    """The root's unsharded gradient elements on one GPU at its post-backward (under TP the
+    head's is split, the embedding's is whole: see estimator.step_for)."""
     vocab_x_hidden: int
     tokens: Any
     """Tokens per micro-batch (micro-batch x seq)."""
@@ -102,7 +114,7 @@ class Step:
 
     @property
     def activations_all(self) -> Any:
-        return self.acts.kept_per_block * self.n_layers + self.acts.root
+        return self.acts.kept_blocks + self.acts.root
 
 
 def initialization(s: Step) -> Breakdown:
@@ -113,7 +125,9 @@ def initialization(s: Step) -> Breakdown:
     if s.init == "full-gpu":
         return Breakdown(params=vec.maximum(s.load_bytes, s.states.params))
     unit = s.unit_load_bytes if s.init in ("rank0", "full") else 0
-    return Breakdown(params=s.states.params, transients=unit)
+    # DeepSpeed: ZeRO-1/2 flatten the module (a second copy for a moment), zero.Init holds
+    # one module whole (planner/memory/zero.py)
+    return Breakdown(params=s.states.params, transients=unit + s.work.init_extra)
 
 
 def forward(s: Step) -> Breakdown:
@@ -140,10 +154,9 @@ def _last_block(s: Step) -> Breakdown:
         grads = vec.where(s.grad_shards > 1, s.accumulated + s.work.root_grad_bwd,
                           vec.maximum(s.accumulated, s.work.root_grad_bwd))
     return s.base.plus(gathered_params=s.work.gathered_bwd,
-                       activations=s.acts.kept_per_block * s.n_layers + s.acts.root
-                       - s.acts.loss_out,
+                       activations=s.acts.kept_blocks + s.acts.root - s.acts.loss_out,
                        gradients=grads, transients=s.acts.block_bwd + s.acts.recompute
-                       + s.acts.kept_logits, comm_buffers=s.work.buckets)
+                       + s.acts.kept_logits, comm_buffers=s.work.buckets + s.work.bwd_buffers)
 
 
 def _block_grad(s: Step) -> Any:
@@ -151,7 +164,7 @@ def _block_grad(s: Step) -> Any:
     if s.offloaded:
         return 0
     return vec.where(s.accumulating, 0,
-                     vec.ceil_div(s.block_params, s.grad_shards) * s.grad_bytes)
+                     vec.ceil_div(s.train_block_params, s.grad_shards) * s.grad_bytes)
 
 
 def block_backward(s: Step) -> Breakdown:
@@ -175,7 +188,8 @@ def block_backward(s: Step) -> Breakdown:
     kept = s.acts.kept_per_block
     prev = last.plus(activations=-kept, gradients=g, gathered_params=-s.work.freed_per_block,
                      comm_buffers=s.work.rs_unit)
-    first = last.plus(activations=kept - kept * s.n_layers, gradients=(s.n_layers - 1) * g,
+    first = last.plus(activations=kept - s.acts.kept_blocks,
+                      gradients=(vec.maximum(s.train_blocks, 1) - 1) * g,
                       gathered_params=s.work.gathered_bwd_first - s.work.gathered_bwd,
                       comm_buffers=s.work.rs_unit)
     subs = [last, prev, first] if s.n_layers > 1 else [last]
@@ -206,13 +220,15 @@ def backward_end(s: Step) -> Breakdown:
         grad_in = grad_in + 2 * s.vocab_x_hidden * (s.compute_bytes if s.fsdp else s.grad_bytes)
     if not s.fsdp:
         return s.base.plus(gathered_params=s.work.gathered_end, gradients=s.states.gradients,
-                           transients=grad_in, comm_buffers=s.work.buckets)
+                           transients=grad_in,
+                           comm_buffers=s.work.buckets + s.work.bwd_buffers)
     block_grads = 0 if s.params_offloaded else \
-        s.n_layers * vec.ceil_div(s.block_params, s.degree) * s.grad_bytes
+        s.train_blocks * vec.ceil_div(s.train_block_params, s.degree) * s.grad_bytes
     root_grads = 0 if s.params_offloaded else vec.where(
-        s.accumulating, vec.ceil_div(s.root_params, s.degree) * s.grad_bytes, 0)
+        s.accumulating, vec.ceil_div(s.train_root_params, s.degree) * s.grad_bytes, 0)
     emb = s.base.plus(gathered_params=s.work.gathered_end,
-                      gradients=block_grads + root_grads + s.root_params * s.compute_bytes,
+                      gradients=block_grads + root_grads
+                      + s.root_grad_elems * s.compute_bytes,
                       transients=grad_in, comm_buffers=s.work.rs_unit)
     root_rs = emb.plus(transients=s.acts.kept_logits - grad_in,
                        comm_buffers=s.work.rs_root - s.work.rs_unit,
@@ -224,13 +240,14 @@ def backward_end(s: Step) -> Breakdown:
         # arriving on top
         subs.append(s.base.plus(gathered_params=s.work.gathered_end,
                                 gradients=vec.where(s.accumulating, s.unsynced_grads, 0)
-                                + s.root_params * s.compute_bytes, transients=grad_in))
+                                + s.root_grad_elems * s.compute_bytes, transients=grad_in))
     return largest(subs)[1]
 
 
 def optimizer_step(s: Step) -> Breakdown:
     """optimizer.step(): states, every gradient and the step's temporaries."""
-    return s.base.plus(gradients=s.states.gradients, comm_buffers=s.work.buckets,
+    return s.base.plus(gradients=s.states.gradients - s.work.step_grads_freed,
+                       comm_buffers=s.work.buckets,
                        transients=s.acts.kept_logits,
                        optimizer_temporaries=s.states.optimizer_temporaries
                        + s.work.step_extra)

@@ -15,6 +15,7 @@ from typing import Any
 
 from planner.vec import ceil_div
 from planner.params import ParamCounts, numel, tensor_groups, trainable
+from planner.memory.zero import ordered_sizes, zero_step_temps, zero_states
 from planner.spec import (
     Candidate,
     FineTune,
@@ -67,14 +68,57 @@ class Shards:
     optimizer: Any
 
 
-def shards(strategy: Strategy, degree: Any) -> Shards:
+def shards(strategy: Strategy, degree: Any, tp: int = 1) -> Shards:
     """ZeRO stage 1 shards the optimizer state, 2 also the gradients, 3 also the parameters;
-    FSDP shards all three over its shard group (degree 1 for DDP / NO_SHARD)."""
+    FSDP shards all three over its shard group (degree 1 for DDP / NO_SHARD). Tensor parallel
+    splits every block matrix, the embedding and the head tp ways first (torchtitan: the
+    norms stay replicated, under 0.01 % of a Llama's parameters, counted as split)."""
     if strategy is Strategy.ZERO1:
         return Shards(params=1, grads=1, optimizer=degree)
     if strategy is Strategy.ZERO2:
         return Shards(params=1, grads=degree, optimizer=degree)
-    return Shards(params=degree, grads=degree, optimizer=degree)
+    return Shards(params=degree * tp, grads=degree * tp, optimizer=degree * tp)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainDtypes:
+    """Bytes per element of the trainable and frozen parameters' copies."""
+
+    param: int
+    grad: int
+    state: int
+    master: int
+    frozen: int
+    """A frozen parameter as stored (not quantized)."""
+
+
+def train_dtypes(ft: FineTune, d: Dtypes, zero: bool, amp: bool) -> TrainDtypes:
+    """Full training keeps the strategy's dtypes. Under LoRA (peft) the base is loaded in the
+    low precision and frozen; the adapters are fp32 (``autocast_adapter_dtype=True``) or the
+    base's dtype, and torch.optim keeps state (and the gradient) in the parameter's dtype;
+    DeepSpeed adds an fp32 master only for low-precision adapters."""
+    if not ft.lora:
+        return TrainDtypes(param=d.param, grad=d.grad, state=d.state, master=d.master,
+                           frozen=d.param)
+    p = FP32 if ft.lora_fp32 else d.compute
+    return TrainDtypes(param=p, grad=p, state=p, frozen=d.compute,
+                       master=FP32 if zero and amp and not ft.lora_fp32 else 0)
+
+
+def expert_padding(groups: Any, shard: Any) -> Any:
+    """Elements one rank holds beyond an even split, from FSDP2's dim-0 sharding of the
+    stacked MoE expert weights (E, ., .): ``torch.chunk`` along dim 0 gives each rank
+    ceil(E / n) experts' rows, padded up to that on the ranks with fewer
+    (``torch/distributed/fsdp/_fully_shard/_fsdp_param.py``: ``_init_sharded_param`` pads the
+    local shard to the chunk size). Past n > E each rank holds a whole expert where an even
+    split would give it E / n of one."""
+    extra = 0
+    for name, shape, k in groups:
+        if name.startswith("mlp.w_") and len(shape) == 3:
+            rest = shape[1] * shape[2]
+            extra = extra + k * (ceil_div(shape[0], shard) * rest - ceil_div(shape[0] * rest,
+                                                                            shard))
+    return extra
 
 
 def optimizer_state_bytes(model: ModelSpec, optimizer: OptimizerKind, state_bytes: int,
@@ -159,35 +203,45 @@ def resident(model: ModelSpec, training: TrainingSpec, counts: ParamCounts,
     ft = training.finetune
     T = trainable(model, ft)
     zero = candidate.strategy.is_zero
-    train_param_b, grad_b, state_b, master_b = d.param, d.grad, d.state, d.master
-    frozen_b = d.param
-    if ft.lora:
-        # peft: a low-precision base, adapters upcast to fp32 (autocast_adapter_dtype=True)
-        # or kept in the base's dtype; torch.optim keeps state in the parameter's dtype
-        frozen_b = d.compute
-        train_param_b = FP32 if ft.lora_fp32 else d.compute
-        grad_b = state_b = train_param_b
-        master_b = FP32 if zero and training.precision.amp and not ft.lora_fp32 else 0
-    frozen = T.frozen_per_block * model.n_layers + T.frozen_root
+    td = train_dtypes(ft, d, zero, training.precision.amp)
+    train_param_b, grad_b, state_b, master_b = td.param, td.grad, td.state, td.master
+    frozen_b = td.frozen
+    frozen = T.frozen(model.n_layers)
     quant = T.quant_per_block * model.n_layers
     params = (ceil_div(frozen, sh.params) * frozen_b + ceil_div(T.train, sh.params) * train_param_b
               + (quantized_bytes(quant, T.quant_rows_per_block * model.n_layers, ft, sh.params)
                  if quant else 0))
     grads = ceil_div(T.train, sh.grads) * grad_b
     local_opt = ceil_div(T.train, sh.optimizer)
-    states = (optimizer_state_bytes(model, training.optimizer, state_b, sh.optimizer, T.groups)
+    if model.is_moe and candidate.strategy.is_fsdp and training.fsdp_version == 2:
+        pad = expert_padding(T.groups, sh.params)  # params, grads and state alike
+        params, grads, local_opt = (params + pad * train_param_b, grads + pad * grad_b,
+                                    local_opt + pad)
+        pad_state = optimizer_state_bytes(model, training.optimizer, state_b, 1,
+                                          (("pad", (1,), pad),))
+    else:
+        pad_state = 0
+    states = (pad_state
+              + optimizer_state_bytes(model, training.optimizer, state_b, sh.optimizer, T.groups)
               + local_opt * master_b)
     largest = max((numel(s) for _, s, _ in T.groups), default=0)
     temps = optimizer_temp_bytes(largest, local_opt, training, state_b, zero, sh.optimizer)
-    if candidate.offload is Offload.OPTIMIZER:
-        # ZeRO-Offload (Ren et al. 2021): fp32 master, states and the fp32 gradient partition
-        # live on the host and the step runs on the CPU; each reduced gradient partition moves
-        # to the host as it is produced (ZeRO-1 keeps its unpartitioned gradients).
-        return Resident(params=params, gradients=grads if candidate.strategy is Strategy.ZERO1
-                        else 0, optimizer_states=0, optimizer_temporaries=0,
-                        host_per_rank=states + local_opt * FP32)
+    if zero:
+        # DeepSpeed's engine: planner/memory/zero.py (docs/model.md "DeepSpeed ZeRO")
+        zs = zero_states(model, training, candidate.strategy, candidate.offload, T,
+                         grad_b=grad_b, param_b=d.param, states=states, degree=sh.optimizer,
+                         temps=zero_step_temps(candidate.strategy, training, local_opt,
+                                               largest, sh.optimizer, state_b,
+                                               ordered_sizes(model, T)))
+        on_host = candidate.offload is not Offload.NONE
+        return Resident(params=(0 if candidate.offload is Offload.PARAMS_AND_OPTIMIZER
+                                else params) + zs.persistent_params,
+                        gradients=zs.gradients, optimizer_states=0 if on_host else states,
+                        optimizer_temporaries=zs.optimizer_temporaries,
+                        host_per_rank=zs.host_per_rank)
+    # (optimizer-only offload exists for ZeRO alone: planner/memory/zero.py above)
     if candidate.offload is Offload.PARAMS_AND_OPTIMIZER:
-        # FSDP2 CPUOffloadPolicy / ZeRO-3 offload_param: sharded params, grads and optimizer
+        # FSDP2 CPUOffloadPolicy: sharded params, grads and optimizer
         # state in pinned host memory; only unsharded working copies live on the GPU.
         return Resident(params=0, gradients=0, optimizer_states=0, optimizer_temporaries=0,
                         host_per_rank=params + grads + states)

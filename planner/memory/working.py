@@ -6,8 +6,9 @@ One function per family of strategies, each returning the same ``Working`` recor
   casts cached for the autocast region; DDP's gradient buckets).
 - ``fsdp_working``: FSDP2 units (one per block plus the root) all-gathered to ``param_dtype``,
   and their reduce-scatter buffers.
-- ``zero_working``: DeepSpeed ZeRO-1/2/3 (ZeRO-3's gathered submodules and prefetch bucket,
-  the reduce and all-gather buckets, the step's upcast gradient partition).
+- ``zero_working``: DeepSpeed ZeRO-1/2/3 (ZeRO-3's gathered modules and prefetch, the reduce
+  buckets and the copies being reduced, the step's gradient copies and overflow check;
+  planner/memory/zero.py).
 """
 
 from __future__ import annotations
@@ -16,10 +17,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner.memory.breakdown import Overheads
-from planner.memory.states import FP32, Dtypes
+from planner.memory.states import FP32, Dtypes, train_dtypes
+from planner.memory.zero import keeps_every_grad, ordered_sizes, zero_buffers, zero_step_temps
 from planner.vec import ceil_div
-from planner.params import ParamCounts, numel, tensor_groups
-from planner.spec import Candidate, Checkpointing, ModelSpec, NormKind, Offload, Precision, Strategy
+from planner.params import ParamCounts, block_tensors, numel, tensor_groups, trainable
+from planner.spec import (
+    Candidate,
+    Checkpointing,
+    FineTune,
+    ModelSpec,
+    NormKind,
+    Precision,
+    Quantize,
+    Strategy,
+    TrainingSpec,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -53,8 +65,15 @@ class Working:
     buckets: Any = 0
     """Gradient buckets alive through the step (DDP, ZeRO-2/3 reduce bucket)."""
     step_extra: Any = 0
-    """Extra temporaries of the optimizer step (ZeRO's upcast gradient partition and
-    all-gather bucket)."""
+    """Extra temporaries of the optimizer step (ZeRO's flat and fp32 copies of the gradient
+    partition)."""
+    bwd_buffers: Any = 0
+    """Buffers alive during backward only (ZeRO's reduce buckets and the copies reduced)."""
+    step_grads_freed: Any = 0
+    """Gradients freed before the step's temporaries (ZeRO-1's outside its partition)."""
+    init_extra: Any = 0
+    """Transient while the weights are placed (ZeRO-1/2's flattening copy, ZeRO-3's module
+    under zero.Init)."""
 
 
 def matmul_weight_elems(model: ModelSpec) -> int:
@@ -76,12 +95,27 @@ def matmul_weight_elems(model: ModelSpec) -> int:
 
 def norm_elems(model: ModelSpec) -> int:
     """Norm weights (and biases) in one block: not matmul weights, never autocast."""
-    per_norm = model.hidden * (2 if model.norm is NormKind.LAYERNORM else 1)
+    per_norm = model.hidden * {NormKind.LAYERNORM: 2, NormKind.RMSNORM: 1}.get(model.norm, 0)
     return model.norms_per_layer * per_norm
 
 
+def head_trains(model: ModelSpec, ft: FineTune) -> bool:
+    """The output head has a gradient: not under LoRA, not when it is the frozen embedding."""
+    return not ft.head_frozen(model.tied_embeddings)
+
+
+def dequantized_linear(model: ModelSpec, ft: FineTune, c: int) -> int:
+    """A quantized base's largest linear dequantized to the compute dtype: bitsandbytes'
+    ``MatMul4Bit`` / ``MatMul8bitLt`` dequantize the weight in forward and again in backward
+    for the input gradient (only the quantized state is saved), one linear at a time."""
+    if ft.quantize_base is Quantize.NONE:
+        return 0
+    return trainable(model, ft).largest_linear * c
+
+
 def autocast_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate,
-                     precision: Precision, d: Dtypes, ov: Overheads) -> Working:
+                     precision: Precision, d: Dtypes, ov: Overheads,
+                     ft: FineTune = FineTune()) -> Working:
     """torch.autocast over fp32 params (DDP, one GPU).
 
     autocast caches the bf16 cast of every matmul weight for the autocast region (forward +
@@ -90,9 +124,12 @@ def autocast_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate
     block at a time), so after the region exits only the head's cast is still held.
     DDP (``torch/csrc/distributed/c10d/reducer.cpp``) allocates flat bucket buffers covering
     every gradient; unless ``gradient_as_bucket_view=True`` they are a second gradient copy.
+    Under LoRA the frozen base is already in the low precision (no cast) and the adapters'
+    casts are negligible; only trainable parameters have gradients and buckets.
     """
     c = d.compute
-    cache = matmul_weight_elems(model) * c if precision.amp else 0
+    T = trainable(model, ft)
+    cache = matmul_weight_elems(model) * c if precision.amp and not ft.lora else 0
     block_cast = (counts.per_block - norm_elems(model)) * c
     checkpointed = candidate.checkpointing is not Checkpointing.NONE
     if cache and checkpointed:
@@ -105,17 +142,19 @@ def autocast_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate
         # without checkpointing each block's casts are freed once its backward ends
         first = cache - (model.n_layers - 1) * block_cast if cache else 0
         freed = block_cast if cache else 0
-    P = counts.per_block * model.n_layers + counts.root
-    ddp_buckets = 0 if ov.ddp_bucket_view else P * d.grad
+    td = train_dtypes(ft, d, False, precision.amp)
+    ddp_buckets = 0 if ov.ddp_bucket_view else T.train * td.grad
+    dq = dequantized_linear(model, ft, c)
     return Working(
-        gathered_fwd=cache, gathered_loss=cache_bwd, gathered_bwd=cache_bwd + recompute,
-        gathered_bwd_first=first, freed_per_block=freed,
-        root_grad_bwd=model.vocab * model.hidden * d.grad,
+        gathered_fwd=cache, gathered_loss=cache_bwd, gathered_bwd=cache_bwd + recompute + dq,
+        gathered_bwd_first=first + dq, freed_per_block=freed,
+        root_grad_bwd=model.vocab * model.hidden * td.grad if head_trains(model, ft) else 0,
         buckets=ddp_buckets if candidate.strategy is Strategy.DDP else 0)
 
 
 def fsdp_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate,
-                 precision: Precision, d: Dtypes, degree: Any, version: int = 2) -> Working:
+                 precision: Precision, d: Dtypes, degree: Any, version: int = 2,
+                 ft: FineTune = FineTune()) -> Working:
     """FSDP2 (``torch/distributed/fsdp/_fully_shard``): each unit is all-gathered to
     ``param_dtype`` before use; the root is not resharded after forward (``_fsdp_state.py``:
     ``post_forward_mesh_info = None`` for the root); in post-backward the unsharded grads are
@@ -126,9 +165,31 @@ def fsdp_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate,
     buffers with ``record_stream`` (``_runtime_utils.py``): the caching allocator cannot reuse
     a block until the communication stream has caught up, so one more unit's gathered
     parameters and one more reduce-scatter input are held than FSDP2's explicit frees
-    (torchtitan docs/fsdp.md: FSDP2 peaks 7 % lower on Llama-7B, 8 x H100)."""
-    c, Pb, Pr = d.compute, counts.per_block, counts.root
-    unit = Pb * c
+    (torchtitan docs/fsdp.md: FSDP2 peaks 7 % lower on Llama-7B, 8 x H100).
+
+    Only trainable parameters have unsharded gradients and reduce-scatter inputs (LoRA: the
+    adapters). A quantized base (Answer.AI's FSDP + QLoRA) all-gathers the packed 4/8-bit
+    storage, and each linear is dequantized when used. Tensor parallel: a unit is 1/tp of the
+    block (torchtitan applies TP, then ``fully_shard`` over the data-parallel mesh)."""
+    c, tp = d.compute, candidate.tp
+    T = trainable(model, ft)
+    Pb, Pr = counts.per_block, counts.root
+    if model.is_moe and version == 2:
+        # FSDP2 all-gathers each rank's dim-0 shard padded to ceil(E / n) experts: the
+        # gathered stacked-expert weights are n x that (states.expert_padding)
+        from planner.memory.states import expert_padding
+
+        gather_pad = expert_padding(tuple((n, s, 1) for n, s in block_tensors(model)),
+                                    degree) * degree
+    else:
+        gather_pad = 0
+    Pb = Pb + gather_pad
+    # the packed codes only: the quantization constants are not sharded (states.quantized_bytes)
+    packed = ceil_div(T.quant_per_block, 2 if ft.quantize_base is Quantize.NF4 else 1)
+    unit = ceil_div((Pb - T.quant_per_block) * c + packed, tp)
+    # the reduce-scatter input is padded alike (experts train unless under LoRA)
+    Tb = ceil_div(T.train_per_block + (0 if ft.lora else gather_pad), tp)
+    Tr = ceil_div(T.train_root, tp)
     if candidate.strategy in (Strategy.FULL_SHARD, Strategy.HYBRID_SHARD):
         # Resharded after forward, but at the loss one block is already gathered again for
         # backward; in backward the current block + the one prefetched (traced).
@@ -140,44 +201,53 @@ def fsdp_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate,
         # the last block's all-gather output lingers until backward (traced)
         fwd = fwd + unit * (degree > 1)
         freed, lingering = unit, 0
-    root = Pr * c
+    root = ceil_div(Pr * c, tp)
     rs_b = FP32 if precision.amp else precision.param_bytes
+    if ft.lora:
+        rs_b = FP32 if ft.lora_fp32 else c
     delayed = version == 1  # record_stream: one more unit and reduce input held
+    dq = ceil_div(dequantized_linear(model, ft, c), tp)
+    grads_unit = Tb * c
+    if version == 1 and candidate.strategy is Strategy.NO_SHARD \
+            and (precision.param_bytes == c or ft.lora):
+        # FSDP1 NO_SHARD without a param-dtype cast computes on the flat parameter itself
+        # (``_flat_param.py`` ``needs_unshard`` is False: ``unshard`` does nothing) and
+        # all-reduces the gradient in place: no gathered copy, no separate reduce buffer.
+        # Under LoRA the frozen base is stored in the compute dtype (the adapters' cast is
+        # negligible).
+        unit = fwd = loss = bwd = root = freed = lingering = grads_unit = rs_b = 0
+        delayed = False
     return Working(
         gathered_fwd=root + fwd + delayed * unit, gathered_loss=root + loss + delayed * unit,
-        gathered_bwd=root + bwd + delayed * unit, gathered_bwd_first=root + unit + delayed * unit,
+        gathered_bwd=root + bwd + delayed * unit + dq,
+        gathered_bwd_first=root + unit + delayed * unit + dq,
         freed_per_block=freed, lingering_first=lingering, gathered_end=root,
-        unsharded_block_grads=unit, rs_unit=(1 + delayed) * Pb * rs_b, rs_root=Pr * rs_b,
-        root_grad_bwd=model.vocab * model.hidden * c)
+        unsharded_block_grads=grads_unit, rs_unit=(1 + delayed) * Tb * rs_b, rs_root=Tr * rs_b,
+        root_grad_bwd=ceil_div(model.vocab * model.hidden * c, tp)
+        if head_trains(model, ft) else 0)
 
 
 def zero_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate,
-                 precision: Precision, d: Dtypes, opt_shard: Any, ov: Overheads) -> Working:
-    """DeepSpeed ZeRO (``deepspeed/runtime/zero``).
-
-    ZeRO-3 gathers each submodule's params just before use and prefetches up to
-    ``stage3_prefetch_bucket_size`` elements ahead (``partitioned_param_coordinator.py``): the
-    working set is the largest submodule (a linear or the vocabulary table) plus the prefetch
-    bucket. Params under ``param_persistence_threshold`` (1e5: norms) stay gathered; they are
-    negligible. ZeRO-2/3 reduce through a ``reduce_bucket_size`` bucket; ZeRO-1/2 all-gather
-    the updated params through an ``allgather_bucket_size`` bucket after the step; under mixed
-    precision the step upcasts the bf16 gradient partition to fp32.
-    """
+                 training: TrainingSpec, d: Dtypes, opt_shard: Any) -> Working:
+    """DeepSpeed ZeRO (``deepspeed/runtime/zero``): the buckets, ZeRO-3's gathered modules
+    and prefetch, the step's gradient copies (planner/memory/zero.py)."""
     s = candidate.strategy
-    P = counts.per_block * model.n_layers + counts.root
-    gathered = 0
-    if s is Strategy.ZERO3:
-        gathered = (counts.largest_tensor + ov.zero3_prefetch_bucket_elems) * d.compute
-    step_extra = 0
-    if precision.amp and candidate.offload is Offload.NONE:
-        step_extra = ceil_div(P, opt_shard) * FP32
-    if s is not Strategy.ZERO3:
-        step_extra = step_extra + min(ov.zero_allgather_bucket_elems, P) * d.param
+    T = trainable(model, training.finetune)
+    td = train_dtypes(training.finetune, d, True, training.precision.amp)
+    local = ceil_div(T.train, opt_shard)
+    largest = max((numel(sh) for _, sh, _ in T.groups), default=0)
+    z = zero_buffers(s, candidate.offload, training.deepspeed, train=T.train,
+                     largest_tensor=counts.largest_tensor, largest_train=largest,
+                     degree=opt_shard, b=d.param, sizes=ordered_sizes(model, T),
+                     grad_accum=training.grad_accum,
+                     check_overflow=training.precision.amp and d.param < FP32,
+                     temps=zero_step_temps(s, training, local, largest, opt_shard, td.state,
+                                           ordered_sizes(model, T)))
     return Working(
-        gathered_fwd=gathered, gathered_loss=gathered, gathered_bwd=gathered,
-        gathered_bwd_first=gathered,
-        root_grad_bwd=model.vocab * model.hidden * d.grad if s is Strategy.ZERO1 else 0,
-        buckets=min(ov.zero_reduce_bucket_elems, P) * d.grad
-        if s in (Strategy.ZERO2, Strategy.ZERO3) else 0,
-        step_extra=step_extra)
-
+        gathered_fwd=z.gathered, gathered_loss=z.gathered, gathered_bwd=z.gathered,
+        gathered_bwd_first=z.gathered,
+        root_grad_bwd=model.vocab * model.hidden * td.grad
+        if keeps_every_grad(s, training.deepspeed, training.grad_accum)
+        and head_trains(model, training.finetune) else 0,
+        buckets=z.buckets, bwd_buffers=z.bwd_buffers, step_extra=z.step_extra,
+        step_grads_freed=z.step_grads_freed, init_extra=z.init_extra)

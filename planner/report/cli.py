@@ -38,7 +38,8 @@ from planner.spec import Strategy
 @click.option("--offload", type=click.Choice(["auto", "none", "all"], case_sensitive=False),
               default="auto", show_default=True,
               help="auto: offload candidates only where nothing else fits (as `fitcheck plan`).")
-@field_options([f.path for f in FIELDS if f.section == "training" and f.path not in SWEPT])
+@field_options([f.path for f in FIELDS if f.section in ("training", "finetune")
+                and f.path not in SWEPT])
 @click.option("--margin", type=float, default=DEFAULT_MARGIN, show_default=True,
               help="Fraction of GPU memory kept free.")
 @click.option("--tokens", default="1e12", show_default=True, metavar="N",

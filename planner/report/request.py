@@ -182,7 +182,17 @@ def build_request(*, models: str | Iterable[str], gpus: str | Iterable[str],
     unknown = [p for p in values if p not in BY_PATH or p in SWEPT]
     if unknown:
         raise UsageError(f"report: not a training field: {', '.join(unknown)}")
-    template = training_from(parse(values, FLAGS))
+    try:
+        template = training_from(parse(values, FLAGS))
+    except ValueError as exc:  # a fine-tuning combination FineTune refuses
+        raise UsageError(f"report: {exc}") from None
+    from planner.params import trainable
+
+    for label, m in resolved_models:
+        try:
+            trainable(m, template.finetune)
+        except ValueError as exc:
+            raise FLAGS.fail("finetune.lora_targets", f"{label}: {exc}") from None
     from planner.validate import params as parse_count
 
     try:

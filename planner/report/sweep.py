@@ -30,7 +30,12 @@ from planner.candidates import (
     skipped_on_one_gpu,
 )
 from planner.memory import PHASES, Overheads
-from planner.memory.estimator import activation_plan, evaluate, uses_autocast_amp
+from planner.memory.estimator import (
+    activation_plan,
+    adapter_input_bytes,
+    evaluate,
+    uses_autocast_amp,
+)
 from planner.memory.moments import Activations
 from planner.params import total_params
 from planner.plan import TIE
@@ -45,6 +50,7 @@ from planner.throughput import (
     StepInputs,
     collectives,
     default_compute_efficiency,
+    finetune_inputs,
     gather_bytes,
     grad_reduce_bytes,
     matmul_params,
@@ -140,7 +146,10 @@ class Evaluator:
         pairs = np.stack([grid.mb, grid.seq], axis=1)
         uniq, inverse = np.unique(pairs, axis=0, return_inverse=True)
         inverse = inverse.reshape(-1)
-        key = (c.checkpointing, uses_autocast_amp(c.strategy), uniq.tobytes(), inverse.tobytes())
+        # what the plan depends on beyond (mb, seq): the checkpointing, the AMP regime, the
+        # adapters' input copies (strategy family) and the TP degree
+        key = (c.checkpointing, uses_autocast_amp(c.strategy),
+               adapter_input_bytes(self.training, c), c.tp, uniq.tobytes(), inverse.tobytes())
         if key not in self._acts:
             plans = [Activations.of(activation_plan(
                 self.model, dataclasses.replace(self.training, micro_batch=int(b), seq=int(s)),
@@ -161,7 +170,7 @@ class Evaluator:
         gpus = self.req.gpus
         per_gpu = lambda f: np.array([f(g) for g in gpus], dtype=np.float64)[grid.gpu]  # noqa: E731
         eff = (a.compute_efficiency if a.compute_efficiency is not None
-               else per_gpu(default_compute_efficiency))
+               else per_gpu(lambda g: default_compute_efficiency(g, self.training.compile)))
         p_block, p_head = matmul_params(m)
         x = StepInputs(
             n_layers=float(m.n_layers), q_dim=float(m.q_dim), seq=grid.seq.astype(np.float64),
@@ -180,8 +189,19 @@ class Evaluator:
             grad_b=float(grad_reduce_bytes(p, c.strategy)), master_b=float(p.param_bytes),
             comm=collectives(c.strategy, self.training.grad_sync),
             recompute=RECOMPUTE[c.checkpointing],
-            offload=OFFLOAD_TRAFFIC[c.offload])
+            offload=OFFLOAD_TRAFFIC[c.offload],
+            tp_bytes=grid.mb.astype(np.float64) * grid.seq.astype(np.float64) * m.hidden
+            * p.compute_bytes,
+            **self.finetune(grid))
         return step_core(x)
+
+    def finetune(self, grid: Grid) -> dict:
+        """throughput.finetune_inputs; the dequantization time per GPU type (HBM bandwidth)."""
+        ft = finetune_inputs(self.model, self.training, self.req.gpus[0])
+        if "dequant_s" in ft:
+            ft["dequant_s"] = np.array([finetune_inputs(self.model, self.training, g)["dequant_s"]
+                                        for g in self.req.gpus], dtype=np.float64)[grid.gpu]
+        return ft
 
 
 def present(grid: Grid, c: Candidate) -> np.ndarray:

@@ -137,8 +137,9 @@ def finetune(r: Reader, doc: dict) -> None:
         raise r.fail("adapter", "qlora needs load_in_4bit: true")
     unfrozen = doc.get("unfrozen_parameters")
     if unfrozen:
-        r.set("finetune.freeze", f"all but {len(unfrozen) if isinstance(unfrozen, list) else 1} "
-              "unfrozen_parameters patterns", "unfrozen_parameters")
+        # name patterns, not a layer count: not something --freeze can say (unmodelled)
+        r.set("finetune.freeze", Vocab(f"all but {len(unfrozen) if isinstance(unfrozen, list) else 1} "
+              "unfrozen_parameters patterns"), "unfrozen_parameters")
 
 
 def fsdp(r: Reader, doc: dict) -> bool:

@@ -142,7 +142,12 @@ def read(r: Reader) -> None:
     on = r.boolean(comp.get("enable"), "[compile] enable") if comp else \
         r.boolean(training.get("compile"), "[training] compile")
     if on:
-        r.set("training.compile", "blocks", "[compile] enable" if comp else "[training] compile")
+        parts = comp.get("components") if comp else None
+        # [compile] components lists what torchtitan compiles: "model" (each block), "loss"
+        with_loss = isinstance(parts, list) and "loss" in parts
+        r.set("training.compile", "blocks+loss" if with_loss else "blocks",
+              "[compile] components" if with_loss else
+              "[compile] enable" if comp else "[training] compile")
     optimizer(r, r.mapping(doc.get("optimizer"), "[optimizer]"))
     float8(r, doc)
 
