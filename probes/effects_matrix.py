@@ -99,12 +99,6 @@ _TP_NORMS = ("planner: params, gradients and optimizer state -0.2 % at tp 4 (-0.
              " within tolerance): the planner divides the norm weights by tp too,"
              " SequenceParallel keeps them replicated over tp (peak +1.4 / +1.9 %)")
 KNOWN: dict[tuple[str, str], str] = {
-    ("lora-r8-qv", "bf16"): _FP32_ADAPTERS,
-    ("lora-r16-all", "bf16"): _FP32_ADAPTERS,
-    ("qlora-nf4-r16-all", "bf16"): _FP32_ADAPTERS,
-    ("freeze-2-layers", "*"): "planner: planner.params.trainable counts no parameter of the"
-                              " frozen blocks (frozen_per_block 0 with freeze_layers): their"
-                              " weights are missing from resident params",
     ("tp4", "*"): _TP_NORMS + "; at dp 1 FSDP's gathered params/buffers are over-counted (+36 %"
                   " on that category)",
 }
