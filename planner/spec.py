@@ -489,7 +489,8 @@ class TrainingSpec:
     loss_chunks: int = 8
     """Chunks of the chunked loss (torchtune's default num_output_chunks)."""
     keep_logits: bool = False
-    """The loop holds the logits (and their fp32 copy) through backward."""
+    """The loop holds the logits through backward (their fp32 copy is freed once log_softmax
+    has run: autograd saves its output, not its input; traced)."""
     compile: CompileMode = CompileMode.NONE
     allocator: Allocator = Allocator.DEFAULT
     fsdp_version: int = 2
