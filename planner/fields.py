@@ -10,6 +10,7 @@ names it the way the user wrote it (``--seq`` on the command line, ``training.se
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -194,6 +195,11 @@ def parse_ds_elems(raw: Any, auto: bool = False) -> int | str:
 
 def _ds_auto(raw: Any) -> int | str:
     return parse_ds_elems(raw, auto=True)
+
+
+class _OffloadDevice(enum.StrEnum):
+    CPU = "cpu"
+    NVME = "nvme"
 
 
 def _ds_bool(raw: Any) -> bool:
@@ -403,6 +409,11 @@ FIELDS: tuple[Field, ...] = (
           help="DeepSpeed's own optimizer (a config optimizer block: FusedAdam, no step "
           "temporaries; default). --no-ds-fused-adam: the client's torch optimizer "
           "(--optimizer-impl decides its temporaries), as the HF Trainer without one."),
+    Field(path="deepspeed.offload_device", flag="--ds-offload-device",
+          check=lambda raw: validate.choice(raw, _OffloadDevice),
+          choices=("cpu", "nvme"), shown_default="cpu",
+          help="ZeRO-3 offload target: cpu (ZeRO-Offload) or nvme (ZeRO-Infinity: host RAM "
+          "holds only the swapper's pinned buffers)."),
     # ---- hardware ----------------------------------------------------------------------
     Field(path="hardware.gpu", flag="--gpu", metavar="NAME|PATH", check=validate.text, files=True,
           help="GPU profile id (see --list-gpus) or a path to a TOML profile."),

@@ -447,6 +447,9 @@ class DeepSpeedConfig:
     fused_adam: bool = True
     """The optimizer is DeepSpeed's own (an ``optimizer`` block: FusedAdam, DeepSpeedCPUAdam
     under offload), else the client's torch optimizer (the HF Trainer without one)."""
+    offload_device: str = "cpu"
+    """Where ZeRO-3's offload goes: "cpu" (ZeRO-Offload) or "nvme" (ZeRO-Infinity: the states
+    live on NVMe; host RAM holds only the swapper's pinned buffers)."""
 
     def overlap(self, stage3: bool) -> bool:
         """overlap_comm as DeepSpeed resolves it (``overlap_comm_valid``)."""

@@ -384,3 +384,24 @@ def test_reader_maps_the_deprecated_fp16_save_spelling(tmp_path):
     assert j.values["deepspeed.stage3_gather_16bit_weights_on_model_save"] is True
     assert j.values["deepspeed.stage3_max_live_parameters"] == 1_000_000_000
     assert j.values["deepspeed.fused_adam"] is False  # no optimizer block
+
+
+def test_zero_infinity_host_ram_is_the_swap_buffers():
+    # ZeRO-3 with optimizer and parameter offload to NVMe: host RAM per rank is the optimizer
+    # swapper's 4 pinned fp32 buffers of the largest sub-group (min(1e9, the 1/8 partition))
+    # plus the parameter swapper's 5 x 1e8 bf16 elements (DeepSpeed swap_tensor/), not the
+    # states themselves
+    from planner.params import total_params
+    from planner.presets import get_preset
+
+    m = get_preset("llama2-7b")
+    c = Candidate(strategy=Strategy.ZERO3, offload=Offload.PARAMS_AND_OPTIMIZER,
+                  checkpointing=Checkpointing.FULL)
+    nvme = estimate(m, TrainingSpec(deepspeed=DeepSpeedConfig(offload_device="nvme")),
+                    cluster(8), c)
+    cpu = estimate(m, TrainingSpec(), cluster(8), c)
+    tn = -(-total_params(m) // 8)
+    ov = Overheads()
+    per_rank = 4 * min(10**9, tn) * 4 + 5 * 10**8 * 2
+    assert nvme.host_bytes_per_node == 8 * (ov.host_bytes_per_process + per_rank)
+    assert cpu.host_bytes_per_node > nvme.host_bytes_per_node

@@ -123,6 +123,15 @@ def zero_states(model: ModelSpec, training: TrainingSpec, strategy: Strategy, of
         if offload is Offload.PARAMS_AND_OPTIMIZER:
             host = host + ceil_div(T.train + T.frozen(model.n_layers),
                                    degree) * param_b
+        if strategy is Strategy.ZERO3 and ds.offload_device == "nvme":
+            # ZeRO-Infinity: states (and offloaded parameters) live on NVMe; host RAM holds the
+            # swappers' pinned buffers, allocated up front: the optimizer swapper's
+            # buffer_count (4) x the largest sub-group in fp32
+            # (swap_tensor/partitioned_optimizer_swapper.py), the parameter swapper's
+            # buffer_count (5) x buffer_size (1e8) elements in the 16-bit dtype
+            # (swap_tensor/partitioned_param_swapper.py)
+            host = 4 * min(int(ds.sub_group_size), Tn) * FP32 + (
+                5 * 100_000_000 * param_b if offload is Offload.PARAMS_AND_OPTIMIZER else 0)
         grads = T.train * grad_b if strategy is Strategy.ZERO1 else 0
         return ZeroStates(gradients=grads, persistent_params=persist, optimizer_temporaries=0,
                           host_per_rank=host)

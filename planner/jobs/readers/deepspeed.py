@@ -122,7 +122,14 @@ def read(r: Reader) -> None:
         where = "zero_optimization." + ("offload_param" if par else "offload_optimizer") + ".device"
         device = {d for d in (opt, par) if d}
         value = "params_and_optimizer" if par else "optimizer"
-        r.set("offload", value if device == {"cpu"} else Vocab(f"{value}-nvme"), where)
+        r.set("offload", value, where)
+        if "nvme" in device:
+            if stage != 3:
+                r.set("offload", Vocab(f"{value}-nvme"), where)  # DeepSpeed: stage 3 only
+            elif device == {"nvme"}:
+                r.set("deepspeed.offload_device", "nvme", where)  # ZeRO-Infinity
+            else:
+                r.set("offload", Vocab(f"{value}-cpu+nvme"), where)
     else:
         r.set("offload", "none", "zero_optimization (no offload_optimizer/offload_param)")
     for key, v in zo.items():
