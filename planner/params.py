@@ -281,6 +281,9 @@ class Trainable:
     """Blocks frozen whole (--freeze N-layers): every element stored in the base dtype."""
     block_elems: int = 0
     """Elements of one block."""
+    frozen_dense_delta: int = 0
+    """Frozen dense blocks of an MoE model (DeepSeek's first layers): their elements minus as
+    many typical blocks."""
 
     @property
     def train(self) -> int:
@@ -290,7 +293,7 @@ class Trainable:
         """Frozen elements kept in the base dtype (not quantized): the frozen part of every
         block, whole frozen blocks and the frozen root tensors."""
         return (self.frozen_per_block * n_layers + self.frozen_whole_blocks * self.block_elems
-                + self.frozen_root)
+                + self.frozen_root + self.frozen_dense_delta)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -331,7 +334,8 @@ def trainable(model: ModelSpec, ft: FineTune) -> Trainable:
             frozen_per_block=per_block - (lin_elems if quant else 0),
             quant_per_block=lin_elems if quant else 0,
             quant_rows_per_block=sum(s[0] for _, s in lin) if quant else 0,
-            frozen_root=sum(numel(s) for _, s in root), largest_linear=largest_linear)
+            frozen_root=sum(numel(s) for _, s in root), largest_linear=largest_linear,
+            frozen_dense_delta=_dense_delta(model, model.n_dense_layers, per_block))
     n_frozen = ft.frozen_blocks(model.n_layers)
     frozen_root_names = set()
     if ft.train_last_layers:
@@ -358,4 +362,12 @@ def trainable(model: ModelSpec, ft: FineTune) -> Trainable:
         train_root=sum(numel(s) for _, s in root) - frozen_root,
         frozen_per_block=0, quant_per_block=0, quant_rows_per_block=0,
         frozen_root=frozen_root, largest_linear=largest_linear, train_dense_delta=dense_delta,
-        frozen_whole_blocks=n_frozen, block_elems=per_block)
+        frozen_whole_blocks=n_frozen, block_elems=per_block,
+        frozen_dense_delta=_dense_delta(model, min(n_frozen, model.n_dense_layers), per_block))
+
+
+def _dense_delta(model: ModelSpec, n: int, per_block: int) -> int:
+    """n dense blocks of an MoE model minus as many typical (MoE) blocks, in elements."""
+    if n <= 0:
+        return 0
+    return n * (sum(numel(s) for _, s in block_tensors(model, dense=True)) - per_block)

@@ -225,3 +225,16 @@ def test_frozen_layers_stay_resident():
     step = e.phases[Phase.OPTIMIZER]
     assert step.params == total_params(L2) * 4
     assert step.gradients == T.train * 4 == (total_params(L2) - 8 * (202_375_168 + 2 * 4096)) * 4
+
+
+@pytest.mark.parametrize("preset", ["llama2-7b", "deepseek-v2-lite", "qwen3-30b-a3b", "gpt2"])
+@pytest.mark.parametrize("ft", [FineTune(lora_rank=8), FineTune(freeze_layers=2),
+                                FineTune(freeze_embeddings=True, freeze_layers=1),
+                                FineTune(train_last_layers=2)])
+def test_every_parameter_is_either_trainable_or_frozen(preset, ft):
+    # the base's parameters are all somewhere (DeepSeek's dense first layers included); LoRA's
+    # adapters come on top of the frozen base
+    m = get_preset(preset)
+    T = trainable(m, ft)
+    base = T.frozen(m.n_layers) + (0 if ft.lora else T.train)
+    assert base == total_params(m)
