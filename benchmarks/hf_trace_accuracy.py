@@ -48,6 +48,7 @@ from planner.spec import (  # noqa: E402
 )
 from probes.hf_matrix import ARCHS, cross_check, load, training_for  # noqa: E402
 from probes.runner import job_to_dict, run_job  # noqa: E402
+from trace_accuracy import replace_section  # noqa: E402  (benchmarks/, the script's folder)
 from probes.trace_plan import scale_result  # noqa: E402
 
 BEGIN, END = "<!-- hf-trace-accuracy:begin -->", "<!-- hf-trace-accuracy:end -->"
@@ -227,26 +228,7 @@ def main() -> None:
               "DDP and the FSDP strategies x none / selective / full checkpointing, and when "
               "nothing fits, the GPU count it would need):", "", *costs, "",
               f"Whole run {time.perf_counter() - t0:.0f} s."]
-    text = _write(args.out, "\n".join(lines))
-    d = os.path.dirname(os.path.abspath(args.out))
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".accuracy-", suffix=".md")
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, args.out)
-    print(f"wrote {args.out}", file=sys.stderr)
-
-
-def _write(path: str, body: str) -> str:
-    """The file's text with this benchmark's marked section replaced by body."""
-    try:
-        old = Path(path).read_text()
-    except FileNotFoundError:
-        old = ""
-    block = f"{BEGIN}\n{body}\n{END}"
-    if BEGIN in old and END in old:
-        head, rest = old.split(BEGIN, 1)
-        return head + block + rest.split(END, 1)[1]
-    return old + ("\n" if old and not old.endswith("\n") else "") + block + "\n"
+    replace_section(args.out, "\n".join(lines), BEGIN, END)
 
 
 if __name__ == "__main__":

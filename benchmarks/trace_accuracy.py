@@ -35,18 +35,30 @@ GiB = 2**30
 BEGIN, END = "<!-- trace-accuracy:begin -->", "<!-- trace-accuracy:end -->"
 
 
-def write_section(path: str, body: str) -> str:
+def write_section(path: str, body: str, begin: str = BEGIN, end: str = END) -> str:
     """The file's text with the marked section replaced by body (markers appended if absent)."""
     try:
         with open(path) as fh:
             old = fh.read()
     except FileNotFoundError:
         old = ""
-    block = f"{BEGIN}\n{body}\n{END}"
-    if BEGIN in old and END in old:
-        head, rest = old.split(BEGIN, 1)
-        return head + block + rest.split(END, 1)[1]
+    block = f"{begin}\n{body}\n{end}"
+    if begin in old and end in old:
+        head, rest = old.split(begin, 1)
+        return head + block + rest.split(end, 1)[1]
     return old + ("\n" if old and not old.endswith("\n") else "") + block + "\n"
+
+
+def replace_section(path: str, body: str, begin: str = BEGIN, end: str = END) -> None:
+    """Write the marked section of ``path`` atomically (temporary file beside it, then
+    rename), the rest of the file unchanged."""
+    text = write_section(path, body, begin, end)
+    d = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".accuracy-", suffix=".md")
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+    print(f"wrote {path}", file=sys.stderr)
 
 
 def main() -> None:
@@ -119,13 +131,7 @@ def main() -> None:
             if walls:
                 lines.append(f"- {name} at 8 ranks: probe wall {min(walls):.1f}-{max(walls):.1f} s, "
                              f"peak RSS up to {max(rss) / 2**20:.0f} MiB.")
-    text = write_section(args.out, "\n".join(lines))
-    d = os.path.dirname(os.path.abspath(args.out))
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".accuracy-", suffix=".md")
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, args.out)
-    print(f"wrote {args.out}", file=sys.stderr)
+    replace_section(args.out, "\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -74,6 +74,8 @@ def test_compiled_loss_saves_the_bf16_logits_not_the_fp32_log_softmax():
     floats = [s for s in saved if s.is_floating_point()]
     nbytes = sum(s.numel() * s.element_size() for s in floats if s.dim() > 0)
     assert nbytes == 2 * t * v + 2 * 4 * t  # bf16 logits + amax, log(sum exp) per token
-    model = get_preset("gpt2").__class__(name="x", n_layers=1, hidden=64, n_heads=1,
-                                         n_kv_heads=1, ffn_hidden=64, vocab=v)
+    from planner.spec import ModelSpec
+
+    model = ModelSpec(name="x", n_layers=1, hidden=64, n_heads=1, n_kv_heads=1, ffn_hidden=64,
+                      vocab=v)
     assert loss_terms(model, t, 2, 2, LossKind.FP32, 8, compiled=True).saved.nbytes == nbytes

@@ -181,6 +181,14 @@ the recipe's gradient_checkpointing): one file's 'none' yields to the other's mo
 def finish(job: Job) -> Job:
     """values, warnings and unmodelled of the job on its own (fallbacks applied)."""
     values = dict(job.raw)
+    notes = apply_fallbacks(job, values)
+    kept, lines = split_modelled(values, job.sources)
+    return replace(job, values=kept, unmodelled=lines, warnings=_unique([*job.said, *notes]))
+
+
+def apply_fallbacks(job: Job, values: dict[str, Any]) -> list[str]:
+    """Fill the job's defaults (fallbacks) for the paths ``values`` lacks, in place; their
+    notes."""
     notes = []
     for path, fb in job.fallbacks.items():
         if path not in values:
@@ -188,8 +196,7 @@ def finish(job: Job) -> Job:
                 values[path] = fb.value
             if fb.note:
                 notes.append(fb.note)
-    kept, lines = split_modelled(values, job.sources)
-    return replace(job, values=kept, unmodelled=lines, warnings=_unique([*job.said, *notes]))
+    return notes
 
 
 def merge(first: Job, second: Job) -> Job:
@@ -277,13 +284,7 @@ def resolve(job: Job, given: Mapping[str, Any]) -> Resolved:
                        "--list-models); give --model PRESET, --config config.json or the shape "
                        "flags (--layers --hidden --heads --vocab)")
     values.update(given)
-    warnings = list(job.said)
-    for path, fb in job.fallbacks.items():
-        if path not in values:
-            if fb.value is not None:
-                values[path] = fb.value
-            if fb.note:
-                warnings.append(fb.note)
+    warnings = [*job.said, *apply_fallbacks(job, values)]
     kept, lines = split_modelled(values, job.sources)
     _check_batch(job, kept)
     return Resolved(values=kept, warnings=_unique(warnings), unmodelled=lines,
