@@ -22,10 +22,16 @@ GENERATED = [
     ("docs/seed-claims.md", ["benchmarks/seed_claims.py", "--out", "OUT"]),
     ("docs/calibration.md", ["benchmarks/public_memory_calibration.py", "--md", "OUT",
                              "--write-calibrations", ""]),
+    # the first GPU calibration (issue 28): its sections of calibration.md and accuracy.md
+    ("docs/calibration.md", ["benchmarks/gpu_calibration.py", "--write", "--calibration-md",
+                             "OUT", "--accuracy-md", "", "--cal-out", "", "--log-out", ""]),
+    ("docs/accuracy.md", ["benchmarks/gpu_calibration.py", "--write", "--accuracy-md", "OUT",
+                          "--calibration-md", "", "--cal-out", "", "--log-out", ""]),
 ]
 
 
-@pytest.mark.parametrize("doc, command", GENERATED, ids=[d for d, _ in GENERATED])
+@pytest.mark.parametrize("doc, command", GENERATED,
+                         ids=[f"{d}:{Path(c[0]).stem}" for d, c in GENERATED])
 def test_generated_doc_is_current(tmp_path, doc, command):
     out = tmp_path / Path(doc).name
     shutil.copy(ROOT / doc, out)  # section writers replace their part of the file in place

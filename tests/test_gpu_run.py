@@ -1,0 +1,231 @@
+"""The prepared GPU session (issue 28): benchmarks/gpu_run.py and probes/gpu_cases.py run end
+to end on the CPU with tiny shapes, a part that hangs is killed at its cap while the run goes
+on, the least-memory bisection, and what the H200 runs shipped (the calibration, the records
+the planner is held to, the artefacts for reading failed runs)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pickle
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import run
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNS = ROOT / "benchmarks" / "gpu_runs" / "2026-11-26-h200"
+MiB, GiB = 2**20, 2**30
+
+
+def _records(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "records.jsonl").read_text().splitlines()]
+
+
+def _driver(out: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "benchmarks/gpu_run.py", "--out", str(out), "--device", "cpu",
+         "--tiny", *args], cwd=ROOT, env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+# --------------------------------------------------------------------------- the script
+
+
+@pytest.mark.integration
+def test_cpu_run_end_to_end(tmp_path):
+    ids = "w1-1b-ddp-none,w1-1b-fsdp-none-ga2-last,w64-mixtral4L-fsdp-full,least-1b-fsdp-full"
+    p = _driver(tmp_path, "--parts", "runtime,matrix,fake64,least", "--only", ids)
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err[-3000:]
+    recs = _records(tmp_path)
+    kinds = [r["record"] for r in recs]
+    assert kinds[0] == "env" and kinds[-1] == "end"
+    import torch
+
+    assert recs[0]["torch"] == torch.__version__ and recs[0]["device"] == "cpu"
+    rt = next(r for r in recs if r["record"] == "runtime_terms")
+    assert [pt["point"].split(" ")[0] for pt in rt["points"]][:3] == [
+        "context", "one_element_tensor", "bf16_operands"]
+    assert "runtime_nccl" in kinds  # the 1-rank group (gloo on the CPU) came up
+    parts = {r["part"]: r for r in recs if r["record"] == "part"}
+    assert list(parts) == ["runtime", "matrix", "fake64", "least"]
+    assert all(r["rc"] == 0 and not r["timed_out"] for r in parts.values())
+    cases = {r["id"]: r for r in recs if r["record"] == "case"}
+    assert set(cases) == {"w1-1b-ddp-none", "w1-1b-fsdp-none-ga2-last",
+                          "w64-mixtral4L-fsdp-full"}
+    assert all(c["ok"] and c["error"] is None for c in cases.values())
+    ddp = cases["w1-1b-ddp-none"]
+    assert (ddp["world_size"], ddp["fake_group"], ddp["wrapper"]) == (
+        1, False, "none (world size 1)")
+    assert ddp["max_allocated_bytes"] is None and len(ddp["step_times_s"]) == 1  # CPU, tiny
+    ga = cases["w1-1b-fsdp-none-ga2-last"]
+    assert (ga["training"]["grad_accum"], ga["training"]["grad_sync"]) == (2, "last")
+    assert ga["wrapper"] == "fully_shard" and ga["mesh_shape"] == [1]
+    moe = cases["w64-mixtral4L-fsdp-full"]
+    assert (moe["world_size"], moe["fake_group"], moe["mesh_shape"]) == (64, True, [64])
+    assert moe["model"]["n_experts"] == 8 and moe["candidate"]["checkpointing"] == "full"
+    groups = [r["backend"] for r in recs if r["record"] == "group"]
+    assert groups == ["gloo", "fake", "gloo"]
+    least = next(r for r in recs if r["record"] == "least_memory")
+    assert least["id"] == "least-1b-fsdp-full" and least["ok"]
+    assert "least_limit_ok_bytes" not in least  # no allocator limit to bisect on the CPU
+
+
+@pytest.mark.integration
+def test_a_hung_part_is_killed_at_its_cap_and_the_run_goes_on(tmp_path):
+    ids = "w1-1b-ddp-none,w1-1b-fsdp-none,w64-mixtral4L-fsdp-full"
+    t0 = time.monotonic()
+    p = _driver(tmp_path, "--parts", "matrix,fake64", "--only", ids, "--cap-scale", "0.08",
+                env={"FITCHECK_GPU_CASES_FAULT": "hang:w1-1b-fsdp-none"})
+    out, err = p.communicate(timeout=240)
+    assert p.returncode == 0, err[-3000:]
+    assert time.monotonic() - t0 < 200
+    recs = _records(tmp_path)
+    parts = {r["part"]: r for r in recs if r["record"] == "part"}
+    assert parts["matrix"]["timed_out"] is True and parts["matrix"]["cap_s"] == 16.0
+    assert parts["fake64"]["timed_out"] is False and parts["fake64"]["rc"] == 0
+    cases = [r["id"] for r in recs if r["record"] == "case"]
+    # the case before the hang was kept; the hung one wrote nothing; the next part ran
+    assert cases == ["w1-1b-ddp-none", "w64-mixtral4L-fsdp-full"]
+    marker = f"fitcheck-gpu-run-{p.pid}-"
+    alive = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if marker.encode() in cmd:
+                alive.append(pid)
+    assert alive == []  # the hung worker was killed with its process group
+
+
+def test_bisect_least_finds_the_threshold_within_the_tolerance():
+    from probes.gpu_cases import bisect_least
+
+    threshold = 637
+
+    def trial(limit):
+        return limit >= threshold, None if limit >= threshold else "out of memory"
+
+    ok_at, failed_at, trials = bisect_least(100, 1000, 10, trial, lambda: False)
+    assert failed_at < threshold <= ok_at and ok_at - failed_at <= 10
+    assert trials[0]["limit_bytes"] == 100 and trials[0]["ok"] is False
+    # lo first, then halving 900 down to <= 10: ceil(log2(90)) = 7 more
+    assert len(trials) == 1 + math.ceil(math.log2(900 / 10))
+    assert bisect_least(700, 1000, 10, trial, lambda: False)[:2] == (700, None)
+    # out of time after the first halving: the answer is still a limit that ran (or hi)
+    ok_at, failed_at, trials = bisect_least(100, 1000, 10, trial, iter([False, True]).__next__)
+    assert (ok_at, failed_at) == (1000, 550) and len(trials) == 2
+
+
+# --------------------------------------------------------------------------- what was shipped
+
+
+def test_the_h200_calibration_ships_the_measured_context():
+    from planner.calibration import find_calibration
+
+    cal = find_calibration("h200", "2.11.0+cu130")
+    assert cal is not None and cal.id == "h200-torch2.11.0-2026-11-26"
+    assert (cal.torch, cal.cuda, cal.nccl, cal.driver) == ("2.11.0+cu130", "13.0", "2.28.9",
+                                                           "580.159.04")
+    # by hand from the records: device used - reserved after the steps of every fake-group
+    # case = 877,461,504 B = 836.8125 MiB (run1), plus what the driver keeps: nvidia-smi's
+    # 143,771 MiB (the profile) - mem_get_info's 150,109,880,320 B = 615.0625 MiB
+    assert cal.value("cuda_context_bytes") == 877461504 + (150754820096 - 150109880320)
+    # the fragmentation, efficiency and activation fits did not beat the defaults held out
+    assert set(cal.values) == {"cuda_context_bytes"} and cal.activation_scale == {}
+
+
+def test_calibration_auto_applies_the_h200_context():
+    def required(cal: str) -> int:
+        r = run("--model", "llama3.2-1b", "--gpu", "h200", "--n", "1", "--strategy", "ddp",
+                "--checkpointing", "none", "--calibration", cal, "--json")
+        assert r.exit_code == 0, r.output
+        doc = json.loads(r.stdout)
+        return doc["candidates"][0]["required_bytes"], doc["calibration"]
+
+    base, none = required("none")
+    cal, used = required("auto")
+    assert none is None and used["id"] == "h200-torch2.11.0-2026-11-26"
+    # 836.8125 + 615.0625 - 512 (the profile's assumed context) = 939.875 MiB more
+    assert cal - base == int(939.875 * MiB)
+
+
+def _gpu_cases() -> list[dict]:
+    out = []
+    for path in sorted(RUNS.glob("run*-records.jsonl")):
+        out += [r for r in map(json.loads, path.read_text().splitlines())
+                if r["record"] == "case" and r["ok"]]
+    return out
+
+
+def _planner_allocated(rec: dict) -> tuple[int, dict]:
+    from planner.hardware import load_gpu
+    from planner.memory import Phase, estimate
+    from planner.spec import Candidate, Cluster, ModelSpec, TrainingSpec
+    from probes.models import reference_spec
+    from probes.runner import spec_from_dict
+
+    gpu = load_gpu("h200")
+    w = rec["world_size"]
+    e = estimate(reference_spec(spec_from_dict(ModelSpec, rec["model"])),
+                 spec_from_dict(TrainingSpec, rec["training"]),
+                 Cluster(gpu=gpu, n_gpus=w, gpus_per_node=min(w, 8),
+                         host_ram_bytes_per_node=gpu.host_ram_bytes_per_node),
+                 spec_from_dict(Candidate, rec["candidate"]))
+    moments = {"forward": e.phases[Phase.FORWARD].total,
+               "backward": max(e.phases[p].total for p in (Phase.LOSS_BWD, Phase.BLOCK_BWD,
+                                                           Phase.BWD_END)),
+               "optimizer": e.phases[Phase.OPTIMIZER].total}
+    return e.peak_allocated_bytes, moments
+
+
+DENSE = [r for r in _gpu_cases() if not r["model"]["n_experts"] > 1]
+
+
+@pytest.mark.parametrize("rec", DENSE, ids=[r["id"] for r in DENSE])
+def test_planner_allocated_peak_against_the_h200(rec):
+    """The measured max_memory_allocated of every dense case that ran on the H200: within
+    1.4 %, compiled blocks within 2 %, except op-level selective checkpointing, which the
+    planner over-counts by up to 7 % (the 8B runs at 8 and 64 ranks; docs/accuracy.md, GPU
+    section)."""
+    pred, _ = _planner_allocated(rec)
+    err = (pred - rec["max_allocated_bytes"]) / rec["max_allocated_bytes"]
+    if rec["candidate"]["checkpointing"] == "selective":
+        assert -0.014 < err < 0.07, err
+    elif rec["training"]["compile"] != "none":
+        assert abs(err) < 0.02, err
+    else:
+        assert abs(err) < 0.014, err
+
+
+MOE = [r for r in _gpu_cases() if r["model"]["n_experts"] > 1]
+
+
+@pytest.mark.xfail(strict=True, reason="the planner misses FSDP2's forward all-gathers of "
+                   "padded expert shards (Mixtral past 8 ranks: -24 % at 8, -54 % at 48 in "
+                   "forward; +14 % in backward at 48); the GPU agrees with the fake-tensor "
+                   "trace (docs/accuracy.md)")
+@pytest.mark.parametrize("rec", MOE, ids=[r["id"] for r in MOE])
+def test_planner_moments_for_mixtral_past_its_experts(rec):
+    _, moments = _planner_allocated(rec)
+    for m, pred in moments.items():
+        meas = rec["moments"][m]["allocated"]
+        assert abs(pred - meas) / meas < 0.05, (m, pred / GiB, meas / GiB)
+
+
+def test_the_oom_artefacts_are_whole():
+    data = ROOT / "tests" / "data" / "gpu"
+    oom = (data / "oom-h200-llama3.1-8b-ddp-bf16amp-optimizer.txt").read_text()
+    assert oom.startswith("Traceback (most recent call last):")
+    assert oom.rstrip().endswith("optimizing-memory-usage-with-pytorch-cuda-alloc-conf)")
+    assert "_multi_tensor_adam" in oom and "Tried to allocate 224.00 MiB" in oom
+    snap = pickle.loads((data / "memory_snapshot-h200-small-step.pickle").read_bytes())
+    assert {"segments", "device_traces"} <= set(snap) and len(snap["segments"]) > 0
