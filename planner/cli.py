@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Iterable
 from typing import Any
 
 import click
@@ -25,87 +24,20 @@ from planner.errors import (
     FitcheckError,
     UsageError,
 )
-from planner.fields import FIELDS, Field
-
-# ---------------------------------------------------------------------------------------------
-# Options from the field registry
-
-
-def _complete_gpus(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[str]:
-    from hardware_profiles import list_profiles
-
-    return [g for g in list_profiles() if g.startswith(incomplete.lower())]
-
-
-def _complete_presets(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[str]:
-    from planner.presets import list_presets
-
-    return [p for p in list_presets() if p.startswith(incomplete.lower())]
-
-
-COMPLETERS: dict[str, Callable[..., list[str]]] = {
-    "hardware.gpu": _complete_gpus, "model.preset": _complete_presets}
-
-
-def _option(f: Field, **override: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    kw: dict[str, Any] = {"help": f.help}
-    if f.is_flag:
-        name = f.flag.lstrip("-")
-        decls = [f"{f.flag}/--{'un' if name.startswith('tied') else 'no-'}{name}", f.dest]
-        kw["default"] = None
-    else:
-        decls = [f.flag, f.dest]
-        if f.choices and not f.multiple:
-            kw["type"] = click.Choice(f.choices, case_sensitive=False)
-        elif f.metavar:
-            kw["metavar"] = f.metavar
-        else:
-            kw["metavar"] = "N" if f.path not in ("margin", "hardware.host_ram_gib") else "X"
-        if f.multiple:
-            kw["multiple"] = True
-        if f.default is not None:
-            kw["default"] = f.shown_default or str(f.default)
-            kw["show_default"] = True
-        if f.path in COMPLETERS:
-            kw["shell_complete"] = COMPLETERS[f.path]
-    kw.update(override)
-    return click.option(*decls, **kw)
-
-
-def field_options(paths: Iterable[str], **overrides: dict[str, Any]
-                  ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """A decorator adding the options of these fields (a section name takes all of it).
-    ``overrides`` maps a field's dest to click option changes (another default, help)."""
-    wanted = list(paths)
-    chosen = [f for f in FIELDS if f.path in wanted or f.section in wanted]
-
-    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
-        for f in reversed(chosen):
-            fn = _option(f, **overrides.get(f.dest, {}))(fn)
-        return fn
-
-    return deco
-
-
-MODEL = ("model",)
-TRAINING = ("training",)
-FINETUNE = ("finetune",)
-HARDWARE = ("hardware",)
-CANDIDATES = ("strategy", "offload", "checkpointing", "parallel", "margin", "calibration")
-DEEPSPEED = ("deepspeed",)
-
-
-def request_from_options(kw: dict[str, Any]):
-    """click's keyword arguments -> planner.request.Request (warnings go to stderr)."""
-    from planner.fields import FLAGS, cli_values
-    from planner.request import build_request
-
-    request = build_request(cli_values(kw), FLAGS)
-    for w in request.warnings:
-        if "stale" in w:
-            click.echo(f"fitcheck: warning: {w}", err=True)
-    return request
-
+from planner.cli_options import (  # noqa: F401  (JOB_FORMATS, request_from_options: API)
+    CANDIDATES,
+    DEEPSPEED,
+    FINETUNE,
+    HARDWARE,
+    JOB_FORMATS,
+    MODEL,
+    TRAINING,
+    field_options,
+    given_values,
+    request_from_options,
+    terminal_width,
+)
+from planner.fields import FIELDS
 
 # ---------------------------------------------------------------------------------------------
 # Eager listings
@@ -141,11 +73,11 @@ def _list_models(ctx: click.Context, _param: click.Parameter, value: bool) -> No
 # Subcommands imported only when named, so `fitcheck --params ...` never loads them (torch for
 # trace/probe, pandas for report, the server for serve).
 LAZY_COMMANDS = {
-    "trace": ("probes.cli", "trace_cmd", "Measure one step's memory with fake tensors (needs torch)."),
+    "trace": ("planner.trace_cli", "trace_cmd", "Measure one step's memory with fake tensors (needs torch)."),
     "gate": ("planner.gate_cli", "gate_cmd", "Admit or reject a job spec (scheduler gating)."),
     "serve": ("planner.gate_cli", "serve_cmd", "Kubernetes validating admission webhook."),
     "report": ("planner.report.cli", "report_cmd", "Capacity-planning sweep: CSV, Markdown, HTML."),
-    "probe": ("probes.cuda_cli", "probe_cmd", "CUDA probe runs under torchrun and calibration."),
+    "probe": ("planner.probe_cli", "probe_cmd", "CUDA probe runs under torchrun and calibration."),
 }
 
 
@@ -247,11 +179,6 @@ def cli() -> None:
     """fitcheck: will this training run fit, with which strategy?"""
 
 
-JOB_FORMATS = ("torchtitan", "deepspeed", "accelerate", "trainer", "axolotl", "litgpt",
-               "kubeflow", "spec")
-"""planner.jobs.JobFormat's names (a test keeps them equal) without importing planner.jobs."""
-
-
 @cli.command("plan")
 @field_options(MODEL + TRAINING + FINETUNE + HARDWARE + CANDIDATES + DEEPSPEED)
 @click.option("--find", type=click.Choice(["min-gpus", "max-micro-batch", "max-seq"]),
@@ -295,7 +222,7 @@ def plan_cmd(as_json: bool, wide: bool, find: str | None, job_paths: tuple[str, 
     (profile, config, job file), 1 crash.
     """
     if kw.pop("from_trace", False):  # memory from traces of the real module (probes/)
-        from probes.trace_plan import plan_command
+        from planner.trace_cli import plan_command
 
         if job_paths:
             raise UsageError("--from-trace plans the --config it is given, not a --job file")
@@ -373,21 +300,6 @@ def plan_cmd(as_json: bool, wide: bool, find: str | None, job_paths: tuple[str, 
     return EXIT_FITS if answer.any_fits else EXIT_NOTHING_FITS
 
 
-def given_values(kw: dict[str, Any]) -> dict[str, Any]:
-    """{path: raw} of the plan flags given on the command line (not their defaults)."""
-    from click.core import ParameterSource
-
-    from planner.fields import FIELDS
-
-    ctx = click.get_current_context()
-    out = {}
-    for f in FIELDS:
-        if f.dest in kw and ctx.get_parameter_source(f.dest) not in (
-                None, ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP):
-            out[f.path] = kw[f.dest]
-    return out
-
-
 def job_notes(job, resolved) -> list[str]:
     """The job's lines for the assumptions block: what was read, assumed, not modelled."""
     head = f"job: {', '.join(job.files)} read as {job.format}" + (
@@ -401,19 +313,6 @@ def _nothing_to_write(job, answer) -> int:
                + (f" (needs at least {need} GPUs of the type)" if need else "")
                + "; not written", err=True)
     return EXIT_NOTHING_FITS
-
-
-def terminal_width() -> int:
-    """$COLUMNS, else the terminal's width, else 80 (shutil.get_terminal_size's rule, without
-    importing shutil on the fast path)."""
-    try:
-        return max(int(os.environ["COLUMNS"]), 40)
-    except (KeyError, ValueError):
-        pass
-    try:
-        return os.get_terminal_size(sys.stdout.fileno()).columns
-    except (AttributeError, ValueError, OSError):
-        return 80
 
 
 def main() -> None:

@@ -96,6 +96,11 @@ def default_margin() -> float:
     return float(value) if isinstance(value, (int, float)) and 0 <= value < 1 else FALLBACK_MARGIN
 
 
+DEFAULT_MARGIN = default_margin()
+"""Fraction of device memory kept free by default (--margin): derived from the planner's
+measured under-prediction on public runs (docs/accuracy.md)."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Band:
     """The measured error of one kind of job on one quantity (peak memory or step time)."""

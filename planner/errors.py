@@ -7,6 +7,9 @@ EXIT_CRASH = 1
 EXIT_USAGE = 2
 EXIT_NOTHING_FITS = 3
 EXIT_BAD_DATA = 4
+EXIT_TRACE_REFUSED = 5
+"""A traced answer cannot be given (the model cannot be traced), or a probe failed
+(`fitcheck trace`, `fitcheck --from-trace`)."""
 
 
 class FitcheckError(Exception):

@@ -17,7 +17,7 @@ from typing import Any
 
 from planner import validate
 from planner.errors import FitcheckError, InputDataError, UsageError
-from planner.memory.estimator import DEFAULT_MARGIN
+from planner.error_bands import DEFAULT_MARGIN
 from planner.spec import (
     Allocator,
     Attention,
@@ -258,8 +258,8 @@ FIELDS: tuple[Field, ...] = (
           "scaling rule and marked as assumed."),
     Field(path="model.preset", flag="--model", metavar="PRESET", check=validate.text,
           help="A preset id or hub-style name (see --list-models)."),
-    Field(path="model.config", flag="--config", metavar="PATH", check=validate.text, files=True,
-          help="A local Hugging Face config.json (or its directory)."),
+    Field(path="model.config", flag="--config", metavar="PATH", check=validate.path_or_mapping,
+          files=True, help="A local Hugging Face config.json (or its directory)."),
     Field(path="model.approximate", flag="--approximate", check=validate.boolean, is_flag=True,
           help="Accept an approximate reading of a --config that fitcheck does not model fully "
           "(an unknown model_type, a vision tower, ...); each approximation is a warning."),

@@ -19,7 +19,7 @@ from planner.fields import SpecError
 from planner.spec import Checkpointing, Offload, Strategy
 
 __all__ = ["ADMIT", "REJECT", "SpecError", "error_verdict", "exit_code", "gate", "gate_job",
-           "gate_path", "inline_model", "parse_spec_text", "read_spec", "request_from_spec",
+           "gate_path", "parse_spec_text", "read_spec", "request_from_spec",
            "verdict_for"]
 
 GATE_SCHEMA_VERSION = 1
@@ -51,53 +51,7 @@ def request_from_spec(spec: Mapping[str, Any], *, base_dir: str | None = None,
     values = spec_values(spec)
     if values.get("hardware.n") is None:
         raise SpecError("hardware.n: required (the total number of GPUs of the job)")
-    notes: list[str] = []
-    values, model = inline_model(values, SPEC, notes)
-    request = build_request(values, SPEC, allow_files=allow_files, base_dir=base_dir)
-    if model is not None:
-        request = dataclasses.replace(request, model=model, model_source="config",
-                                      warnings=(*notes, *request.warnings))
-    return request
-
-
-def _approximate(values: Mapping[str, Any], naming) -> bool:
-    from planner import validate
-
-    raw = values.get("model.approximate")
-    try:
-        return raw is not None and validate.boolean(raw)
-    except ValueError as exc:
-        raise naming.fail("model.approximate", str(exc)) from None
-
-
-def inline_model(values: Mapping[str, Any], naming,
-                 notes: list[str] | None = None) -> tuple[dict[str, Any], Any]:
-    """``model.config`` given as the config.json mapping itself (a webhook annotation cannot
-    name a file): its ModelSpec, and the values with the model described by its shape fields
-    (the placeholder build_request resolves; the caller puts the exact spec in its place)."""
-    values = dict(values)
-    cfg = values.get("model.config")
-    if not isinstance(cfg, Mapping):
-        return values, None
-    from planner.hf_config import ConfigError, spec_from_hf_config
-
-    label = f"{naming.name('model.config')} (inline config.json)"
-    try:
-        spec = spec_from_hf_config(dict(cfg), label, notes=notes,
-                                   approximate=_approximate(values, naming))
-    except ConfigError as exc:
-        raise naming.error(str(exc)) from None
-    for p in [p for p in values if p.startswith("model.")]:
-        if values[p] is not None and p not in ("model.config", "model.approximate"):
-            raise naming.error(f"give only one of {naming.name('model.config')} (inline) and "
-                               f"{naming.name(p)}")
-    del values["model.config"]
-    values.update({
-        "model.layers": spec.n_layers, "model.hidden": spec.q_dim, "model.heads": spec.n_heads,
-        "model.kv_heads": spec.n_kv_heads, "model.ffn": spec.ffn_hidden,
-        "model.vocab": spec.vocab, "model.mlp": str(spec.mlp),
-        "model.experts": spec.n_experts, "model.experts_per_token": spec.experts_per_token})
-    return values, spec
+    return build_request(values, SPEC, allow_files=allow_files, base_dir=base_dir)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import click
 
-from planner.cli import JOB_FORMATS
+from planner.cli_options import JOB_FORMATS
 from planner.errors import FitcheckError, UsageError
 
 ON_ERROR = click.Choice(["admit", "reject"], case_sensitive=False)

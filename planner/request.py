@@ -17,7 +17,7 @@ from typing import Any
 from planner.errors import InputDataError
 from planner.fields import FIELDS, FLAGS, Naming, parse
 from planner.memory.breakdown import Overheads
-from planner.memory.estimator import DEFAULT_MARGIN
+from planner.error_bands import DEFAULT_MARGIN
 from planner.spec import (
     Checkpointing,
     Cluster,
@@ -117,8 +117,9 @@ def resolve_model(v: Mapping[str, Any], naming: Naming, *, allow_files: bool,
     given = [p for p in ("model.params", "model.preset", "model.config") if v.get(p) is not None]
     if len(given) > 1:
         raise naming.error(f"give only one of {', '.join(naming.name(p) for p in given)}")
-    ov = {SHAPE_FIELDS[p.split('.')[1]]: v[p] for p in v
-          if p.startswith("model.") and p.split(".")[1] in SHAPE_FIELDS and v[p] is not None}
+    ov_paths = [p for p in v if p.startswith("model.") and p.split(".")[1] in SHAPE_FIELDS
+                and v[p] is not None]
+    ov = {SHAPE_FIELDS[p.split('.')[1]]: v[p] for p in ov_paths}
     if v.get("model.params") is not None:
         from planner.scaling import shape_from_params
 
@@ -133,6 +134,20 @@ def resolve_model(v: Mapping[str, Any], naming: Naming, *, allow_files: bool,
             spec, source = get_preset(v["model.preset"]), "preset"
         except UnknownModelError as exc:
             raise naming.fail("model.preset", str(exc.args[0] if exc.args else exc)) from None
+    elif isinstance(v.get("model.config"), dict):
+        # the config.json mapping itself (a webhook annotation cannot name a file)
+        from planner.hf_config import ConfigError, spec_from_hf_config
+
+        shape = [p for p in ov_paths if p != "model.config"]
+        if shape:
+            raise naming.error(f"give only one of {naming.name('model.config')} (inline) and "
+                               f"{naming.name(shape[0])}")
+        label = f"{naming.name('model.config')} (inline config.json)"
+        try:
+            return spec_from_hf_config(v["model.config"], label, notes=warnings,
+                                       approximate=bool(v.get("model.approximate"))), "config"
+        except ConfigError as exc:
+            raise naming.error(str(exc)) from None
     elif v.get("model.config") is not None:
         from planner.hf_config import ConfigError, load_hf_config
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
 E = TypeVar("E", bound=enum.Enum)
@@ -102,6 +103,14 @@ def text(raw: Any, *, limit: int = 4096) -> str:
     if len(raw) > limit:
         raise ValueError(f"must be at most {limit} characters, got {len(raw)}")
     return raw.strip()
+
+
+def path_or_mapping(raw: Any) -> str | dict:
+    """A path (text), or a mapping given in place of the file it names (a webhook annotation's
+    inline config.json: it cannot name a file)."""
+    if isinstance(raw, Mapping):
+        return dict(raw)
+    return text(raw)
 
 
 def params(raw: Any, *, limit: float) -> float:

@@ -148,7 +148,7 @@ class ModuleTracer:
             import torch
 
             from planner.spec import Checkpointing
-            from probes.trace import TraceModel, UnsupportedConfig
+            from probes.trace_types import TraceModel, UnsupportedConfig
 
             module = self._new().train()
             path, blocks = self._find_blocks(module)

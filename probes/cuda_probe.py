@@ -1,6 +1,6 @@
 """The per-rank worker of a probe run: real training steps, measured, one record per candidate.
 
-Launched by ``fitcheck probe`` (probes/cuda_cli.py) as::
+Launched by ``fitcheck probe`` (planner/probe_cli.py, through probes/cuda_launch.py) as::
 
     python -m torch.distributed.run --nproc-per-node N -m probes.cuda_probe \
         --config CONFIG.json --out RECORDS.jsonl

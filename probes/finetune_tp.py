@@ -206,19 +206,19 @@ def tp_parallelize(net: nn.Module, spec: ModelSpec, candidate: Candidate,
     """(world_size, gpus_per_node) -> mesh shape: applies TP + FSDP2 (module doc)."""
     tp = candidate.tp
     if candidate.strategy not in (Strategy.FULL_SHARD, Strategy.SHARD_GRAD_OP):
-        from probes.trace import UnsupportedConfig
+        from probes.trace_types import UnsupportedConfig
 
         raise UnsupportedConfig(f"tensor parallel with {candidate.strategy.value}: traced "
                                 "with full_shard / shard_grad_op over the dp dimension only")
     if spec.n_heads % tp or spec.n_kv_heads % tp or spec.ffn_hidden % tp or spec.vocab % tp:
-        from probes.trace import UnsupportedConfig
+        from probes.trace_types import UnsupportedConfig
 
         raise UnsupportedConfig(f"tp {tp} must divide heads ({spec.n_heads}), kv heads "
                                 f"({spec.n_kv_heads}), ffn ({spec.ffn_hidden}) and vocab "
                                 f"({spec.vocab})")
     if spec.tied_embeddings or spec.is_moe or spec.encoder_head or spec.parallel_block \
             or spec.mlp.value != "swiglu" or spec.norm.value != "rmsnorm":
-        from probes.trace import UnsupportedConfig
+        from probes.trace_types import UnsupportedConfig
 
         raise UnsupportedConfig("tensor parallel is traced on the Llama-style reference "
                                 "model only (untied, dense SwiGLU, RMSNorm, sequential block)")
@@ -236,7 +236,7 @@ def tp_parallelize(net: nn.Module, spec: ModelSpec, candidate: Candidate,
         )
 
         if world_size % tp:
-            from probes.trace import UnsupportedConfig
+            from probes.trace_types import UnsupportedConfig
 
             raise UnsupportedConfig(f"world size {world_size} is not a multiple of tp {tp}")
         dp = world_size // tp

@@ -71,7 +71,6 @@ import torch.distributed as dist
 
 from planner.spec import (
     Candidate,
-    Checkpointing,
     CompileMode,
     GradSync,
     ModelSpec,

@@ -180,7 +180,7 @@ def build_module(cfg: Any, attention: str = "sdpa"):
         except (ValueError, ImportError) as exc:
             if "attn_implementation" not in str(exc) and "attention" not in str(exc).lower():
                 raise
-            from probes.trace import UnsupportedConfig
+            from probes.trace_types import UnsupportedConfig
 
             first = str(exc).splitlines()[0].split(". ")[0]
             raise UnsupportedConfig(f"attention {attention}: {first} (transformers "
@@ -265,7 +265,7 @@ def hf_factory(config: dict[str, Any], *, layers: int | None = None):
         )
 
         from planner.spec import Checkpointing
-        from probes.trace import TraceModel, UnsupportedConfig
+        from probes.trace_types import TraceModel, UnsupportedConfig
 
         cfg = transformers_config(config, layers)
         model = build_module(cfg, opts.attention.value)

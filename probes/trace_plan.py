@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -41,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from planner.candidates import expand, fit_first_key, label
-from planner.errors import FitcheckError
+from planner.errors import EXIT_TRACE_REFUSED, FitcheckError
 from planner.memory import PHASES, Breakdown, Estimate, Overheads, Phase, from_phases
 from planner.memory.estimator import init_mode, load_bytes
 from planner.plan import Answer, offload_modes, recommend
@@ -61,8 +60,6 @@ from planner.spec import (
 )
 from planner.throughput import StepEstimate, step_core, step_inputs
 
-EXIT_TRACE_REFUSED = 5
-"""A trace-backed plan that cannot be answered (no candidate could be traced)."""
 MIN_GPUS_LIMIT = 4096
 """Largest GPU count the trace-backed min-GPUs search traces (each count is a trace)."""
 DEFAULT_TIMEOUT_S = 600.0
@@ -851,73 +848,3 @@ def traced_json(ta: TracedAnswer) -> dict[str, Any]:
                              for t in ta.traced if not t.ok],
                   "notes": list(ta.notes)}
     return d
-
-
-# --------------------------------------------------------------------------- the CLI branch
-
-
-SHAPE_FLAGS = ("params", "model", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab",
-               "tied_embeddings", "mlp", "experts", "experts_per_token")
-
-
-def request_for_config(kw: dict[str, Any]) -> tuple[Request, dict[str, Any], str]:
-    """(request, config dict, name) for ``--config X`` given to a traced command: the hub id
-    resolved in the local cache, the request built by the plan's own builder (with a
-    placeholder shape when the analytic reader does not know the architecture: the traced
-    module's facts replace it)."""
-    from planner.cli import request_from_options
-    from planner.errors import InputDataError, UsageError
-    from probes.hf import HfConfigError, num_layers, read_config, resolve_config
-
-    value = kw.get("config")
-    if not value:
-        raise UsageError("tracing a real model needs --config (a config.json, its directory, "
-                         "or a hub id cached locally)")
-    given = [f"--{k.replace('_', '-')}" for k in SHAPE_FLAGS if kw.get(k) is not None]
-    if given:
-        raise UsageError(f"{', '.join(given)} cannot be combined with a traced --config (the "
-                         "traced class is built from the config.json as it is; edit it)")
-    try:
-        path = resolve_config(value)
-        config = read_config(path)
-    except HfConfigError as exc:
-        raise InputDataError(str(exc)) from None
-    if not os.path.exists(os.path.expanduser(value)):
-        name = value  # a hub id
-    else:
-        where = path.parent.name if path.name == "config.json" else path.stem
-        name = str(config.get("_name_or_path") or where or config["model_type"])
-    try:
-        request = request_from_options({**kw, "config": str(path)})
-    except InputDataError:
-        placeholder = {"config": None, "layers": num_layers(config) or 1, "hidden": 64,
-                       "heads": 1, "vocab": 64}
-        request = request_from_options({**kw, **placeholder})
-    return request, config, str(name)
-
-
-def plan_command(kw: dict[str, Any], *, as_json: bool, wide: bool, width: int,
-                 find: str | None = None) -> int:
-    """``fitcheck --config X --from-trace``: the plan from traces; prints it, returns the
-    exit code (0 fits, 3 nothing fits; refusals raise TraceRefused, exit 5)."""
-    import json
-
-    import click
-
-    from planner.errors import EXIT_FITS, EXIT_NOTHING_FITS, UsageError
-
-    if find is not None:
-        raise UsageError("--find cannot be combined with --from-trace (each value searched "
-                         "would be a trace); --n, --micro-batch, --seq ask one at a time")
-    request, config, name = request_for_config(kw)
-    timeout = float(os.environ.get("FITCHECK_TRACE_TIMEOUT", DEFAULT_TIMEOUT_S))
-    tracer = HfTracer(config, name, timeout_s=timeout)
-    if sys.stderr.isatty():  # progress for people; scripts get one line or none
-        tracer.on_start = lambda n: click.echo(
-            f"fitcheck: tracing {n} configuration(s) of {name} on fake tensors ...", err=True)
-    ta = plan_from_traces(request, tracer)
-    if as_json:
-        click.echo(json.dumps(traced_json(ta), indent=2))
-    else:
-        click.echo(traced_table(ta, width=width, wide=wide))
-    return EXIT_FITS if ta.answer.any_fits else EXIT_NOTHING_FITS

@@ -23,7 +23,7 @@ from planner.spec import (  # noqa: E402
     Strategy,
     TrainingSpec,
 )
-from probes.cuda_cli import expand_candidates, launch, run_processes  # noqa: E402
+from probes.cuda_launch import expand_candidates, launch, run_processes  # noqa: E402
 from probes.runner import spec_to_dict  # noqa: E402
 
 TINY = ModelSpec(name="tiny", n_layers=2, hidden=64, n_heads=4, n_kv_heads=4, ffn_hidden=128,

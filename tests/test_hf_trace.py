@@ -375,7 +375,7 @@ def test_hub_id_from_the_local_cache(tiny_dirs, tmp_path) -> None:
 
 def test_cli_surfaces() -> None:
     from planner.cli import cli
-    from probes.cli import trace_cmd
+    from planner.trace_cli import trace_cmd
 
     plan = {o for p in cli.commands["plan"].params for o in p.opts}
     assert "--from-trace" in plan

@@ -89,7 +89,7 @@ def read_doc(doc: Any, name: str, fmt: JobFormat, base_dir: str | None,
         raise JobError(f"{name}: holds {len(doc)} YAML documents; a {fmt} config is one")
     if not isinstance(doc, dict):
         raise JobError(f"{name}: must be a mapping of settings, got {type(doc).__name__}")
-    r = Reader(doc, name, fmt, base_dir, depth)
+    r = Reader(doc, name, fmt, base_dir, depth, read_job=read_job, read_doc=read_doc)
     _readers()[fmt].read(r)
     return r.job()
 
@@ -156,16 +156,7 @@ def build(job: Job, given: Mapping[str, Any], given_name: Callable[[str], str],
     naming = naming_for(job, resolved, given_name, given_error)
     own = {p: v for p, v in resolved.values.items() if p not in resolved.given}
     parse(own, naming)  # the job's own values, named by file and key
-    values = dict(resolved.values)
-    from planner.gate import inline_model
-
-    values, model = inline_model(values, naming)
-    request = build_request(values, naming, allow_files=allow_files)
-    if model is not None:
-        import dataclasses
-
-        request = dataclasses.replace(request, model=model, model_source="config")
-    return request, resolved
+    return build_request(dict(resolved.values), naming, allow_files=allow_files), resolved
 
 
 def plan_request(paths: Sequence[str], fmt: str | None, given: Mapping[str, Any]):

@@ -13,7 +13,7 @@ from typing import Any
 from planner.activations import plan_activations
 from planner.candidates import check_supported, degree_of
 from planner import vec
-from planner.error_bands import default_margin
+from planner.error_bands import DEFAULT_MARGIN
 from planner.memory.breakdown import PHASES, Breakdown, Estimate, Overheads, Phase, pick
 from planner.memory.moments import MOMENTS, Activations, Step
 from planner.memory.states import FP32, dtypes, resident, shards, train_dtypes
@@ -32,9 +32,6 @@ from planner.spec import (
     TrainingSpec,
 )
 
-DEFAULT_MARGIN = default_margin()
-"""Fraction of device memory kept free by default (--margin): derived from the planner's
-measured under-prediction on public runs (planner/error_bands.py, docs/accuracy.md)."""
 
 
 def uses_autocast_amp(strategy: Strategy) -> bool:

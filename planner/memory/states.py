@@ -15,13 +15,17 @@ from typing import Any
 
 from planner.vec import ceil_div
 from planner.params import ParamCounts, numel, tensor_groups, trainable
-from planner.memory.zero import ordered_sizes, zero_step_temps, zero_states
+from planner.memory.zero import (
+    optimizer_temp_bytes,
+    ordered_sizes,
+    zero_states,
+    zero_step_temps,
+)
 from planner.spec import (
     Candidate,
     FineTune,
     ModelSpec,
     Offload,
-    OptimizerImpl,
     OptimizerKind,
     Precision,
     Quantize,
@@ -146,25 +150,6 @@ def optimizer_state_bytes(model: ModelSpec, optimizer: OptimizerKind, state_byte
     per_elem = 2 if optimizer in (OptimizerKind.ADAM, OptimizerKind.ADAMW) else 1
     # Adam(W): exp_avg, exp_avg_sq; SGD momentum: momentum_buffer; Lion: exp_avg
     return per_elem * elems * state_bytes
-
-
-def optimizer_temp_bytes(largest_tensor: int, local_elems: Any, training: TrainingSpec,
-                         state_bytes: int, zero: bool, shard: Any = 1) -> Any:
-    """Transient device memory of optimizer.step()."""
-    opt, impl = training.optimizer, training.optimizer_impl
-    if zero or opt in (OptimizerKind.SGD, OptimizerKind.SGD_MOMENTUM, OptimizerKind.ADAMW_8BIT):
-        # DeepSpeed steps with its fused multi-tensor Adam; SGD's foreach path is in place
-        # (weight_decay=0); bitsandbytes runs one fused kernel per tensor.
-        return 0
-    if impl is OptimizerImpl.FUSED:
-        return 0  # torch._fused_adamw_: one kernel, no intermediates
-    if impl is OptimizerImpl.FOREACH and opt in (OptimizerKind.ADAM, OptimizerKind.ADAMW):
-        # _multi_tensor_adam: exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs) allocates one
-        # state-sized copy of every parameter in the group (torch/optim/adam.py).
-        return local_elems * state_bytes
-    # Single-tensor loops (and Lion / Adafactor updates): sqrt(v) then its quotient, two
-    # temporaries the size of the largest tensor (torch/optim/adam.py _single_tensor_adam).
-    return 2 * ceil_div(largest_tensor, shard) * state_bytes
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

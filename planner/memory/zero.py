@@ -18,7 +18,15 @@ from typing import Any
 
 from planner import vec
 from planner.params import Trainable, numel, tensor_groups
-from planner.spec import DeepSpeedConfig, ModelSpec, Offload, Strategy, TrainingSpec
+from planner.spec import (
+    DeepSpeedConfig,
+    ModelSpec,
+    Offload,
+    OptimizerImpl,
+    OptimizerKind,
+    Strategy,
+    TrainingSpec,
+)
 from planner.vec import ceil_div
 
 FP32 = 4
@@ -247,13 +255,31 @@ def zero_buffers(strategy: Strategy, offload: Offload, ds: DeepSpeedConfig, *, t
                        step_grads_freed=freed, init_extra=init)
 
 
+def optimizer_temp_bytes(largest_tensor: int, local_elems: Any, training: TrainingSpec,
+                         state_bytes: int, zero: bool, shard: Any = 1) -> Any:
+    """Transient device memory of optimizer.step() (every strategy: here because the ZeRO
+    step below uses it too, and planner/memory/states.py imports this module)."""
+    opt, impl = training.optimizer, training.optimizer_impl
+    if zero or opt in (OptimizerKind.SGD, OptimizerKind.SGD_MOMENTUM, OptimizerKind.ADAMW_8BIT):
+        # DeepSpeed steps with its fused multi-tensor Adam; SGD's foreach path is in place
+        # (weight_decay=0); bitsandbytes runs one fused kernel per tensor.
+        return 0
+    if impl is OptimizerImpl.FUSED:
+        return 0  # torch._fused_adamw_: one kernel, no intermediates
+    if impl is OptimizerImpl.FOREACH and opt in (OptimizerKind.ADAM, OptimizerKind.ADAMW):
+        # _multi_tensor_adam: exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs) allocates one
+        # state-sized copy of every parameter in the group (torch/optim/adam.py).
+        return local_elems * state_bytes
+    # Single-tensor loops (and Lion / Adafactor updates): sqrt(v) then its quotient, two
+    # temporaries the size of the largest tensor (torch/optim/adam.py _single_tensor_adam).
+    return 2 * ceil_div(largest_tensor, shard) * state_bytes
+
+
 def zero_step_temps(strategy: Strategy, training: TrainingSpec, local: Any, largest: int,
                     degree: Any, state_b: int, sizes: tuple[int, ...] = ()) -> Any:
     """A client torch optimizer's temporaries over the elements stepped at once (one flat
     tensor: the foreach path's sqrt copy, or the for-loop's two); DeepSpeed's FusedAdam has
     none (``ZeroStates`` drops them when ``fused_adam``)."""
-    from planner.memory.states import optimizer_temp_bytes
-
     S = step_elems(strategy, training.deepspeed, local, ceil_div(largest, degree), sizes,
                    degree)
     return optimizer_temp_bytes(S, S, training, state_b, False)

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from planner.cli import field_options
+from planner.cli_options import field_options
 from planner.fields import FIELDS, cli_values
 from planner.memory import DEFAULT_MARGIN
 from planner.report.request import SWEPT

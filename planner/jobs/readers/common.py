@@ -4,7 +4,7 @@ recording values with their source, model ids, optimizer names and LoRA targets.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from planner import validate
@@ -33,8 +33,14 @@ class Reader:
     """One file being read: the document, and what it says so far."""
 
     def __init__(self, doc: Any, name: str, fmt: JobFormat, base_dir: str | None,
-                 depth: int = 0) -> None:
+                 depth: int = 0, *, read_job: Callable[..., Job] | None = None,
+                 read_doc: Callable[..., Job] | None = None) -> None:
         self.doc = doc
+        self.read_job = read_job
+        """planner.jobs.read_job, for the files this one names (given by the caller, so that
+        no reader imports the package that imports the readers)."""
+        self.read_doc = read_doc
+        """planner.jobs.read_doc, for a document this one carries (a manifest's spec)."""
         self.name = name
         self.fmt = fmt
         self.base_dir = base_dir
@@ -187,8 +193,6 @@ class Reader:
 
     def reference(self, ref: Any, key: str, fmt: JobFormat | None) -> Job | None:
         """Read the job file the document names at ``key`` (a missing file is a warning)."""
-        from planner.jobs import read_job
-
         text = self.text(ref, key)
         if text is None:
             return None
@@ -199,7 +203,7 @@ class Reader:
             self.warn(f"{self.name}: {key} names {text!r}, which is not found next to the file "
                       "or in the working directory: its settings are not read")
             return None
-        return read_job(path, fmt, depth=self.depth + 1)
+        return self.read_job(path, fmt, depth=self.depth + 1)
 
     # ---- shared vocabularies ------------------------------------------------------------
 

@@ -126,7 +126,6 @@ def read(r: Reader) -> None:
 
 
 def annotations(r: Reader, doc: dict) -> None:
-    from planner.jobs import read_doc
     from planner.jobs.text import parse
 
     meta = r.mapping(doc.get("metadata"), "metadata")
@@ -146,7 +145,7 @@ def annotations(r: Reader, doc: dict) -> None:
     if not isinstance(text, str):
         raise r.fail(key, "must be a string holding a JSON or YAML spec")
     _, spec = parse(text, f"{r.name} {key}")
-    top = read_doc(spec, f"{r.name} {key}", JobFormat.SPEC, r.base_dir, r.depth + 1)
+    top = r.read_doc(spec, f"{r.name} {key}", JobFormat.SPEC, r.base_dir, r.depth + 1)
     mine_n = r.raw.get("hardware.n")
     theirs = top.raw.get("hardware.n")
     if mine_n is not None and theirs is not None and mine_n != theirs:

@@ -180,7 +180,8 @@ def ds(r: Reader, doc: dict) -> bool:
     if ref in (None, "", MISSING, False):
         return False
     if isinstance(ref, dict):
-        sub = Reader(ref, r.name, JobFormat.DEEPSPEED, r.base_dir, r.depth + 1)
+        sub = Reader(ref, r.name, JobFormat.DEEPSPEED, r.base_dir, r.depth + 1,
+                     read_job=r.read_job, read_doc=r.read_doc)
         deepspeed.read(sub)
         job = sub.job()
         r.peers.append(job)

@@ -1,6 +1,7 @@
-"""``fitcheck probe``: real training steps under torchrun, measured per rank, and calibration.
+"""Launching a probe run: real training steps under torchrun, measured per rank.
 
-The command parses flags, writes the worker's configuration, and launches::
+``fitcheck probe`` (planner/probe_cli.py) writes the worker's configuration and calls
+``launch``, which runs::
 
     python -m torch.distributed.run --standalone --nproc-per-node N \
         -m probes.cuda_probe --config OUT.config.json --out OUT
@@ -9,12 +10,8 @@ in its own process session with a timeout. On a timeout or a crash every process
 (torchrun and its workers, which torchrun starts in sessions of their own) is killed; they are
 found by a marker in their environment (``FITCHECK_PROBE_RUN_ID``), so none is left behind
 even after torchrun itself is gone. The records measured until then stay in OUT, followed by a
-``failure`` record with the reason. ``--calibrate CAL.json`` fits the planner's free terms on
-the records (probes/calibrate.py). Multi-node: ``--torchrun-args`` replaces ``--standalone``
-with your own rendezvous flags, or ``--print-srun`` prints a Slurm command line.
-
-Exit codes (docs/cli.md): 0 the probe ran (OOM candidates are results), 1 the probe failed
-(crash, timeout), 2 usage error, 4 bad data (records that cannot be calibrated).
+``failure`` record with the reason. ``torchrun_args`` replace ``--standalone`` (multi-node
+rendezvous); ``srun_command`` is the Slurm line that runs the same worker on every node.
 """
 
 from __future__ import annotations
@@ -33,14 +30,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import click
-
-from planner.cli import MODEL, TRAINING, field_options
-from planner.errors import EXIT_CRASH, EXIT_FITS, FitcheckError, UsageError
-from planner.spec import Candidate, Checkpointing, Offload, OptimizerKind, Strategy
+from planner.errors import EXIT_CRASH, FitcheckError, UsageError
+from planner.spec import Candidate, Checkpointing, Offload, Strategy
 from probes.records import read_records
 
-__all__ = ["ProbeRun", "expand_candidates", "launch", "probe_cmd", "run_processes"]
+__all__ = ["ProbeFailed", "ProbeRun", "expand_candidates", "launch", "run_processes",
+           "srun_command"]
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 MARKER = "FITCHECK_PROBE_RUN_ID"
@@ -253,7 +248,8 @@ def expand_candidates(strategies: tuple[str, ...], offload: str, checkpointing: 
     return out, list(dict.fromkeys(skipped))
 
 
-def _srun_command(config_path: str, out: str, nproc: int) -> str:
+def srun_command(config_path: str, out: str, nproc: int) -> str:
+    """A Slurm srun line that runs the worker of ``config_path`` on every node."""
     worker = ("python -m torch.distributed.run --nnodes \"$SLURM_NNODES\" "
               f"--nproc-per-node {nproc} --rdzv-backend c10d "
               "--rdzv-endpoint \"$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n1)"
@@ -262,122 +258,3 @@ def _srun_command(config_path: str, out: str, nproc: int) -> str:
               f"{shlex.quote(out)}")
     return (f"srun --ntasks-per-node=1 --gpus-per-node={nproc} "
             f"bash -c {shlex.quote(worker)}")
-
-
-# --------------------------------------------------------------------------- the command
-
-
-@click.command("probe")
-@field_options(MODEL + TRAINING)
-@click.option("--gpu", metavar="PROFILE", help="The hardware profile id this machine's GPUs "
-              "correspond to (stored in the records; required with --calibrate).")
-@click.option("--nproc", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Processes (GPUs) per node.")
-@click.option("--gpus-per-node", type=click.IntRange(min=1),
-              help="GPUs per node for hybrid_shard's mesh (default: --nproc).")
-@click.option("--strategy", "strategies", multiple=True, metavar="NAME[,NAME]",
-              help="Candidates: " + ", ".join(str(s) for s in PROBED) + ". Default: all five.")
-@click.option("--offload", type=click.Choice(["auto"] + [str(o) for o in Offload],
-                                            case_sensitive=False), default="auto",
-              show_default=True, help="auto: none; params_and_optimizer: FSDP2 CPUOffloadPolicy.")
-@click.option("--checkpointing", type=click.Choice(["auto"] + [str(c) for c in Checkpointing
-                                                               if c is not Checkpointing.AUTO],
-                                                  case_sensitive=False),
-              default="auto", show_default=True, help="auto: none and full.")
-@click.option("--out", "out", required=True, metavar="FILE",
-              help="JSONL records (rewritten atomically after every candidate).")
-@click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True,
-              help="cpu: gloo backend, memory fields null (CUDA falls back to it when absent).")
-@click.option("--steps", type=click.IntRange(min=1), default=5, show_default=True,
-              help="Measured steps per candidate.")
-@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True,
-              help="Warm-up steps per candidate (not measured).")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=900.0,
-              show_default=True, help="Seconds for the whole run; then every process is killed.")
-@click.option("--proxy-layers", type=click.IntRange(min=1), help="Build a depth-reduced proxy "
-              "(same width, K layers). Default: the full model unless its states alone would "
-              "exceed 80 % of the device.")
-@click.option("--no-bandwidth", is_flag=True, help="Skip the collective bandwidth sweep.")
-@click.option("--torchrun-args", metavar="ARGS", help="Rendezvous flags for torchrun instead of "
-              "--standalone (multi-node: '--nnodes 2 --rdzv-backend c10d --rdzv-endpoint "
-              "HOST:29500 --rdzv-id JOB'); run the same command on every node.")
-@click.option("--print-srun", is_flag=True, help="Write the worker configuration next to --out "
-              "and print a Slurm srun command that runs it, instead of launching.")
-@click.option("--calibrate", "calibrate_out", metavar="OUT.json",
-              help="Fit a calibration file on the records (needs --gpu).")
-def probe_cmd(gpu: str | None, nproc: int, gpus_per_node: int | None,
-              strategies: tuple[str, ...], offload: str, checkpointing: str, out: str,
-              device: str, steps: int, warmup: int, timeout_s: float, proxy_layers: int | None,
-              no_bandwidth: bool, torchrun_args: str | None, print_srun: bool,
-              calibrate_out: str | None, **kw: Any) -> int:
-    """Measure real training steps per candidate on this machine's GPUs (torchrun).
-
-    Records: JSONL in --out (docs/calibration.md). Exit codes: 0 the probe ran (an OOM
-    candidate is a result), 1 it crashed or timed out, 2 usage error, 4 bad data.
-    """
-    from planner.fields import FLAGS, cli_values, parse
-    from planner.request import resolve_gpu, resolve_model, training_from
-    from probes.runner import spec_to_dict
-
-    values = parse(cli_values(kw), FLAGS)
-    model, _source = resolve_model(values, FLAGS, allow_files=True, base_dir=None)
-    training = training_from(values)
-    if training.optimizer in (OptimizerKind.LION, OptimizerKind.ADAMW_8BIT):
-        raise UsageError(f"--optimizer: {training.optimizer} is not in torch.optim (not probed)")
-    profile = resolve_gpu(gpu, FLAGS, allow_files=True, base_dir=None) if gpu else None
-    if calibrate_out and profile is None:
-        raise UsageError("--calibrate: needs --gpu (the profile the calibration is for)")
-    nnodes = 1
-    extra = shlex.split(torchrun_args) if torchrun_args else None
-    if extra:
-        for i, a in enumerate(extra):
-            if a in ("--nnodes", "--nnodes=") and i + 1 < len(extra):
-                nnodes = int(extra[i + 1].split(":")[-1]) if extra[i + 1].split(":")[-1].isdigit() else 1
-            elif a.startswith("--nnodes="):
-                v = a.split("=", 1)[1].split(":")[-1]
-                nnodes = int(v) if v.isdigit() else 1
-    cands, skipped = expand_candidates(strategies, offload.lower(), checkpointing.lower(),
-                                       nproc * nnodes)
-    for s in skipped:
-        click.echo(f"fitcheck probe: skipped {s}", err=True)
-    config = {
-        "model": spec_to_dict(model), "training": spec_to_dict(training),
-        "candidates": [spec_to_dict(c) for c in cands],
-        "gpu_profile": profile.id if profile else None,
-        "gpus_per_node": gpus_per_node or nproc, "device": device, "steps": steps,
-        "warmup": warmup, "proxy_layers": proxy_layers, "bandwidth": not no_bandwidth,
-        "collective_timeout_s": max(60.0, timeout_s),
-        "run_id": uuid.uuid4().hex,
-    }
-    if print_srun:
-        cfg_path = os.path.abspath(out) + ".config.json"
-        os.makedirs(os.path.dirname(cfg_path), exist_ok=True)
-        with open(cfg_path, "w", encoding="utf-8") as f:
-            json.dump(config, f, indent=1)
-        click.echo(_srun_command(cfg_path, os.path.abspath(out), nproc))
-        return EXIT_FITS
-    run = launch(config, nproc=nproc, out=out, timeout_s=timeout_s, torchrun_args=extra)
-    steps_recs = [r for r in run.records if r.get("record") == "step"]
-    n_oom = sum(1 for r in steps_recs if r.get("oom"))
-    click.echo(f"fitcheck probe: {len(steps_recs)} candidate records ({n_oom} OOM) in "
-               f"{run.wall_s:.1f} s -> {out}", err=True)
-    if not run.ok:
-        raise ProbeFailed(f"probe failed: {run.reason}")
-    if calibrate_out:
-        from probes.calibrate import fit_records, write_calibration
-
-        doc = fit_records(run.records, profile)
-        write_calibration(doc, calibrate_out)
-        click.echo(f"fitcheck probe: calibration {doc['id']} -> {calibrate_out}", err=True)
-    return EXIT_FITS
-
-
-def main() -> None:
-    """``python -m probes.cuda_cli ARGS`` = ``fitcheck probe ARGS`` (no console script)."""
-    from planner.cli import cli
-
-    cli.main(["probe", *sys.argv[1:]])
-
-
-if __name__ == "__main__":
-    main()

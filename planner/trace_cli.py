@@ -1,4 +1,7 @@
-"""`fitcheck trace`: trace real training steps on fake tensors and print them beside the plan.
+"""`fitcheck trace` and `fitcheck --from-trace`: traces of real training steps on fake tensors.
+
+`fitcheck trace` prints them beside the plan; `fitcheck --config X --from-trace` plans from
+them (``plan_command``; the plan itself is probes/trace_plan.py's ``plan_from_traces``).
 
 What is traced: with ``--config`` (a config.json, its directory, or a hub id cached locally)
 the real Hugging Face class (probes/hf.py), at full depth or, with ``--depth scaled``, from
@@ -15,12 +18,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 from typing import Any
 
 import click
 
-from planner.cli import (
+from planner.cli_options import (
     CANDIDATES,
     HARDWARE,
     MODEL,
@@ -28,9 +32,8 @@ from planner.cli import (
     field_options,
     request_from_options,
 )
-from planner.errors import EXIT_FITS
+from planner.errors import EXIT_FITS, EXIT_TRACE_REFUSED
 from planner.spec import Candidate, Checkpointing, Offload, Strategy
-from probes.trace_plan import EXIT_TRACE_REFUSED
 
 EXIT_PROBE_FAILED = EXIT_TRACE_REFUSED  # 5: a probe failed or the model cannot be traced
 TRACEABLE = (Strategy.DDP, Strategy.NO_SHARD, Strategy.SHARD_GRAD_OP, Strategy.FULL_SHARD,
@@ -77,8 +80,6 @@ def trace_cmd(as_json: bool, timeout_s: float, reference_model: bool, depth: str
     hf = bool(kw.get("config")) and not reference_model
     config: dict[str, Any] = {}
     if hf:
-        from probes.trace_plan import request_for_config
-
         request, config, name = request_for_config(kw)
     else:
         request = request_from_options(kw)
@@ -207,3 +208,77 @@ def _table(results: list, analytic: bool = True, notes: list[str] | None = None)
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(trace_cmd())
+
+
+# --------------------------------------------------------------------------- --from-trace
+
+
+SHAPE_FLAGS = ("params", "model", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab",
+               "tied_embeddings", "mlp", "experts", "experts_per_token")
+
+
+def request_for_config(kw: dict[str, Any]) -> tuple[Any, dict[str, Any], str]:
+    """(request, config dict, name) for ``--config X`` given to a traced command: the hub id
+    resolved in the local cache, the request built by the plan's own builder (with a
+    placeholder shape when the analytic reader does not know the architecture: the traced
+    module's facts replace it)."""
+    from planner.errors import InputDataError, UsageError
+    from probes.hf import HfConfigError, num_layers, read_config, resolve_config
+
+    value = kw.get("config")
+    if not value:
+        raise UsageError("tracing a real model needs --config (a config.json, its directory, "
+                         "or a hub id cached locally)")
+    given = [f"--{k.replace('_', '-')}" for k in SHAPE_FLAGS if kw.get(k) is not None]
+    if given:
+        raise UsageError(f"{', '.join(given)} cannot be combined with a traced --config (the "
+                         "traced class is built from the config.json as it is; edit it)")
+    try:
+        path = resolve_config(value)
+        config = read_config(path)
+    except HfConfigError as exc:
+        raise InputDataError(str(exc)) from None
+    if not os.path.exists(os.path.expanduser(value)):
+        name = value  # a hub id
+    else:
+        where = path.parent.name if path.name == "config.json" else path.stem
+        name = str(config.get("_name_or_path") or where or config["model_type"])
+    try:
+        request = request_from_options({**kw, "config": str(path)})
+    except InputDataError:
+        placeholder = {"config": None, "layers": num_layers(config) or 1, "hidden": 64,
+                       "heads": 1, "vocab": 64}
+        request = request_from_options({**kw, **placeholder})
+    return request, config, str(name)
+
+
+def plan_command(kw: dict[str, Any], *, as_json: bool, wide: bool, width: int,
+                 find: str | None = None) -> int:
+    """``fitcheck --config X --from-trace``: the plan from traces; prints it, returns the
+    exit code (0 fits, 3 nothing fits; refusals raise TraceRefused, exit 5)."""
+    import json
+
+    from planner.errors import EXIT_FITS, EXIT_NOTHING_FITS, UsageError
+    from probes.trace_plan import (
+        DEFAULT_TIMEOUT_S,
+        HfTracer,
+        plan_from_traces,
+        traced_json,
+        traced_table,
+    )
+
+    if find is not None:
+        raise UsageError("--find cannot be combined with --from-trace (each value searched "
+                         "would be a trace); --n, --micro-batch, --seq ask one at a time")
+    request, config, name = request_for_config(kw)
+    timeout = float(os.environ.get("FITCHECK_TRACE_TIMEOUT", DEFAULT_TIMEOUT_S))
+    tracer = HfTracer(config, name, timeout_s=timeout)
+    if sys.stderr.isatty():  # progress for people; scripts get one line or none
+        tracer.on_start = lambda n: click.echo(
+            f"fitcheck: tracing {n} configuration(s) of {name} on fake tensors ...", err=True)
+    ta = plan_from_traces(request, tracer)
+    if as_json:
+        click.echo(json.dumps(traced_json(ta), indent=2))
+    else:
+        click.echo(traced_table(ta, width=width, wide=wide))
+    return EXIT_FITS if ta.answer.any_fits else EXIT_NOTHING_FITS
