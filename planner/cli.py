@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from planner import __version__
+from planner import DISTRIBUTION, __version__
 from planner.errors import (
     EXIT_CRASH,
     EXIT_FITS,
@@ -174,7 +174,8 @@ class FitcheckGroup(click.Group):
 
 
 @click.group(cls=FitcheckGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="fitcheck")
+@click.version_option(__version__, prog_name="fitcheck",
+                      message=f"%(prog)s (distribution {DISTRIBUTION}) %(version)s")
 def cli() -> None:
     """fitcheck: will this training run fit, with which strategy?"""
 

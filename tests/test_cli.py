@@ -318,7 +318,8 @@ def test_version_and_module_entry_point():
 
     from planner import __version__
 
-    assert run("--version").stdout.strip().endswith(__version__)
+    out = run("--version").stdout.strip()
+    assert out == f"fitcheck (distribution fitcheck-planner) {__version__}"
     p = subprocess.run([sys.executable, "-m", "planner", "--version"], capture_output=True,
                        text=True, timeout=60)
     assert p.returncode == 0 and __version__ in p.stdout

@@ -234,7 +234,7 @@ def test_missing_matplotlib(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     err = one_line_error(run("--models", "llama3-8b", "--gpus", "h100-80", "--n", "8",
                              "--out", str(tmp_path), "--format", "csv,md,png"))
-    assert "plots need matplotlib: pip install 'fitcheck[plots]'" in err
+    assert "plots need matplotlib: pip install 'fitcheck-planner[plots]'" in err
     assert os.listdir(tmp_path) == []
     r = run("--models", "llama3-8b", "--gpus", "h100-80", "--n", "8", "--out", str(tmp_path),
             "--format", "csv,md")
@@ -246,7 +246,7 @@ def test_missing_pandas(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "pandas", None)
     err = one_line_error(run("--models", "llama3-8b", "--gpus", "h100-80", "--out",
                              str(tmp_path), "--format", "csv"))
-    assert "pip install 'fitcheck[reports]'" in err
+    assert "pip install 'fitcheck-planner[reports]'" in err
 
 
 def test_progress_bar_only_when_asked(tmp_path):

@@ -12,7 +12,7 @@ from planner.report.tables import fmt_count
 from planner.spec import Strategy
 
 GiB = 2**30
-MATPLOTLIB_MISSING = "plots need matplotlib: pip install 'fitcheck[plots]'"
+MATPLOTLIB_MISSING = "plots need matplotlib: pip install 'fitcheck-planner[plots]'"
 
 
 def have_matplotlib() -> bool:

@@ -20,7 +20,7 @@ from planner.report.tables import markdown
 FORMATS = ("csv", "md", "html", "png", "svg")
 PLOT_FORMATS = frozenset({"html", "png", "svg"})
 DEFAULT_FORMATS = ("csv", "md", "html", "png")
-PANDAS_MISSING = "fitcheck report needs pandas: pip install 'fitcheck[reports]'"
+PANDAS_MISSING = "fitcheck report needs pandas: pip install 'fitcheck-planner[reports]'"
 
 
 def parse_formats(text: str | Iterable[str]) -> tuple[str, ...]:
