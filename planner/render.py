@@ -144,6 +144,7 @@ def answer_json(answer: Answer, found: Found | None = None) -> dict[str, Any]:
                 "init": str(t.init),
             },
             "finetune": finetune_json(q),
+            "deepspeed": deepspeed_json(t),
             "hardware": {
                 "gpu": cl.gpu.id,
                 "gpu_name": cl.gpu.name,
@@ -176,6 +177,20 @@ def answer_json(answer: Answer, found: Found | None = None) -> dict[str, Any]:
         "skipped": list(answer.skipped),
         "assumptions": assumptions(answer),
     }
+
+
+def deepspeed_json(t) -> dict[str, Any]:
+    """The DeepSpeed engine settings the ZeRO candidates were planned with, one key per
+    registry field (planner/fields.py section "deepspeed"; "auto" values already filled in
+    from the model by planner.request.resolve_deepspeed)."""
+    from planner.fields import FIELDS
+
+    return {f.key: _plain(getattr(t.deepspeed, f.key)) for f in FIELDS
+            if f.section == "deepspeed"}
+
+
+def _plain(v: Any) -> Any:
+    return v if v is None or isinstance(v, (bool, int, float)) else str(v)
 
 
 def finetune_json(q) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -189,18 +190,39 @@ def test_explicit_shape_and_overrides():
     assert m["layers"] == 16 and m["hidden"] == 4096
 
 
+def cli_surface() -> dict[str, dict[str, str]]:
+    """Every command's every option: its spellings and what it takes (flag, value, choices)."""
+    import click
+
+    ctx = click.Context(cli)
+    out = {}
+    for name in sorted(cli.list_commands(ctx)):
+        cmd = cli.get_command(ctx, name)
+        opts = {}
+        for p in cmd.params:
+            if not isinstance(p, click.Option):
+                opts[f"<{p.name}>"] = "argument"
+                continue
+            key = "/".join(sorted(p.opts, key=len, reverse=True) + p.secondary_opts)
+            kind = ("flag" if p.is_flag else "choice: " + "|".join(p.type.choices)
+                    if isinstance(p.type, click.Choice) else "value")
+            opts[key] = kind + (" (repeatable)" if p.multiple else "")
+        out[name] = dict(sorted(opts.items()))
+    return out
+
+
 def test_cli_surface_is_frozen():
-    """Flags are a contract other tools script against: none may vanish by accident."""
-    plan = cli.commands["plan"]
-    names = {opt for p in plan.params for opt in p.opts + p.secondary_opts}
-    expected = {
-        "--params", "--model", "--config", "--layers", "--hidden", "--heads", "--kv-heads",
-        "--ffn", "--vocab", "--tied-embeddings", "--untied-embeddings", "--mlp", "--experts",
-        "--experts-per-token", "--seq", "--micro-batch", "--grad-accum", "--precision",
-        "--optimizer", "--optimizer-impl", "--attention", "--gpu", "--n", "--gpus-per-node",
-        "--host-ram-gib", "--strategy", "--offload", "--checkpointing", "--margin", "--json",
-        "--list-gpus", "--list-models", "--calibration", "--global-batch", "--find"}
-    assert expected <= names, expected - names
+    """Flags are a contract other tools script against: every option of every command, its
+    spellings, whether it takes a value and its choices, as tests/data/cli_surface.json holds
+    them. A change here is deliberate: update the file in the same commit (and docs/cli.md)."""
+    frozen = json.loads((Path(__file__).parent / "data" / "cli_surface.json").read_text())
+    now = cli_surface()
+    assert set(now) == set(frozen)
+    for command in frozen:
+        gone = {k: v for k, v in frozen[command].items() if now[command].get(k) != v}
+        new = {k: v for k, v in now[command].items() if frozen[command].get(k) != v}
+        assert (command, gone, new) == (command, {}, {})
+    assert sum(len(v) for v in now.values()) >= 200  # every command is in the freeze
 
 
 def test_help_and_lists():
@@ -360,3 +382,77 @@ def test_shell_completion(words, cword, expect, monkeypatch):
                            prog_name="fitcheck")
     got = {line.split(",", 1)[1] for line in r.stdout.splitlines() if "," in line}
     assert expect <= got, (words, got)
+
+
+ECHO = {  # registry path -> where --json's "inputs" says what was planned with it
+    "model.params": "model.params", "model.preset": "model.name", "model.config": "model.source",
+    "model.approximate": "model.source", "model.layers": "model.layers",
+    "model.hidden": "model.hidden", "model.heads": "model.heads",
+    "model.kv_heads": "model.kv_heads", "model.ffn": "model.ffn", "model.vocab": "model.vocab",
+    "model.tied_embeddings": "model.tied_embeddings", "model.mlp": "model.mlp",
+    "model.experts": "model.experts", "model.experts_per_token": "model.experts_per_token",
+    "training.global_batch": "global_batch", "training.loss": "training.loss",
+    "training.fsdp_version": "training.fsdp_version", "finetune.freeze": "finetune.freeze_layers",
+    "parallel.tp": "tp", "hardware.gpu": "hardware.gpu", "hardware.n": "hardware.n_gpus",
+    "hardware.gpus_per_node": "hardware.gpus_per_node",
+    "hardware.host_ram_gib": "hardware.host_ram_bytes_per_node", "strategy": "strategies",
+    "offload": "offload", "checkpointing": "checkpointing", "margin": "margin",
+    "calibration": "calibration",
+}
+"""The fields whose echo is not at their own path (the rest: training.X, finetune.X,
+deepspeed.X under the same key)."""
+
+
+def test_json_inputs_echo_every_registry_field():
+    from planner.fields import FIELDS
+
+    r = run("--model", "llama3-8b", "--gpu", "h100-80", "--n", "8", "--json",
+            "--ds-reduce-bucket-size", "auto", "--calibration", "none")
+    doc = json.loads(r.stdout)
+    missing = []
+    for f in FIELDS:
+        where = ECHO.get(f.path, f.path)
+        if where == "calibration":
+            node = doc  # the calibration applied (null: none) sits beside the inputs
+        else:
+            node = doc["inputs"]
+        for key in where.split("."):
+            if not isinstance(node, dict) or key not in node:
+                missing.append(f.path)
+                break
+            node = node[key]
+    assert missing == []
+    # "auto" is resolved from the model as the HF integration does: hidden x hidden
+    assert doc["inputs"]["deepspeed"]["reduce_bucket_size"] == 4096 * 4096
+    assert doc["inputs"]["deepspeed"]["offload_device"] == "cpu"
+
+
+def _keys(node, out: set[str]) -> set[str]:
+    if isinstance(node, dict):
+        for k, v in node.items():
+            out.add(k)
+            _keys(v, out)
+    elif isinstance(node, list):
+        for v in node:
+            _keys(v, out)
+    return out
+
+
+def test_json_schema_is_the_documented_one():
+    """Every key --json writes is in docs/cli.md's schema block, and the top level is exactly
+    the documented one (a job, a --find answer, a calibration and nothing-fits each add
+    theirs; the example covers the keys a plain plan writes)."""
+    import re
+
+    doc_text = (Path(__file__).resolve().parent.parent / "docs" / "cli.md").read_text()
+    block = doc_text.split("## JSON schema", 1)[1].split("```", 2)[1]
+    documented = set(re.findall(r"[a-z_][a-z0-9_]*", block))
+    for args in (("--model", "llama3-8b", "--gpu", "h100-80", "--n", "8"),
+                 ("--model", "llama3-70b", "--gpu", "h100-80", "--n", "1", "--find",
+                  "min-gpus", "--lora-rank", "16")):
+        doc = json.loads(run(*args, "--json").stdout)
+        assert set(doc) == {"schema_version", "inputs", "candidates", "recommendation",
+                            "calibration", "min_gpus", "found", "skipped", "assumptions",
+                            "warnings"}
+        undocumented = sorted(_keys(doc, set()) - documented)
+        assert undocumented == []
