@@ -286,12 +286,14 @@ def plan_cmd(as_json: bool, wide: bool, find: str | None, job_paths: tuple[str, 
         click.echo(rw.diff(), nl=False)
         return EXIT_FITS
     else:
+        from planner.notices import Kind
         from planner.render import _wrap
 
         width = terminal_width()
         text = table(answer, found, width=width, wide=wide)
         # approximate readings of --config (and other request warnings) under the table
-        notes = [*(f"warning: {w}" for w in request.warnings if "stale" not in w), *notes]
+        notes = [*(f"warning: {w}" for w in request.warnings
+                   if getattr(w, "kind", None) != Kind.CALIBRATION_STALE), *notes]
         click.echo("\n".join([text, *(line for n in notes for line in _wrap(
             f"  - {n}", 10**6 if wide else width, "    "))]))
     if rw is not None:

@@ -87,10 +87,11 @@ def request_from_options(kw: dict[str, Any]):
     from planner.fields import FLAGS, cli_values
     from planner.request import build_request
 
+    from planner.notices import Kind, of_kind
+
     request = build_request(cli_values(kw), FLAGS)
-    for w in request.warnings:
-        if "stale" in w:
-            click.echo(f"fitcheck: warning: {w}", err=True)
+    for w in of_kind(request.warnings, Kind.CALIBRATION_STALE):
+        click.echo(f"fitcheck: warning: {w}", err=True)
     return request
 
 

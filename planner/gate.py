@@ -198,7 +198,10 @@ def _verdict_for(request, *, pinned: bool, warnings: list[str]) -> dict[str, Any
             and request.options.offloads in (None, (Offload.NONE,)):
         # one GPU: FSDP shards nothing; the planner models it as plain training (DDP's row)
         pinned_r = request.with_options(strategies=(strategy, Strategy.DDP))
-        warnings.append(f"on one GPU {strategy} shards nothing: estimated as plain training")
+        from planner.notices import Kind, Notice
+
+        warnings.append(Notice(f"on one GPU {strategy} shards nothing: estimated as plain "
+                               "training", Kind.ONE_GPU))
     answer = plan(pinned_r)
     e, st = answer.chosen()
     if e is not None:

@@ -529,8 +529,11 @@ def spec_from_hf_config(cfg: dict[str, Any], name: str, *, notes: list[str] | No
         raise NotModelledError(f"{name}: fitcheck does not model {'; '.join(found)}; "
                                + _next_step(name))
     if notes is not None:
-        notes.extend(f"{name}: approximate reading: {f}" for f in found)
-        notes.extend(f"{name}: {x}" for x in remarks)
+        from planner.notices import Kind, Notice
+
+        notes.extend(Notice(f"{name}: approximate reading: {f}", Kind.APPROXIMATE_READING)
+                     for f in found)
+        notes.extend(Notice(f"{name}: {x}", Kind.CONFIG) for x in remarks)
     p = _dropout(cfg, name)
     return dataclasses.replace(spec, dropout=p) if p else spec
 

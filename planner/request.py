@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planner.errors import InputDataError
+from planner.notices import Kind, Notice
 from planner.fields import FIELDS, FLAGS, Naming, parse
 from planner.memory.breakdown import Overheads
 from planner.error_bands import DEFAULT_MARGIN
@@ -71,7 +72,8 @@ class Request:
     runtime: Runtime = field(default_factory=Runtime)
     model_source: str = "explicit"
     """Where the model's shape came from: params, preset, config or explicit."""
-    warnings: tuple[str, ...] = ()
+    warnings: tuple[Notice, ...] = ()
+    """What the request assumed, each line with its kind (planner/notices.py)."""
 
     def resolved(self) -> Request:
         """grad_accum from global_batch: ceil(global_batch / (micro_batch x n_gpus))."""
@@ -297,8 +299,8 @@ def resolve_deepspeed(training: TrainingSpec, model: ModelSpec) -> tuple[Trainin
         return training, []
     done = ds.resolved(model.hidden)
     shown = ", ".join(f"{k} {getattr(done, k):,}" for k in ds.autos)
-    note = (f'DeepSpeed "auto" filled in as the HF integration does from hidden '
-            f"{model.hidden:,}: {shown}")
+    note = Notice(f'DeepSpeed "auto" filled in as the HF integration does from hidden '
+                  f"{model.hidden:,}: {shown}", Kind.DEEPSPEED_AUTO)
     return dataclasses.replace(training, deepspeed=done), [note]
 
 
@@ -340,9 +342,10 @@ def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
         global_batch=v["training.global_batch"], tp=None if tp == "auto" else tp)
     warnings = list(model_warnings) + ds_notes
     if model.shape_assumed:
-        warnings.append(f"model shape assumed from {naming.name('model.params')}; give "
-                        f"{naming.name('model.preset')} or a shape for an exact estimate")
+        warnings.append(Notice(f"model shape assumed from {naming.name('model.params')}; give "
+                               f"{naming.name('model.preset')} or a shape for an exact "
+                               "estimate", Kind.SHAPE_ASSUMED))
     if runtime.calibration and runtime.calibration.get("stale"):
-        warnings.append(str(runtime.calibration["stale"]))
+        warnings.append(Notice(str(runtime.calibration["stale"]), Kind.CALIBRATION_STALE))
     return Request(model=model, training=training, cluster=cluster, options=options,
                    runtime=runtime, model_source=source, warnings=tuple(warnings))

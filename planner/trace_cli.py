@@ -99,7 +99,9 @@ def trace_cmd(as_json: bool, timeout_s: float, reference_model: bool, depth: str
             raise InputDataError(str(exc)) from None
     analytic = q.model_source != "trace" and not (hf and q.model_source != "config")
     # an approximate reading (--approximate) says what it left out
-    notes = [w for w in q.warnings if "approximate reading" in w] if hf and analytic else []
+    from planner.notices import Kind, of_kind
+
+    notes = of_kind(q.warnings, Kind.APPROXIMATE_READING) if hf and analytic else []
     tracer = None
     if hf:
         from probes.trace_plan import HfTracer

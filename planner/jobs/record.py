@@ -250,7 +250,10 @@ def _plain(v: Any) -> Any:
 
 
 def _unique(lines: list[str]) -> list[str]:
-    return list(dict.fromkeys(lines))
+    """Each line once, as a job Notice (planner/notices.py)."""
+    from planner.notices import Kind, Notice
+
+    return [Notice(w, Kind.JOB) for w in dict.fromkeys(lines)]
 
 
 # ---------------------------------------------------------------------------------------------
