@@ -125,7 +125,8 @@ def answer_json(answer: Answer, found: Found | None = None) -> dict[str, Any]:
     return {
         "schema_version": SCHEMA_VERSION,
         "inputs": {
-            "model": model_json(q.model, q.model_source),
+            "model": (q.traced.as_json() if q.traced is not None
+                      else model_json(q.model, q.model_source)),
             "training": {
                 "seq": t.seq,
                 "micro_batch": t.micro_batch,

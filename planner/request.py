@@ -29,6 +29,7 @@ from planner.spec import (
     ModelSpec,
     Offload,
     Strategy,
+    TracedModel,
     TrainingSpec,
 )
 from planner.candidates import tp_problem
@@ -71,7 +72,10 @@ class Request:
     options: Options = field(default_factory=Options)
     runtime: Runtime = field(default_factory=Runtime)
     model_source: str = "explicit"
-    """Where the model's shape came from: params, preset, config or explicit."""
+    """Where the model came from: params, preset, config, explicit, or trace."""
+    traced: TracedModel | None = None
+    """A model known by its traced module (``build_request(..., traced=)``): its own counts;
+    ``model`` then holds only its depth and the widths it knows (TracedModel.proxy_spec)."""
     warnings: tuple[Notice, ...] = ()
     """What the request assumed, each line with its kind (planner/notices.py)."""
 
@@ -226,7 +230,7 @@ def resolve_cluster(gpu: GpuProfile, n: int, gpus_per_node: int | None,
     return Cluster(gpu=gpu, n_gpus=n, gpus_per_node=gpn, host_ram_bytes_per_node=host)
 
 
-def resolve_runtime(choice: str, gpu: GpuProfile, model: ModelSpec, naming: Naming, *,
+def resolve_runtime(choice: str, gpu: GpuProfile, model: ModelSpec | None, naming: Naming, *,
                     allow_files: bool) -> tuple[Runtime, GpuProfile]:
     """--calibration FILE|auto|none -> the runtime terms (and the profile, whose context and
     efficiency a calibration may replace). A bad file is InputDataError (exit 4)."""
@@ -305,16 +309,29 @@ def resolve_deepspeed(training: TrainingSpec, model: ModelSpec) -> tuple[Trainin
 
 
 def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
-                  allow_files: bool = True, base_dir: str | None = None) -> Request:
+                  allow_files: bool = True, base_dir: str | None = None,
+                  traced: TracedModel | None = None) -> Request:
     """{path: raw value} (planner/fields.py) -> the typed Request, or one error naming the
     field the way the front end calls it (``naming``). With ``allow_files=False`` (the
-    webhook) nothing on disk is read: profile ids, presets and ``auto`` calibration only."""
+    webhook) nothing on disk is read: profile ids, presets and ``auto`` calibration only.
+
+    The model is one of: a spec (``model.preset``, ``model.params`` or the shape fields), a
+    config.json (``model.config``: a path, or the mapping itself), or ``traced``: a module
+    known by its own counts (probes/), given instead of any ``model.*`` value."""
     v = parse(values, naming)
     model_warnings: list[str] = []
-    model, source = resolve_model(v, naming, allow_files=allow_files, base_dir=base_dir,
-                                  warnings=model_warnings)
+    if traced is not None:
+        given = [p for p in v if p.startswith("model.") and v[p] not in (None, False)]
+        if given:
+            raise naming.error(f"{naming.name(given[0])}: a traced module is described by "
+                               "its own structure; give no model fields")
+        model, source = traced.proxy_spec(), "trace"
+    else:
+        model, source = resolve_model(v, naming, allow_files=allow_files, base_dir=base_dir,
+                                      warnings=model_warnings)
     gpu = resolve_gpu(v["hardware.gpu"], naming, allow_files=allow_files, base_dir=base_dir)
-    runtime, gpu = resolve_runtime(v["calibration"], gpu, model, naming,
+    # a traced module has no architecture family: no activation scale applies
+    runtime, gpu = resolve_runtime(v["calibration"], gpu, None if traced else model, naming,
                                    allow_files=allow_files)
     cluster = resolve_cluster(gpu, v["hardware.n"], v["hardware.gpus_per_node"],
                               v["hardware.host_ram_gib"], naming)
@@ -348,4 +365,5 @@ def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
     if runtime.calibration and runtime.calibration.get("stale"):
         warnings.append(Notice(str(runtime.calibration["stale"]), Kind.CALIBRATION_STALE))
     return Request(model=model, training=training, cluster=cluster, options=options,
-                   runtime=runtime, model_source=source, warnings=tuple(warnings))
+                   runtime=runtime, model_source=source, traced=traced,
+                   warnings=tuple(warnings))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 
 class MlpKind(enum.StrEnum):
@@ -582,3 +583,79 @@ class Cluster:
     @property
     def gpus_on_busiest_node(self) -> int:
         return min(self.n_gpus, self.gpus_per_node)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TracedModel:
+    """A model known by the real module's own structure and counts, not by a shape: what
+    tracing it found (probes.hf.inspect for a Hugging Face class, probes.api for a module).
+    A request for such a model (``planner.request.build_request(..., traced=...)``) is
+    planned from traces (probes/trace_plan.py); every count it prints comes from here."""
+
+    name: str
+    cls: str
+    n_layers: int
+    """Decoder layers (the repeated blocks)."""
+    period: int | None
+    """The layers repeat with this period (None: they do not; traced at full depth)."""
+    params: int
+    active_params: int
+    """Used per token (MoE: the top-k experts)."""
+    per_block_params: tuple[int, ...]
+    root_params: int
+    matmul_per_block: tuple[int, ...]
+    """Matmul weights a token multiplies, per block (planner.throughput.matmul_params)."""
+    matmul_head: int
+    q_dim: int
+    """Attention width (heads x head_dim): the attention FLOPs; 0 when unknown."""
+    hidden: int | None = None
+    heads: int | None = None
+    kv_heads: int | None = None
+    ffn: int | None = None
+    vocab: int | None = None
+    experts: int | None = None
+    top_k: int | None = None
+    tied_embeddings: bool = False
+    block_class: str = ""
+    notes: tuple[str, ...] = ()
+
+    @classmethod
+    def from_inspect(cls, d: dict[str, Any], name: str) -> TracedModel:
+        return cls(name=name, cls=d["class"], n_layers=d["n_layers"], period=d["period"],
+                   params=d["params"], active_params=d["active_params"],
+                   per_block_params=tuple(d["per_block_params"]), root_params=d["root_params"],
+                   matmul_per_block=tuple(d["matmul_per_block"]), matmul_head=d["matmul_head"],
+                   q_dim=d["q_dim"], hidden=d.get("hidden"), heads=d.get("heads"),
+                   kv_heads=d.get("kv_heads"), ffn=d.get("ffn"), vocab=d.get("vocab"),
+                   experts=d.get("experts"), top_k=d.get("top_k"),
+                   tied_embeddings=bool(d.get("tied_embeddings")),
+                   block_class=d.get("block_class", ""), notes=tuple(d.get("notes", ())))
+
+    def proxy_spec(self) -> ModelSpec:
+        """A ModelSpec with this model's depth and the widths it knows, for the parts of the
+        plan that read one (the step-time model's bandwidth terms). Its parameter counts
+        are NOT the model's: every count the plan prints comes from this object."""
+        h = self.hidden or 64
+        heads = self.heads or 1
+        kv = self.kv_heads or heads
+        try:
+            return ModelSpec(name=f"{self.name} (traced)", n_layers=self.n_layers, hidden=h,
+                             n_heads=heads,
+                             n_kv_heads=kv if heads % kv == 0 else heads,
+                             head_dim=(self.q_dim // heads) if self.q_dim % heads == 0 else 0,
+                             ffn_hidden=self.ffn or 4 * h, vocab=self.vocab or 1,
+                             tied_embeddings=self.tied_embeddings)
+        except ValueError:
+            return ModelSpec(name=f"{self.name} (traced)", n_layers=self.n_layers, hidden=h, n_heads=1,
+                             n_kv_heads=1, ffn_hidden=4 * h, vocab=self.vocab or 1)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"name": self.name, "source": "trace", "class": self.cls,
+                "params": self.params, "active_params": self.active_params,
+                "layers": self.n_layers, "layer_period": self.period,
+                "block_class": self.block_class, "block_params": list(self.per_block_params),
+                "root_params": self.root_params, "hidden": self.hidden, "heads": self.heads,
+                "kv_heads": self.kv_heads, "ffn": self.ffn, "vocab": self.vocab,
+                "experts": self.experts, "experts_per_token": self.top_k,
+                "tied_embeddings": self.tied_embeddings, "q_dim": self.q_dim,
+                "notes": list(self.notes)}

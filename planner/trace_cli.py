@@ -79,8 +79,11 @@ def trace_cmd(as_json: bool, timeout_s: float, reference_model: bool, depth: str
 
     hf = bool(kw.get("config")) and not reference_model
     config: dict[str, Any] = {}
+    tracer = None
     if hf:
-        request, config, name = request_for_config(kw)
+        request, tracer, name = request_for_config(kw, depth=depth, timeout_s=timeout_s,
+                                                   jobs=1)
+        config = tracer.config
     else:
         request = request_from_options(kw)
         name = request.model.name
@@ -102,11 +105,6 @@ def trace_cmd(as_json: bool, timeout_s: float, reference_model: bool, depth: str
     from planner.notices import Kind, of_kind
 
     notes = of_kind(q.warnings, Kind.APPROXIMATE_READING) if hf and analytic else []
-    tracer = None
-    if hf:
-        from probes.trace_plan import HfTracer
-
-        tracer = HfTracer(config, name, depth=depth, timeout_s=timeout_s, jobs=1)
     results = []
     for strategy in strategies:
         # --tp N traces that degree (2-D dp x tp mesh, probes/finetune_tp.py); auto: none
@@ -208,10 +206,6 @@ def _table(results: list, analytic: bool = True, notes: list[str] | None = None)
     return "\n".join(lines)
 
 
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(trace_cmd())
-
-
 # --------------------------------------------------------------------------- --from-trace
 
 
@@ -219,13 +213,17 @@ SHAPE_FLAGS = ("params", "model", "layers", "hidden", "heads", "kv_heads", "ffn"
                "tied_embeddings", "mlp", "experts", "experts_per_token")
 
 
-def request_for_config(kw: dict[str, Any]) -> tuple[Any, dict[str, Any], str]:
-    """(request, config dict, name) for ``--config X`` given to a traced command: the hub id
-    resolved in the local cache, the request built by the plan's own builder (with a
-    placeholder shape when the analytic reader does not know the architecture: the traced
-    module's facts replace it)."""
+def request_for_config(kw: dict[str, Any], **tracer_options: Any) -> tuple[Any, Any, str]:
+    """(request, tracer, name) for ``--config X`` given to a traced command: the hub id
+    resolved in the local cache, the Hugging Face class's tracer (``probes.trace_plan.HfTracer``
+    with ``tracer_options``), and the request built by the plan's own builder: from the
+    config.json when the analytic reader knows the architecture, else from the traced
+    module's own structure (``build_request(..., traced=)``; no shape is invented)."""
     from planner.errors import InputDataError, UsageError
-    from probes.hf import HfConfigError, num_layers, read_config, resolve_config
+    from planner.fields import FLAGS, cli_values
+    from planner.request import build_request
+    from probes.hf import HfConfigError, read_config, resolve_config
+    from probes.trace_plan import HfTracer
 
     value = kw.get("config")
     if not value:
@@ -245,13 +243,13 @@ def request_for_config(kw: dict[str, Any]) -> tuple[Any, dict[str, Any], str]:
     else:
         where = path.parent.name if path.name == "config.json" else path.stem
         name = str(config.get("_name_or_path") or where or config["model_type"])
+    tracer = HfTracer(config, str(name), **tracer_options)
     try:
         request = request_from_options({**kw, "config": str(path)})
-    except InputDataError:
-        placeholder = {"config": None, "layers": num_layers(config) or 1, "hidden": 64,
-                       "heads": 1, "vocab": 64}
-        request = request_from_options({**kw, **placeholder})
-    return request, config, str(name)
+    except InputDataError:  # an architecture the analytic reader does not know
+        request = build_request(cli_values({**kw, "config": None}), FLAGS,
+                                traced=tracer.facts())
+    return request, tracer, str(name)
 
 
 def plan_command(kw: dict[str, Any], *, as_json: bool, wide: bool, width: int,
@@ -263,7 +261,6 @@ def plan_command(kw: dict[str, Any], *, as_json: bool, wide: bool, width: int,
     from planner.errors import EXIT_FITS, EXIT_NOTHING_FITS, UsageError
     from probes.trace_plan import (
         DEFAULT_TIMEOUT_S,
-        HfTracer,
         plan_from_traces,
         traced_json,
         traced_table,
@@ -272,9 +269,8 @@ def plan_command(kw: dict[str, Any], *, as_json: bool, wide: bool, width: int,
     if find is not None:
         raise UsageError("--find cannot be combined with --from-trace (each value searched "
                          "would be a trace); --n, --micro-batch, --seq ask one at a time")
-    request, config, name = request_for_config(kw)
     timeout = float(os.environ.get("FITCHECK_TRACE_TIMEOUT", DEFAULT_TIMEOUT_S))
-    tracer = HfTracer(config, name, timeout_s=timeout)
+    request, tracer, name = request_for_config(kw, timeout_s=timeout)
     if sys.stderr.isatty():  # progress for people; scripts get one line or none
         tracer.on_start = lambda n: click.echo(
             f"fitcheck: tracing {n} configuration(s) of {name} on fake tensors ...", err=True)

@@ -42,8 +42,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from planner.plan import Answer
+from planner.spec import TracedModel
 from probes.trace_plan import (
-    ModelFacts,
     Traced,
     TracedAnswer,
     TraceJob,
@@ -112,7 +112,7 @@ class ModuleTracer:
                              "make_batch=")
         return int(emb.num_embeddings)
 
-    def _inspect(self, module: Any) -> ModelFacts:
+    def _inspect(self, module: Any) -> TracedModel:
         from types import SimpleNamespace
 
         from probes.hf import _signature, matmul_counts, period_of
@@ -127,7 +127,7 @@ class ModuleTracer:
         notes = list(counts["notes"])
         if not self._q_dim:
             notes.append("attention_width not given: attention FLOPs left out of the step time")
-        return ModelFacts(
+        return TracedModel(
             name=self.name, cls=type(module).__name__, n_layers=len(blocks),
             period=period_of([sigs]) if len(blocks) > 1 else None, params=counts["params"],
             active_params=counts["active_params"],
@@ -138,7 +138,7 @@ class ModuleTracer:
             top_k=self._top_k, block_class=type(blocks[0]).__name__ if blocks else "",
             notes=tuple(n for n in notes if "attention FLOPs" not in n or not self._q_dim))
 
-    def facts(self) -> ModelFacts:
+    def facts(self) -> TracedModel:
         return self._facts
 
     def factory(self) -> Callable[[Any], Any]:
@@ -274,9 +274,6 @@ def plan_module_traced(
                           experts_per_token=experts_per_token)
     facts = tracer.facts()
     values: dict[str, Any] = {
-        # a placeholder shape: the plan reads the traced module's counts, not these
-        "model.layers": max(facts.n_layers, 1), "model.hidden": 64, "model.heads": 1,
-        "model.vocab": 64,
         "training.seq": seq, "training.micro_batch": micro_batch,
         "training.grad_accum": grad_accum, "training.precision": precision,
         "training.optimizer": optimizer, "training.optimizer_impl": optimizer_impl,
@@ -286,7 +283,7 @@ def plan_module_traced(
     }
     if margin is not None:
         values["margin"] = margin
-    request = build_request(values, FLAGS, allow_files=False)
+    request = build_request(values, FLAGS, allow_files=False, traced=facts)
     return plan_from_traces(request, tracer, rank=rank)
 
 

@@ -53,9 +53,9 @@ from planner.spec import (
     GradSync,
     InitMode,
     LossKind,
-    ModelSpec,
     Offload,
     Strategy,
+    TracedModel,
     TrainingSpec,
 )
 from planner.throughput import StepEstimate, step_core, step_inputs
@@ -72,79 +72,6 @@ class TraceRefused(FitcheckError):
 
 
 # --------------------------------------------------------------------------- the model
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ModelFacts:
-    """The real module's structure and counts (probes.hf.inspect, or probes.api)."""
-
-    name: str
-    cls: str
-    n_layers: int
-    """Decoder layers (the repeated blocks)."""
-    period: int | None
-    """The layers repeat with this period (None: they do not; traced at full depth)."""
-    params: int
-    active_params: int
-    """Used per token (MoE: the top-k experts)."""
-    per_block_params: tuple[int, ...]
-    root_params: int
-    matmul_per_block: tuple[int, ...]
-    """Matmul weights a token multiplies, per block (planner.throughput.matmul_params)."""
-    matmul_head: int
-    q_dim: int
-    """Attention width (heads x head_dim): the attention FLOPs; 0 when unknown."""
-    hidden: int | None = None
-    heads: int | None = None
-    kv_heads: int | None = None
-    ffn: int | None = None
-    vocab: int | None = None
-    experts: int | None = None
-    top_k: int | None = None
-    tied_embeddings: bool = False
-    block_class: str = ""
-    notes: tuple[str, ...] = ()
-
-    @classmethod
-    def from_inspect(cls, d: dict[str, Any], name: str) -> ModelFacts:
-        return cls(name=name, cls=d["class"], n_layers=d["n_layers"], period=d["period"],
-                   params=d["params"], active_params=d["active_params"],
-                   per_block_params=tuple(d["per_block_params"]), root_params=d["root_params"],
-                   matmul_per_block=tuple(d["matmul_per_block"]), matmul_head=d["matmul_head"],
-                   q_dim=d["q_dim"], hidden=d.get("hidden"), heads=d.get("heads"),
-                   kv_heads=d.get("kv_heads"), ffn=d.get("ffn"), vocab=d.get("vocab"),
-                   experts=d.get("experts"), top_k=d.get("top_k"),
-                   tied_embeddings=bool(d.get("tied_embeddings")),
-                   block_class=d.get("block_class", ""), notes=tuple(d.get("notes", ())))
-
-    def proxy_spec(self) -> ModelSpec:
-        """A ModelSpec with this model's depth and widths, for the parts of the plan that
-        read one (the request, the step-time model's bandwidth terms). Its parameter
-        counts are NOT the model's: every count the plan prints comes from the facts."""
-        h = self.hidden or 64
-        heads = self.heads or 1
-        kv = self.kv_heads or heads
-        try:
-            return ModelSpec(name=f"{self.name} (traced)", n_layers=self.n_layers, hidden=h,
-                             n_heads=heads,
-                             n_kv_heads=kv if heads % kv == 0 else heads,
-                             head_dim=(self.q_dim // heads) if self.q_dim % heads == 0 else 0,
-                             ffn_hidden=self.ffn or 4 * h, vocab=self.vocab or 1,
-                             tied_embeddings=self.tied_embeddings)
-        except ValueError:
-            return ModelSpec(name=f"{self.name} (traced)", n_layers=self.n_layers, hidden=h, n_heads=1,
-                             n_kv_heads=1, ffn_hidden=4 * h, vocab=self.vocab or 1)
-
-    def as_json(self) -> dict[str, Any]:
-        return {"name": self.name, "source": "trace", "class": self.cls,
-                "params": self.params, "active_params": self.active_params,
-                "layers": self.n_layers, "layer_period": self.period,
-                "block_class": self.block_class, "block_params": list(self.per_block_params),
-                "root_params": self.root_params, "hidden": self.hidden, "heads": self.heads,
-                "kv_heads": self.kv_heads, "ffn": self.ffn, "vocab": self.vocab,
-                "experts": self.experts, "experts_per_token": self.top_k,
-                "tied_embeddings": self.tied_embeddings, "q_dim": self.q_dim,
-                "notes": list(self.notes)}
 
 
 # --------------------------------------------------------------------------- tracers
@@ -182,7 +109,7 @@ class Tracer(Protocol):
 
     name: str
 
-    def facts(self) -> ModelFacts: ...
+    def facts(self) -> TracedModel: ...
 
     def trace(self, jobs: Sequence[TraceJob]) -> list[Traced]: ...
 
@@ -214,7 +141,7 @@ class HfTracer:
         self.cache = cache if cache is not None else TraceCache.default()
         self.jobs = jobs or max(1, min(2, os.cpu_count() or 1))
         self.options = dict(options or {})
-        self._facts: ModelFacts | None = None
+        self._facts: TracedModel | None = None
         self.trace_wall_s = 0.0
         self.children = 0
         self.on_start: Any = None
@@ -226,9 +153,9 @@ class HfTracer:
         return {"inspect": {"config": self.config}}
 
     def _take_inspect(self, data: dict[str, Any]) -> None:
-        self._facts = ModelFacts.from_inspect(data, self.name)
+        self._facts = TracedModel.from_inspect(data, self.name)
 
-    def facts(self) -> ModelFacts:
+    def facts(self) -> TracedModel:
         if self._facts is None:
             job = self._inspect_job()
             hit = self.cache.get(job)
@@ -521,7 +448,7 @@ def releasable_cache(phases: dict[Phase, Breakdown], training: TrainingSpec) -> 
             for p in phases]
 
 
-def estimate_from_trace(traced: Traced, facts: ModelFacts, cluster: Cluster, *,
+def estimate_from_trace(traced: Traced, facts: TracedModel, cluster: Cluster, *,
                         margin: float, ov: Overheads) -> Estimate:
     """The candidate's Estimate from its trace (``planner.memory.from_phases``)."""
     from planner.candidates import degree_of
@@ -550,7 +477,7 @@ def estimate_from_trace(traced: Traced, facts: ModelFacts, cluster: Cluster, *,
                        allocator=training.allocator, init_host=init_host)
 
 
-def step_from_facts(r: Request, facts: ModelFacts, candidate: Candidate) -> StepEstimate:
+def step_from_facts(r: Request, facts: TracedModel, candidate: Candidate) -> StepEstimate:
     """The planner's step-time model on the real module's counts: the request's hardware,
     assumptions and collectives, with layers, attention width, all parameters and the matmul
     weights per block (their mean) and in the head read from the module."""
@@ -572,7 +499,7 @@ class TracedAnswer:
     from."""
 
     answer: Answer
-    facts: ModelFacts
+    facts: TracedModel
     traced: tuple[Traced, ...]
     """Every candidate traced (the kept ones and the tries that did not fit)."""
     trace_wall_s: float
@@ -658,7 +585,7 @@ def plan_from_traces(request: Request, tracer: Tracer, *, rank: str = "throughpu
         first = next(iter(failed.values()))
         raise TraceRefused(f"{tracer.name}: no candidate could be traced: "
                            f"{label(first.job.candidate)}: {first.reason}")
-    r = dataclasses.replace(r, model=facts.proxy_spec(), model_source="trace")
+    r = dataclasses.replace(r, model=facts.proxy_spec(), model_source="trace", traced=facts)
     estimates = [chosen[g][0] for g in sorted(chosen)]
     steps = tuple(step_from_facts(r, facts, e.candidate) for e in estimates)
     ddp = {}
@@ -773,7 +700,7 @@ def scale_world(r1: dict[str, Any], r2: dict[str, Any], n1: int, n2: int,
 # --------------------------------------------------------------------------- output
 
 
-def model_line(facts: ModelFacts) -> str:
+def model_line(facts: TracedModel) -> str:
     active = (f" ({facts.active_params / 1e9:.2f}B active)"
               if facts.active_params != facts.params else "")
     shape = ", ".join(s for s in (

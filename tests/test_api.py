@@ -76,7 +76,23 @@ def test_plan_module_is_the_plan_answer() -> None:
     assert "recommendation:" in table(answer)
     doc = answer_json(answer)
     assert [c["strategy"] for c in doc["candidates"]] == ["ddp", "full_shard"]
+    # the request's model is the traced module itself: its own count, no invented shape
+    assert answer.request.model_source == "trace" and answer.request.traced == ta.facts
+    assert doc["inputs"]["model"]["params"] == P and doc["inputs"]["model"]["layers"] == L
+    assert doc["inputs"]["model"]["class"] == "ResMLP"
     assert "ResMLP" in traced_table(ta) and traced_json(ta)["source"] == "trace"
+
+
+def test_a_traced_request_takes_no_model_fields() -> None:
+    from planner.errors import UsageError
+    from planner.fields import FLAGS
+    from planner.request import build_request
+
+    facts = plan_module_traced(meta_model(), n_gpus=1, seq=64, strategies=["ddp"],
+                               checkpointing="none", precision="fp32").facts
+    with pytest.raises(UsageError, match="--hidden: a traced module is described by its own"):
+        build_request({"hardware.gpu": "h100-80", "hardware.n": 1, "model.hidden": 64},
+                      FLAGS, traced=facts)
 
 
 def test_factory_checkpointing_and_custom_batch() -> None:
