@@ -10,6 +10,10 @@ EXIT_BAD_DATA = 4
 EXIT_TRACE_REFUSED = 5
 """A traced answer cannot be given (the model cannot be traced), or a probe failed
 (`fitcheck trace`, `fitcheck --from-trace`)."""
+EXIT_NO_VERDICT = 6
+"""The gate gave no verdict: it could not be started, crashed or timed out, and the failure
+policy refuses the job (`fitcheck-sbatch --fitcheck-on-error reject`; the Slurm controller
+check's answer to job_submit.lua). Never a rejection: that is 3."""
 
 
 class FitcheckError(Exception):

@@ -174,8 +174,10 @@ def _parse_yaml(text: str, name: str) -> Any:
         raise SpecError("YAML spec needs PyYAML (pip install pyyaml) or use JSON") from None
     if not hasattr(yaml, "composer"):  # a stand-in module (tests), not PyYAML: trust it
         return yaml.safe_load(text)
-    loader = _yaml_loader(yaml, name)(text)
+    loader = None
     try:
+        # inside the try: PyYAML's reader refuses some characters (a NUL byte) as it is built
+        loader = _yaml_loader(yaml, name)(text)
         return loader.get_single_data()
     except yaml.YAMLError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -185,7 +187,8 @@ def _parse_yaml(text: str, name: str) -> Any:
     except (ValueError, OverflowError) as exc:  # a scalar the constructor cannot build
         raise SpecError(f"{name}: invalid YAML: {str(exc)[:200]}") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def parse_spec_text(text: str, name: str = "spec") -> dict[str, Any]:
