@@ -3,11 +3,12 @@
     python benchmarks/report_speed.py [--repeat 3] [--no-plots] [--no-cli]
 
 Sweeps 4 models x 4 GPU types x 7 GPU counts x 2 sequence lengths x 2 micro-batches x
-8 strategies x 3 checkpointing modes (10,752 configurations, plus offload rows where nothing
-else fits) and prints, best of --repeat in-process runs:
+8 strategies x 3 checkpointing modes (10,752 configurations, plus the tensor-parallel and
+offload rows the plan adds where nothing else fits) and prints, best of --repeat in-process
+runs (and configurations/s):
 
-  csv+md      the sweep (planner.memory.estimate + planner.throughput.estimate_step per
-              configuration, the recommendation and min-GPU searches) and report.csv/report.md
+  csv+md      the sweep (planner.plan's rules over every configuration on arrays: memory,
+              step time, the recommendation, the min-GPU searches) and report.csv/report.md
   html+png    the same plus the four plots, the PNG files and the self-contained HTML
               (needs matplotlib)
 
@@ -78,8 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, formats in runs:
         best, rows, parts = timed(formats, args.repeat)
         detail = ", ".join(f"{k} {v:.2f} s" for k, v in parts.items())
-        print(f"{name:16s} {rows} configurations: {best:.2f} s (best of {args.repeat}; "
-              f"{detail})")
+        print(f"{name:16s} {rows} configurations: {best:.2f} s = {rows / best:,.0f} "
+              f"configurations/s (best of {args.repeat}; {detail})")
         if name == "csv+md":
             ok = best <= TARGET_S
         if not args.no_cli:

@@ -111,9 +111,13 @@ def shard_degree(strategy: Strategy, cluster: Cluster, tp: int = 1) -> int:
     return degree_of(strategy, cluster.n_gpus, cluster.gpus_per_node, tp)
 
 
-def checkpointing_modes(checkpointing: Checkpointing) -> tuple[Checkpointing, ...]:
-    """'auto' -> every mode, lightest first; a mode -> itself."""
-    return CHECKPOINTING_ORDER if checkpointing is Checkpointing.AUTO else (checkpointing,)
+def checkpointing_modes(checkpointing: Checkpointing | Iterable[Checkpointing]
+                        ) -> tuple[Checkpointing, ...]:
+    """'auto' -> every mode, lightest first; a mode -> itself; several modes (the report's
+    --checkpointing list) -> those, lightest first."""
+    if isinstance(checkpointing, Checkpointing):
+        return CHECKPOINTING_ORDER if checkpointing is Checkpointing.AUTO else (checkpointing,)
+    return tuple(sorted(set(checkpointing), key=CHECKPOINTING_ORDER.index))
 
 
 def skipped_on_one_gpu(strategy: Strategy, offload: Offload) -> bool:
@@ -122,8 +126,16 @@ def skipped_on_one_gpu(strategy: Strategy, offload: Offload) -> bool:
     return strategy.is_fsdp and offload is Offload.NONE
 
 
+def listed_at(candidate: Candidate, n_gpus: Any) -> Any:
+    """Whether a candidate is listed at this GPU count (a number or a numpy array of them):
+    everywhere but where ``skipped_on_one_gpu`` answers it with DDP's row."""
+    if candidate.tp > 1 or not skipped_on_one_gpu(candidate.strategy, candidate.offload):
+        return True
+    return n_gpus > 1
+
+
 def expand(strategies: Iterable[Strategy], offloads: Iterable[Offload],
-           checkpointing: Checkpointing, n_gpus: int,
+           checkpointing: Checkpointing | Iterable[Checkpointing], n_gpus: int | None,
            skipped: list[str] | None = None, tps: Iterable[int] = (1,),
            quiet_tp: bool = False) -> Iterator[tuple[Candidate, ...]]:
     """Per (offload, strategy, TP degree), the candidates to try, lightest checkpointing
@@ -132,13 +144,16 @@ def expand(strategies: Iterable[Strategy], offloads: Iterable[Offload],
     Each item is one (strategy, offload, tp) with its checkpointing modes; the caller keeps
     the first that fits (`auto`) or the only one. Combinations that do not exist are left out
     and described in ``skipped`` when a list is given (``quiet_tp``: strategies that do not
-    compose with TP are left out silently, for `--tp auto`).
+    compose with TP are left out silently, for `--tp auto`). Those not listed at ``n_gpus``
+    (``listed_at``) are left out too; ``n_gpus=None``: at any count (the caller asks
+    ``listed_at`` per configuration, as the report's sweep does).
     """
     modes = checkpointing_modes(checkpointing)
     for offload in offloads:
         for tp in tps:
             for strategy in strategies:
-                if n_gpus == 1 and tp == 1 and skipped_on_one_gpu(strategy, offload):
+                if n_gpus is not None and not listed_at(
+                        Candidate(strategy=strategy, offload=offload, tp=tp), n_gpus):
                     continue
                 try:
                     check_supported(Candidate(strategy=strategy, offload=offload,

@@ -6,27 +6,40 @@ order an engineer would try things (planner/candidates.py ``preference_key``): D
 SHARD_GRAD_OP, HYBRID_SHARD (multi-node only), FULL_SHARD, the ZeRO stages, NO_SHARD; lighter
 checkpointing before heavier; no offload before offload. ``plan(..., rank="memory")`` ranks by
 that order alone.
+
+Every rule is written once, over ``Points``: which candidates are listed and with which
+checkpointing (``listing``), tensor parallel when nothing fits (``evaluate_auto_tp``), offload
+when nothing fits, the recommendation (``best_index``) and the fewest GPUs (``fits_any``,
+``fewest_gpus``). ``One`` is a single configuration of plain numbers (``plan``, ``find``); the
+report's sweep (planner/report/sweep.py ``Grid``) is many configurations as numpy arrays, one
+per element. The rules read numbers through ``planner.vec``, so both front ends run the same
+code and a report row cannot disagree with the plan of its configuration.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
+from planner import vec
 from planner.candidates import (
     EQUIVALENT,
     OFFLOAD_ORDER,
     TP_DEGREES,
+    checkpointing_modes,
     expand,
     fit_first_key,
     label,
+    listed_at,
     preference_key,
     tp_problem,
 )
 from planner.memory import Estimate, estimate
 from planner.request import Request
-from planner.search import largest, smallest_n
-from planner.spec import Candidate, Offload, Strategy
+from planner.search import and_not, any_true, bisect, largest
+from planner.spec import Candidate, Checkpointing, Offload, Strategy
 from planner.throughput import StepEstimate, estimate_step
 
 TIE = 0.02
@@ -75,53 +88,84 @@ def _estimate(r: Request, c: Candidate) -> Estimate:
                     overheads=r.runtime.overheads)
 
 
-def auto_tp_degrees(r: Request) -> tuple[int, ...]:
-    """The TP degrees `--tp auto` may add: those the model and the node allow."""
-    return tuple(t for t in TP_DEGREES
-                 if tp_problem(r.model, t, r.cluster.n_gpus, r.cluster.gpus_per_node) is None)
+# ---------------------------------------------------------------------------------------------
+# Where the rules are evaluated
 
 
-AUTO_TP_STRATEGIES = (Strategy.FULL_SHARD, Strategy.HYBRID_SHARD)
-"""What `--tp auto` composes with TP: FSDP2 over the data-parallel mesh dimension as
-torchtitan's 2-D (and HSDP 3-D) meshes do."""
+class Points(Protocol):
+    """One configuration or many: the GPU count, the GPU and its node, the sequence length and
+    micro-batch per point (numbers, or numpy arrays with one configuration per element);
+    everything else is ``request``'s (model, training run, options, runtime terms)."""
+
+    request: Request
+    modes: tuple[Checkpointing, ...]
+    """The checkpointing modes each (strategy, offload, TP degree) tries, lightest first."""
+    n_gpus: Any
+    gpus_per_node: Any
+    levels: int
+    """How many steps of the GPU-count bisection to ask at once (planner.search.bisect)."""
+
+    def estimate(self, c: Candidate) -> Estimate: ...
+
+    def step(self, c: Candidate) -> StepEstimate: ...
+
+    def fits(self, c: Candidate, among: Any) -> Any:
+        """``estimate(c).fits``, read only where ``among``."""
+
+    def each(self, rule: Callable[[int, int], bool]) -> Any:
+        """``rule(n_gpus, gpus_per_node)`` at every point (a scalar rule: ``tp_problem``)."""
+
+    def with_gpus(self, n: Any) -> Points:
+        """The same points at other GPU counts."""
+
+    def search(self, queries: list[tuple[Any, Any]], rule: Callable[[Points], Any]
+               ) -> list[Any]:
+        """``rule`` at each query's GPU counts ``(n, live)``, where live (elsewhere False)."""
 
 
-def evaluate(r: Request, offloads: Sequence[Offload],
-             skipped: list[str] | None = None) -> list[Estimate]:
-    """One estimate per (strategy, offload): the lightest checkpointing that fits (the
-    heaviest if none does) when the request says auto, else the one asked for."""
-    out = []
-    for tries in expand(r.options.strategies, offloads, r.options.checkpointing,
-                        r.cluster.n_gpus, skipped, tps=(r.options.tp or 1,)):
-        for c in tries:
-            e = _estimate(r, c)
-            if e.fits:
-                break
-        out.append(e)
-    return out
+class One:
+    """The plan's points: one configuration, plain numbers (``--global-batch`` resolved)."""
+
+    def __init__(self, r: Request) -> None:
+        self.request = r = r.resolved()
+        self.modes = checkpointing_modes(r.options.checkpointing)
+        self.n_gpus, self.gpus_per_node = r.cluster.n_gpus, r.cluster.gpus_per_node
+        self._estimates: dict[Candidate, Estimate] = {}
+
+    def estimate(self, c: Candidate) -> Estimate:
+        if c not in self._estimates:
+            self._estimates[c] = _estimate(self.request, c)
+        return self._estimates[c]
+
+    def step(self, c: Candidate) -> StepEstimate:
+        r = self.request
+        return estimate_step(r.model, r.training, r.cluster, c, r.runtime.assumptions)
+
+    def fits(self, c: Candidate, among: Any = True) -> bool:
+        return self.estimate(c).fits
+
+    def each(self, rule: Callable[[int, int], bool]) -> bool:
+        return rule(self.n_gpus, self.gpus_per_node)
+
+    def with_gpus(self, n: int) -> One:
+        return One(self.request.with_gpus(n))
+
+    levels = 1
+    """A search asks one count at a time: each answer is a plan's worth of estimates."""
+
+    def search(self, queries: list[tuple[int, bool]], rule: Callable[[Points], Any]
+               ) -> list[bool]:
+        return [bool(rule(self.with_gpus(n))) if live else False for n, live in queries]
 
 
-def auto_tp_strategies(r: Request) -> list[Strategy]:
-    return [s for s in r.options.strategies if s in AUTO_TP_STRATEGIES
-            and (s is not Strategy.HYBRID_SHARD or r.cluster.n_nodes > 1)]
+def multi_node(at: Points) -> Any:
+    return at.n_gpus > at.gpus_per_node
 
 
-def evaluate_auto_tp(r: Request) -> list[Estimate]:
-    """`--tp auto` when nothing fits without TP: per FSDP strategy of the request, the
-    smallest TP degree that fits (each with the lightest checkpointing that fits), or the
-    largest when none does, as `--checkpointing auto` picks a mode."""
-    out = []
-    strategies = auto_tp_strategies(r)
-    for s in strategies:
-        last = None
-        for tp in auto_tp_degrees(r):
-            found = evaluate(r.with_options(strategies=(s,), tp=tp), (Offload.NONE,))
-            last = found[0] if found else last
-            if last is not None and last.fits:
-                break
-        if last is not None:
-            out.append(last)
-    return out
+def tp_allowed(at: Points, tp: int) -> Any:
+    """Where the model and the node allow TP ``tp`` (``tp_problem`` finds nothing)."""
+    model = at.request.model
+    return at.each(lambda n, gpn: tp_problem(model, tp, n, gpn) is None)
 
 
 def offload_modes(r: Request, *, for_fit: bool = False) -> tuple[Offload, ...]:
@@ -132,25 +176,151 @@ def offload_modes(r: Request, *, for_fit: bool = False) -> tuple[Offload, ...]:
     return OFFLOAD_ORDER if for_fit else (Offload.NONE,)
 
 
-def fits_any(r: Request) -> bool:
-    """Whether some candidate of the request fits (offload included when 'auto')."""
-    r = r.resolved()
-    if r.options.tp is not None:
-        tps = (r.options.tp,) if not tp_problem(r.model, r.options.tp, r.cluster.n_gpus,
-                                                 r.cluster.gpus_per_node) else ()
-    else:
-        tps = (1,) + auto_tp_degrees(r)
-    tries = [c for group in expand(r.options.strategies, offload_modes(r, for_fit=True),
-                                   r.options.checkpointing, r.cluster.n_gpus, tps=tps,
-                                   quiet_tp=True)
-             for c in group
-             if c.tp == 1 or r.options.tp is not None or c.strategy in auto_tp_strategies(r)]
-    return any(_estimate(r, c).fits for c in sorted(tries, key=fit_first_key))
+# ---------------------------------------------------------------------------------------------
+# Which candidates are listed
+
+
+@dataclass(frozen=True, slots=True)
+class Listed:
+    """One (strategy, offload, TP degree) of a plan and where it is listed."""
+
+    tries: tuple[Candidate, ...]
+    """Its checkpointing modes, lightest first."""
+    shown: Any
+    """Where it is listed (a bool, or a bool array over the points)."""
+    pick: Any
+    """Which of ``tries`` is listed there: the lightest that fits, else the heaviest."""
+    fits: Any
+    """Whether that one fits (read where shown)."""
+
+
+def lightest_fitting(at: Points, tries: Sequence[Candidate], among: Any) -> tuple[Any, Any]:
+    """`--checkpointing auto` (one mode: that one), per point of ``among``: the index of the
+    lightest of ``tries`` that fits, else the heaviest's, and whether it fits. Tries them in
+    order and stops once every point has one."""
+    pick, fit, open_ = len(tries) - 1, False, among
+    for i, c in enumerate(tries):
+        if not any_true(open_):
+            break
+        f = at.fits(c, open_) & open_
+        pick = vec.where(f, i, pick)
+        fit = fit | f
+        open_ = and_not(open_, f)
+    return pick, fit
+
+
+def _listed(at: Points, groups: Iterable[tuple[Candidate, ...]], where: Any) -> list[Listed]:
+    out = []
+    for tries in groups:
+        shown = where & listed_at(tries[0], at.n_gpus)
+        if any_true(shown):
+            out.append(Listed(tries, shown, *lightest_fitting(at, tries, shown)))
+    return out
+
+
+AUTO_TP_STRATEGIES = (Strategy.FULL_SHARD, Strategy.HYBRID_SHARD)
+"""What `--tp auto` composes with TP: FSDP2 over the data-parallel mesh dimension as
+torchtitan's 2-D (and HSDP 3-D) meshes do."""
+
+
+def evaluate_auto_tp(at: Points, need: Any) -> list[Listed]:
+    """`--tp auto` where ``need`` (nothing fits without TP): per FSDP strategy of the request
+    that composes with TP (HYBRID_SHARD only across nodes), the smallest TP degree the model
+    and the node allow that fits (with the lightest checkpointing that fits), or the largest
+    when none does, as `--checkpointing auto` picks a mode."""
+    out = []
+    for s in at.request.options.strategies:
+        if s not in AUTO_TP_STRATEGIES:
+            continue
+        want = need & (multi_node(at) if s is Strategy.HYBRID_SHARD else True)
+        if not any_true(want):
+            continue
+        tried, chosen, done = [], 0, False
+        for tp in TP_DEGREES:
+            todo = and_not(want & tp_allowed(at, tp), done)
+            if not any_true(todo):
+                continue
+            (tries,) = expand((s,), (Offload.NONE,), at.modes, None, tps=(tp,))
+            pick, fit = lightest_fitting(at, tries, todo)
+            chosen = vec.where(todo, tp, chosen)
+            done = done | fit
+            tried.append((tp, tries, pick, fit))
+        for tp, tries, pick, fit in tried:
+            shown = want & (chosen == tp)
+            if any_true(shown):
+                out.append(Listed(tries, shown, pick, fit))
+    return out
+
+
+def listing(at: Points, skipped: list[str] | None = None) -> list[Listed]:
+    """The candidates a plan lists at each point, in its order: per (strategy, offload, TP
+    degree) of the request, its checkpointing (``lightest_fitting``); where none of them
+    fits, TP (`--tp auto`: ``evaluate_auto_tp``) and then CPU offload (`--offload auto`)
+    beside them. ``skipped`` collects the requested combinations that do not exist."""
+    r = at.request
+    o = r.options
+    tps = (o.tp or 1,)
+    out = _listed(at, expand(o.strategies, offload_modes(r), at.modes, None, skipped, tps=tps),
+                  True)
+    nothing = True
+    for g in out:
+        nothing = and_not(nothing, g.shown & g.fits)
+    if any_true(nothing):
+        if o.tp is None and Offload.NONE in offload_modes(r):
+            # tensor parallel (torchtitan's 2-D mesh) beside offload
+            out += evaluate_auto_tp(at, nothing)
+        if o.offloads is None:
+            # combinations that don't exist are left out silently here
+            out += _listed(at, expand(o.strategies, OFFLOAD_ORDER[1:], at.modes, None,
+                                      tps=tps), nothing)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The fewest GPUs
+
+
+def fits_any(at: Points | Request, among: Any = True) -> Any:
+    """Whether some candidate of the request fits, per point of ``among``: every strategy,
+    checkpointing mode and offload mode the request allows (offload 'auto': all of them) and,
+    with `--tp auto`, the TP degrees the model and the node allow, most memory saved first."""
+    if isinstance(at, Request):
+        at = One(at)
+    o = at.request.options
+    tps = (o.tp,) if o.tp is not None else (1,) + TP_DEGREES
+    tries = sorted((c for group in expand(o.strategies, offload_modes(at.request, for_fit=True),
+                                          at.modes, None, tps=tps, quiet_tp=True)
+                    for c in group), key=fit_first_key)
+    allowed_tp = {tp: tp_allowed(at, tp) for tp in tps if tp > 1}
+    ok: Any = False
+    for c in tries:
+        if c.tp > 1 and o.tp is None and c.strategy not in AUTO_TP_STRATEGIES:
+            continue
+        allowed = among & listed_at(c, at.n_gpus)
+        if c.tp > 1:
+            allowed = allowed & allowed_tp[c.tp]
+            if o.tp is None and c.strategy is Strategy.HYBRID_SHARD:
+                allowed = allowed & multi_node(at)
+        todo = and_not(allowed, ok)
+        if not any_true(todo):
+            continue
+        ok = ok | (at.fits(c, todo) & todo)
+        if not any_true(and_not(among, ok)):
+            break
+    return ok
+
+
+def fewest_gpus(at: Points, start: int = 1) -> tuple[Any, Any]:
+    """`--find min-gpus` per point: (found, n), the fewest GPUs of the type (>= start) for
+    which a candidate of the request fits (``fits_any``, planner.search.bisect)."""
+    return bisect(lambda queries: at.search(queries, fits_any), at.gpus_per_node, start=start,
+                  levels=at.levels)
 
 
 def min_gpus(r: Request, start: int = 1) -> int | None:
     """Fewest GPUs of this type (>= start) for which a candidate of the request fits."""
-    return smallest_n(lambda n: fits_any(r.with_gpus(n)), r.cluster.gpus_per_node, start=start)
+    found, n = fewest_gpus(One(r), start)
+    return n if found else None
 
 
 def _gib(x: int) -> str:
@@ -166,28 +336,49 @@ def why_not(e: Estimate) -> str:
             f"{_gib(e.host_capacity_bytes)}")
 
 
+def best_index(candidates: Sequence[Candidate], fits: Sequence[Any], per_token: Sequence[Any],
+               multi_node: Any, tie: float = TIE) -> Any:
+    """The recommendation's rule, per point: the index of the candidate that fits with the
+    least time per token per GPU or, within ``tie`` of it, the simplest (``preference_key``,
+    multi-node or not); -1 where none fits."""
+    fastest: Any = math.inf
+    for f, t in zip(fits, per_token):
+        fastest = vec.where(f, vec.minimum(fastest, t), fastest)
+    ranks = {}
+    for multi in (False, True):
+        order = sorted(range(len(candidates)),
+                       key=lambda i: preference_key(candidates[i], multi))
+        ranks[multi] = {i: k for k, i in enumerate(order)}
+    best: Any = -1
+    best_rank: Any = len(candidates)
+    for i, (f, t) in enumerate(zip(fits, per_token)):
+        rank = vec.where(multi_node, ranks[True][i], ranks[False][i])
+        better = f & (t <= fastest * (1 + tie)) & (rank < best_rank)
+        best = vec.where(better, i, best)
+        best_rank = vec.where(better, rank, best_rank)
+    return best
+
+
+def per_token(st: StepEstimate) -> Any:
+    """Time per token per GPU: under tensor parallel a step trains 1/tp of the tokens per GPU,
+    so step times compare only through tokens/s/GPU."""
+    return 1.0 / st.tokens_per_s_per_gpu
+
+
 def recommend(estimates: Sequence[Estimate], steps: Sequence[StepEstimate], multi_node: bool,
               rank: str = "throughput") -> Recommendation | None:
     """The fastest candidate that fits; ties (within TIE) go to the simplest."""
     scored = list(zip(estimates, steps))
-    fitting = [(e, st) for e, st in scored if e.fits]
-    if not fitting:
+    i = best_index([e.candidate for e in estimates], [e.fits for e in estimates],
+                   [per_token(st) for st in steps], multi_node,
+                   math.inf if rank == "memory" else TIE)
+    if i < 0:
         return None
+    best, best_step = scored[i]
 
-    def simple(pair: tuple[Estimate, StepEstimate]) -> tuple[int, int, int]:
+    def simple(pair: tuple[Estimate, StepEstimate]) -> tuple[int, int, int, int]:
         return preference_key(pair[0].candidate, multi_node)
 
-    # time per token per GPU: under tensor parallel a step trains 1/tp of the tokens per GPU,
-    # so step times compare only through tokens/s/GPU
-    def per_token(st: StepEstimate) -> float:
-        return 1.0 / st.tokens_per_s_per_gpu
-
-    if rank == "memory":
-        best, best_step = min(fitting, key=simple)
-    else:
-        fastest = min(per_token(st) for _, st in fitting)
-        tied = [p for p in fitting if per_token(p[1]) <= fastest * (1 + TIE)]
-        best, best_step = min(tied, key=simple)
     c = best.candidate
     reasons = [
         f"{label(c)} fits: needs {_gib(best.required_bytes)} of {_gib(best.usable_bytes)} usable "
@@ -221,25 +412,16 @@ def recommend(estimates: Sequence[Estimate], steps: Sequence[StepEstimate], mult
 
 
 def plan(r: Request, rank: str = "throughput") -> Answer:
-    r = r.resolved()
+    at = One(r)
+    r = at.request
     skipped: list[str] = []
-    estimates = evaluate(r, offload_modes(r), skipped)
-    if not any(e.fits for e in estimates):
-        if r.options.tp is None and Offload.NONE in offload_modes(r):
-            # tensor parallel (torchtitan's 2-D mesh) beside offload
-            estimates += evaluate_auto_tp(r)
-        if r.options.offloads is None:
-            # combinations that don't exist are left out silently here
-            estimates += evaluate(r, OFFLOAD_ORDER[1:])
-    steps = tuple(estimate_step(r.model, r.training, r.cluster, e.candidate,
-                                r.runtime.assumptions) for e in estimates)
+    estimates = [at.estimate(g.tries[g.pick]) for g in listing(at, skipped)]
+    steps = tuple(at.step(e.candidate) for e in estimates)
     ddp: dict = {}
     for e in estimates:
         ck = e.candidate.checkpointing
         if ck not in ddp:
-            ddp[ck] = estimate_step(r.model, r.training, r.cluster,
-                                    Candidate(strategy=Strategy.DDP, checkpointing=ck),
-                                    r.runtime.assumptions)
+            ddp[ck] = at.step(Candidate(strategy=Strategy.DDP, checkpointing=ck))
     rec = recommend(estimates, steps, r.cluster.n_nodes > 1, rank)
     need = None if rec is not None else min_gpus(r, start=r.cluster.n_gpus + 1)
     return Answer(request=r, estimates=tuple(estimates), steps=steps,
@@ -265,5 +447,5 @@ def find(r: Request, what: str, rank: str = "throughput") -> Found:
         n = min_gpus(r)
         return Found(question=what, value=n, answer=plan(r if n is None else r.with_gpus(n), rank))
     field = {"max-micro-batch": "micro_batch", "max-seq": "seq"}[what]
-    v = largest(lambda v: fits_any(r.with_training(**{field: v})), FIND_LIMIT[what])
+    v = largest(lambda v: bool(fits_any(r.with_training(**{field: v}))), FIND_LIMIT[what])
     return Found(question=what, value=v, answer=plan(r.with_training(**{field: v or 1}), rank))

@@ -6,9 +6,9 @@ sequence length while nothing else shrinks. n = 1 is special (no NCCL, no DDP bu
 tried on its own.
 
 GPU counts are any count up to one node, then whole nodes: the i-th valid count is
-``count_at(i, gpn)``. ``smallest_n`` bisects over that index; the report's sweep runs the very
-same bisection on numpy arrays, one search per configuration (``smallest_n_many``), so both
-always give the same answer.
+``count_at(i, gpn)``. ``bisect`` is the search, written once over ``planner.vec``: on plain
+numbers for the plan (``smallest_n``, planner.plan ``fewest_gpus``) and on numpy arrays for the
+report's sweep, one search per configuration, so both always give the same answer.
 """
 
 from __future__ import annotations
@@ -36,43 +36,74 @@ def last_index(limit: int, gpn: Any) -> Any:
     return vec.where(limit < gpn, limit - 1, gpn - 2 + limit // gpn)
 
 
+def any_true(x: Any) -> bool:
+    """Whether a bool, or any element of a bool array, is true."""
+    return bool(x.any()) if hasattr(x, "any") else bool(x)
+
+
+def and_not(a: Any, b: Any) -> Any:
+    """a and not b, on bools or bool arrays."""
+    return vec.where(b, False, a)
+
+
+def bisect(fits: Callable[[list[tuple[Any, Any]]], list[Any]], gpus_per_node: Any, *,
+           start: int = 1, limit: int = MAX_GPUS_SEARCHED, levels: int = 1) -> tuple[Any, Any]:
+    """(found, n): the fewest valid GPU counts n >= start that fit, per search.
+
+    ``gpus_per_node`` is a number (one search) or an int array (one search per element).
+    ``fits(queries)`` answers a list of queries, each ``(n, live)``: counts shaped like
+    ``gpus_per_node`` and where they are asked (the other answers are not read); it returns
+    one bool (array) per query. 1 is tried on its own (when start is 1), the rest by
+    bisection over the index of the valid counts; ``found`` is False where nothing up to
+    ``limit`` fits.
+
+    ``levels`` > 1 asks the next ``levels`` steps of every search at once: every count the
+    bisection may try in them (2**levels - 1 per search, and 1 with the first), then walks
+    down with the answers. Counts it did not need are asked too, in fewer and larger batches
+    (the report's arrays); the answer is the bisection's, whatever ``fits`` is."""
+    gpn = gpus_per_node
+    lo = vec.maximum(index_of(max(start, 2), gpn), 1) - 1  # known not to fit (or below)
+    hi = last_index(limit, gpn) + 1  # sentinel: fits
+    top = hi
+    one: Any = False
+    first: list[tuple[Any, Any]] = []
+    if start <= 1:
+        if levels == 1:
+            (one,) = fits([(gpn * 0 + 1, True)])
+        else:
+            first = [(gpn * 0 + 1, True)]
+    active = and_not(hi - lo > 1, one)
+    while any_true(active):
+        # the bisection's next steps: node k narrows to node 2k+1 if its count fits, 2k+2 if not
+        nodes, queries = [(lo, hi)], []
+        for k in range(2**levels - 1):
+            a, b = nodes[k]
+            mid = (a + b) // 2
+            live = active & (b - a > 1)
+            queries.append((count_at(vec.where(live, mid, a), gpn), live))
+            nodes += [(a, mid), (mid, b)]
+        answers = fits(first + queries)
+        if first:
+            one, answers, first = answers[0], answers[1:], []
+        node: Any = 0
+        for _ in range(levels):
+            mid = (lo + hi) // 2
+            live = active & (hi - lo > 1)
+            ok = vec.choose(node, answers) & live
+            hi = vec.where(ok, mid, hi)
+            lo = vec.where(and_not(live, ok), mid, lo)
+            node = vec.where(ok, 2 * node + 1, 2 * node + 2)
+        active = and_not(hi - lo > 1, one)
+    return one | (hi != top), vec.where(one, 1, count_at(hi, gpn))
+
+
 def smallest_n(fits: Callable[[int], bool], gpus_per_node: int, *, start: int = 1,
                limit: int = MAX_GPUS_SEARCHED) -> int | None:
     """Fewest valid GPU counts n >= start with fits(n); None when nothing up to ``limit``
-    fits. 1 is tried on its own (when start is 1), the rest by bisection over the index."""
-    if start <= 1 and fits(1):
-        return 1
-    lo = max(index_of(max(start, 2), gpus_per_node), 1) - 1  # known not to fit (or below)
-    hi = last_index(limit, gpus_per_node) + 1  # sentinel: fits
-    top = hi
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if fits(count_at(mid, gpus_per_node)):
-            hi = mid
-        else:
-            lo = mid
-    return None if hi == top else count_at(hi, gpus_per_node)
-
-
-def smallest_n_many(fits: Callable[[Any], Any], gpus_per_node: Any,
-                    limit: int = MAX_GPUS_SEARCHED) -> Any:
-    """``smallest_n`` (start 1) for many searches at once: ``gpus_per_node`` is an int array,
-    ``fits`` maps an array of counts to a bool array. Returns an int array, -1 for none."""
-    import numpy as np
-
-    gpn = np.asarray(gpus_per_node, dtype=np.int64)
-    one = np.asarray(fits(np.ones_like(gpn)), dtype=bool)
-    lo = np.zeros_like(gpn)
-    hi = np.asarray(last_index(limit, gpn), dtype=np.int64) + 1
-    top = hi.copy()
-    while np.any(hi - lo > 1):
-        active = hi - lo > 1
-        mid = (lo + hi) // 2
-        ok = np.asarray(fits(count_at(np.where(active, mid, lo), gpn)), dtype=bool) & active
-        hi = np.where(ok, mid, hi)
-        lo = np.where(active & ~ok, mid, lo)
-    out = np.where(hi == top, -1, count_at(hi, gpn))
-    return np.where(one, 1, out)
+    fits (``bisect`` on one search)."""
+    found, n = bisect(lambda queries: [bool(fits(q)) if live else False for q, live in queries],
+                      gpus_per_node, start=start, limit=limit)
+    return n if found else None
 
 
 def largest(fits: Callable[[int], bool], limit: int) -> int | None:

@@ -52,6 +52,7 @@ __all__ = [
     "COLLECTIVES",
     "OFFLOAD_TRAFFIC",
     "RECOMPUTE",
+    "Rates",
     "StepEstimate",
     "StepInputs",
     "ThroughputAssumptions",
@@ -67,6 +68,7 @@ __all__ = [
     "reduce_scatter_bytes",
     "step_core",
     "step_inputs",
+    "step_inputs_at",
     "training_flops_per_token",
 ]
 
@@ -559,9 +561,11 @@ def step_core(x: StepInputs) -> StepEstimate:
 # --------------------------------------------------------------------------------------------
 
 
-def finetune_inputs(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile) -> dict[str, Any]:
+def finetune_inputs(model: ModelSpec, training: TrainingSpec, hbm_bytes_per_s: Any
+                    ) -> dict[str, Any]:
     """StepInputs fields of a fine-tune (empty for full training): what has gradients, which
-    backward matmuls run, and the quantized base's dequantization.
+    backward matmuls run, and the quantized base's dequantization (at the GPU's HBM bandwidth,
+    a number or a numpy array of them).
 
     bitsandbytes dequantizes each 4-bit linear to the compute dtype in forward and again in
     backward (``MatMul4Bit``): memory-bound, reading the packed codes (0.5 B) and writing the
@@ -592,31 +596,58 @@ def finetune_inputs(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile) -
         packed = 0.5 if str(ft.quantize_base) == "nf4" else 1.0
         per_pass = L * T.quant_per_block * (packed + training.precision.compute_bytes)
         # once per forward and once per backward of each micro-batch, whatever its size
-        out["dequant_s"] = 2.0 * per_pass / gpu.hbm_bandwidth_bytes_per_s
+        out["dequant_s"] = 2.0 * per_pass / hbm_bytes_per_s
     return out
 
 
-def step_inputs(model: ModelSpec, training: TrainingSpec, cluster: Cluster, candidate: Candidate,
-                assumptions: ThroughputAssumptions = DEFAULT_ASSUMPTIONS) -> StepInputs:
-    """The StepInputs of one configuration."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rates:
+    """What a step reads of the GPU and its links, the assumptions applied. Each may be a
+    numpy array (one GPU type per element) in the report's sweep."""
+
+    peak: Any
+    """Dense peak FLOP/s of the precision."""
+    eff: Any
+    """Achieved fraction of peak."""
+    bw_intra: Any
+    bw_inter: Any
+    """Bytes/s per GPU inside a node and across nodes."""
+    pcie: Any
+    """Host <-> device bytes/s."""
+    hbm: Any
+    """Device memory bytes/s (dequantizing a quantized base)."""
+
+    @classmethod
+    def of(cls, gpu: GpuProfile, training: TrainingSpec,
+           assumptions: ThroughputAssumptions = DEFAULT_ASSUMPTIONS) -> Rates:
+        a = assumptions
+        eff = a.compute_efficiency if a.compute_efficiency is not None else \
+            default_compute_efficiency(gpu, training.compile)
+        return cls(peak=peak_flops(gpu, training.precision), eff=float(eff),
+                   bw_intra=gpu.intra_node_bandwidth_bytes_per_s * a.intra_node_comm_efficiency,
+                   bw_inter=gpu.inter_node_bandwidth_bytes_per_s * a.inter_node_comm_efficiency,
+                   pcie=gpu.pcie_bandwidth_bytes_per_s * a.pcie_efficiency,
+                   hbm=gpu.hbm_bandwidth_bytes_per_s)
+
+
+def step_inputs_at(model: ModelSpec, training: TrainingSpec, candidate: Candidate,
+                   assumptions: ThroughputAssumptions, *, seq: Any, mb: Any, n: Any, gpn: Any,
+                   rates: Rates) -> StepInputs:
+    """The StepInputs of a candidate at these numbers: sequence length, micro-batch, GPUs,
+    GPUs per node and the GPU's ``Rates``, each a number or a numpy array (one configuration
+    per element, the report's sweep); the rest of ``training`` is read as given."""
     from planner.params import total_params
 
-    gpu, a = cluster.gpu, assumptions
+    a = assumptions
     precision = training.precision
     p_block, p_head = matmul_params(model)
-    eff = a.compute_efficiency if a.compute_efficiency is not None else \
-        default_compute_efficiency(gpu, training.compile)
     return StepInputs(
-        n_layers=float(model.n_layers), q_dim=float(model.q_dim), seq=float(training.seq),
-        mb=float(training.micro_batch), ga=float(training.grad_accum),
-        n=float(cluster.n_gpus), gpn=float(cluster.gpus_per_node),
+        n_layers=float(model.n_layers), q_dim=float(model.q_dim), seq=seq * 1.0,
+        mb=mb * 1.0, ga=float(training.grad_accum), n=n * 1.0, gpn=gpn * 1.0,
         p_total=float(total_params(model)), p_block=float(p_block), p_head=float(p_head),
-        peak=peak_flops(gpu, precision), eff=float(eff),
-        bw_intra=gpu.intra_node_bandwidth_bytes_per_s * a.intra_node_comm_efficiency,
-        bw_inter=gpu.inter_node_bandwidth_bytes_per_s * a.inter_node_comm_efficiency,
+        peak=rates.peak, eff=rates.eff, bw_intra=rates.bw_intra, bw_inter=rates.bw_inter,
         lat_intra=a.intra_node_hop_latency_s, lat_inter=a.inter_node_hop_latency_s,
-        pcie=gpu.pcie_bandwidth_bytes_per_s * a.pcie_efficiency,
-        cpu_rate=a.cpu_adam_params_per_s, bucket=float(a.ddp_bucket_bytes),
+        pcie=rates.pcie, cpu_rate=a.cpu_adam_params_per_s, bucket=float(a.ddp_bucket_bytes),
         overlap=a.overlap_fraction, gather_b=float(gather_bytes(precision)),
         grad_b=float(grad_reduce_bytes(precision, candidate.strategy)),
         master_b=float(precision.param_bytes),
@@ -624,9 +655,16 @@ def step_inputs(model: ModelSpec, training: TrainingSpec, cluster: Cluster, cand
         recompute=RECOMPUTE[_ckpt(candidate.checkpointing)],
         offload=OFFLOAD_TRAFFIC[candidate.offload],
         tp=float(candidate.tp),
-        tp_bytes=float(training.micro_batch * training.seq * model.hidden
-                       * precision.compute_bytes),
-        **finetune_inputs(model, training, gpu))
+        tp_bytes=mb * seq * model.hidden * precision.compute_bytes * 1.0,
+        **finetune_inputs(model, training, rates.hbm))
+
+
+def step_inputs(model: ModelSpec, training: TrainingSpec, cluster: Cluster, candidate: Candidate,
+                assumptions: ThroughputAssumptions = DEFAULT_ASSUMPTIONS) -> StepInputs:
+    """The StepInputs of one configuration."""
+    return step_inputs_at(model, training, candidate, assumptions, seq=training.seq,
+                          mb=training.micro_batch, n=cluster.n_gpus, gpn=cluster.gpus_per_node,
+                          rates=Rates.of(cluster.gpu, training, assumptions))
 
 
 def estimate_step(model: ModelSpec, training: TrainingSpec, cluster: Cluster,

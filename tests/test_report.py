@@ -20,7 +20,7 @@ from planner.memory import DEFAULT_MARGIN, estimate  # noqa: E402
 from planner.plan import min_gpus, plan  # noqa: E402
 from planner.presets import get_preset  # noqa: E402
 from planner.report import plots, progress, request, sweep, write  # noqa: E402
-from planner.request import Request  # noqa: E402
+from planner.request import build_request as plan_request  # noqa: E402
 from planner.spec import (  # noqa: E402
     Candidate, Checkpointing, Offload, Precision, Strategy, TrainingSpec,
 )
@@ -66,10 +66,18 @@ def test_csv_has_every_column_and_configuration(tables):
     # 2 models x 2 GPUs x 4 counts x 2 seqs; at n=1 only ddp and zero1/2/3 exist
     assert set(df.n) == {1, 8, 16, 64} and set(df.seq) == {2048, 4096}
     assert set(df.checkpointing) == {"none", "selective", "full"}
-    no_off = df[df.offload == "none"]
+    no_off = df[(df.offload == "none") & (df.tp == 1)]
     assert len(no_off) == 2 * 2 * 2 * (3 * 8 * 3 + 4 * 3)
     assert not df.duplicated(["model", "gpu", "n", "seq", "micro_batch", "strategy",
-                              "checkpointing", "offload"]).any()
+                              "checkpointing", "offload", "tp"]).any()
+    # tensor parallel (--tp auto) and offload rows only where nothing fits without them
+    for _, grp in df.groupby(["model", "gpu", "n", "seq"]):
+        plain = grp[(grp.offload == "none") & (grp.tp == 1)]
+        if plain.fits.any():
+            assert len(grp) == len(plain)
+    tp = df[df.tp > 1]
+    assert len(tp) and set(tp.strategy) <= {"full_shard", "hybrid_shard"}
+    assert set(tp.model) == {"llama3-70b"}
 
 
 def test_csv_numbers_are_the_planners(tables):
@@ -82,7 +90,7 @@ def test_csv_numbers_are_the_planners(tables):
                                 precision=Precision(r.precision))
         cluster = _cluster(r.gpu, int(r.n))
         cand = Candidate(strategy=Strategy(r.strategy), offload=Offload(r.offload),
-                         checkpointing=Checkpointing(r.checkpointing))
+                         checkpointing=Checkpointing(r.checkpointing), tp=int(r.tp))
         e = estimate(model, training, cluster, cand, margin=DEFAULT_MARGIN)  # the report's
         assert r.device_used_bytes == e.device_used_bytes
         assert r.peak_allocated_bytes == e.peak_allocated_bytes
@@ -98,10 +106,11 @@ def test_csv_numbers_are_the_planners(tables):
 
 
 def test_best_flag_is_the_planners_recommendation(tables):
+    """`fitcheck --model M --gpu G --n N --seq T` (the default --tp auto among the rest)."""
     _, df = tables
     for (m, g, n, seq), grp in df.groupby(["model", "gpu", "n", "seq"]):
-        answer = plan(Request(model=get_preset(m), training=TrainingSpec(seq=int(seq)),
-                              cluster=_cluster(g, int(n))))
+        answer = plan(plan_request({"model.preset": m, "hardware.gpu": g,
+                                    "hardware.n": int(n), "training.seq": int(seq)}))
         best = grp[grp.best]
         if answer.recommendation is None:
             assert best.empty, (m, g, n, seq)
@@ -109,8 +118,8 @@ def test_best_flag_is_the_planners_recommendation(tables):
         assert len(best) == 1, (m, g, n, seq)
         c = answer.recommendation.candidate
         row = best.iloc[0]
-        assert (row.strategy, row.checkpointing, row.offload) == (
-            str(c.strategy), str(c.checkpointing), str(c.offload)), (m, g, n, seq)
+        assert (row.strategy, row.checkpointing, row.offload, row.tp) == (
+            str(c.strategy), str(c.checkpointing), str(c.offload), c.tp), (m, g, n, seq)
 
 
 def test_min_gpus_match_the_planner():
@@ -121,20 +130,28 @@ def test_min_gpus_match_the_planner():
     assert len(mins) == 6
     for r in mins.itertuples(index=False):
         model, training = get_preset(r.model), TrainingSpec()
-        q = Request(model=model, training=training, cluster=_cluster(r.gpu, 8))
-        # with offload: exactly `fitcheck --find min-gpus`
+        q = plan_request({"model.preset": r.model, "hardware.gpu": r.gpu, "hardware.n": 8})
+        # with offload: exactly `fitcheck --find min-gpus`; without: `... --offload none`
         assert r.min_gpus_offload == min_gpus(q)
-        # without offload: something fits at the count, nothing at the count below
+        assert r.min_gpus == min_gpus(q.with_options(offloads=(Offload.NONE,)))
+        # without offload: something fits at the count, nothing at the count below (every
+        # strategy and checkpointing mode; TP 2/4/8 with full_shard, and hybrid_shard across
+        # nodes, where the heads, the FFN and the node allow it: --tp auto)
         n = int(r.min_gpus)
         gpn = load_gpu(r.gpu).gpus_per_node
         below = n - 1 if n <= gpn else n - gpn
 
         def fits(k: int) -> bool:
             cl = _cluster(r.gpu, k)
-            return any(estimate(model, training, cl, Candidate(strategy=s, checkpointing=ck)).fits
-                       for s in Strategy for ck in (Checkpointing.NONE, Checkpointing.SELECTIVE,
-                                                    Checkpointing.FULL)
-                       if k > 1 or s is Strategy.DDP or s.is_zero)
+            tps = [t for t in (2, 4, 8) if t <= gpn and k % t == 0 and model.n_kv_heads % t == 0
+                   and model.n_heads % t == 0 and model.ffn_hidden % t == 0]
+            cands = [Candidate(strategy=s, checkpointing=ck, tp=t)
+                     for s in Strategy for t in [1, *tps]
+                     for ck in (Checkpointing.NONE, Checkpointing.SELECTIVE, Checkpointing.FULL)
+                     if (k > 1 or t > 1 or s is Strategy.DDP or s.is_zero)
+                     and (t == 1 or s is Strategy.FULL_SHARD
+                          or (s is Strategy.HYBRID_SHARD and k > gpn))]
+            return any(estimate(model, training, cl, c).fits for c in cands)
 
         assert fits(n), (r.model, r.gpu, n)
         if below >= 1:
@@ -222,6 +239,11 @@ def test_unknown_model_and_gpu_are_one_line_errors(tmp_path):
     ("--checkpointing", "auto", "--checkpointing"), ("--tokens", "lots", "--tokens"),
     ("--price-per-gpu-hour", "1,2,3", "--price-per-gpu-hour"),
     ("--price-per-gpu-hour", "b200=3", "--price-per-gpu-hour"),
+    # the plan's fields, checked and named as `fitcheck plan` does
+    ("--tp", "x", "--tp"), ("--calibration", "/no/such.json", "--calibration"),
+    ("--ds-reduce-bucket-size", "-1", "--ds-reduce-bucket-size"),
+    ("--offload", "everything", "--offload"), ("--margin", "1.5", "--margin"),
+    ("--lora-targets", "q,zz", "--lora-targets"),
 ])
 def test_bad_values_are_one_line_errors(tmp_path, flag, value, needle):
     args = {"--models": "llama3-8b", "--gpus": "h100-80", "--out": str(tmp_path),
@@ -286,16 +308,19 @@ def test_prices():
 def test_vectorized_sweep_equals_the_scalar_planner_on_random_samples():
     """The report evaluates planner.memory.evaluate and throughput.step_core on arrays; every
     element must equal the scalar estimate() / estimate_step() of its configuration, term by
-    term and moment by moment."""
+    term and moment by moment (tensor parallel, DeepSpeed settings and calibrated GPU types
+    included)."""
     import dataclasses
 
     import numpy as np
 
+    from planner.candidates import OFFLOAD_ORDER, expand, tp_problem
     from planner.memory import PHASES
+    from planner.plan import _estimate
     from planner.spec import Attention, ModelSpec, OptimizerImpl, OptimizerKind
 
     rng = np.random.default_rng(7)
-    gpus = ("h100-80", "a100-40", "rtx-4090", "mi300x")
+    gpus = ("h100-80", "a100-40", "rtx-4090", "mi300x", "h200", "rtx-3090")
     for trial in range(12):
         heads = int(rng.choice([4, 8, 16]))
         model = ModelSpec(name="r", n_layers=int(rng.integers(1, 12)),
@@ -305,7 +330,7 @@ def test_vectorized_sweep_equals_the_scalar_planner_on_random_samples():
                           vocab=int(rng.integers(100, 100_000)),
                           tied_embeddings=bool(rng.integers(0, 2)))
         req = request.build_request(
-            models="gpt2", gpus=",".join(gpus), ns="1,2,8,16,64", seqs="128,2048",
+            models="llama3-8b", gpus=",".join(gpus), ns="1,2,8,16,64", seqs="128,2048",
             micro_batches="1,3", grad_accum=int(rng.choice([1, 4])),
             precision=str(rng.choice([p.value for p in Precision])),
             optimizer=str(rng.choice([o.value for o in OptimizerKind])),
@@ -318,33 +343,43 @@ def test_vectorized_sweep_equals_the_scalar_planner_on_random_samples():
             allocator=str(rng.choice(["default", "expandable"])),
             fsdp_version=int(rng.choice([1, 2])),
             init=str(rng.choice(["meta", "rank0", "full", "full-gpu"])),
+            overlap_comm=bool(rng.integers(0, 2)), reduce_bucket_size=int(rng.choice([1e6, 5e8])),
+            zero_init=bool(rng.integers(0, 2)),
             training=[{}, {"finetune.lora_rank": 8},
                       {"finetune.lora_rank": 16, "finetune.lora_targets": "all-linear",
                        "finetune.quantize_base": "nf4", "finetune.lora_dropout": True},
                       {"finetune.freeze": "embeddings,2-layers"},
                       {"finetune.freeze": "1-layers"}][trial % 5])
-        grid, _ = sweep._grid(req)
-        ev = sweep.Evaluator(req, model)
-        cands = sweep.candidates(req)
-        for c in [cands[int(i)] for i in rng.choice(len(cands), 6, replace=False)]:
-            mem, st = ev.memory(grid, c), ev.step(grid, c)
-            for i in rng.choice(len(grid), 8, replace=False):
-                g = req.gpus[int(grid.gpu[i])]
-                training = dataclasses.replace(req.training, seq=int(grid.seq[i]),
-                                               micro_batch=int(grid.mb[i]))
-                cl = _cl(int(grid.n[i]), g)
-                e = estimate(model, training, cl, c, margin=req.margin)
-                for phase in PHASES:
-                    for k, v in e.phases[phase].as_dict().items():
-                        assert np.broadcast_to(getattr(mem.phases[phase], k),
-                                               (len(grid),))[i] == v, (trial, c, phase, k)
-                assert PHASES[int(mem.peak_phase[i])] == e.peak_phase
-                for k in ("device_used_bytes", "peak_reserved_bytes", "usable_bytes",
-                          "host_bytes_per_node", "fits"):
-                    assert np.broadcast_to(getattr(mem, k), (len(grid),))[i] == getattr(e, k)
-                s = estimate_step(model, training, cl, c)
-                for k in ("step_time_s", "exposed_comm_s", "offload_s", "mfu"):
-                    assert np.broadcast_to(getattr(st, k), (len(grid),))[i] == getattr(s, k)
+        # the random model in each GPU type's plan (the calibrated ones keep their terms)
+        req = dataclasses.replace(req, models=(("r", model),), plans=(
+            tuple(dataclasses.replace(r, model=model) for r in req.plans[0]),))
+        counts, _ = sweep._counts(req)
+        cands = [c for tries in expand(tuple(Strategy), OFFLOAD_ORDER, req.checkpointings,
+                                       None, tps=(1, 2)) for c in tries]
+        for _, setup in sweep._setups(req):
+            grid, _ = sweep._grid(req, 0, setup, counts)
+            for c in [cands[int(i)] for i in rng.choice(len(cands), 6, replace=False)]:
+                mem, st = grid.estimate(c), grid.step(c)
+                for i in rng.choice(len(grid), 8, replace=False):
+                    n, gpn = int(grid.n_gpus[i]), int(grid.gpus_per_node[i])
+                    if c.tp > 1 and tp_problem(model, c.tp, n, gpn):
+                        continue  # not a configuration of the plan (nor a row)
+                    q = setup.plans[int(grid.gpu[i])].with_gpus(n).with_training(
+                        seq=int(grid.seq[i]), micro_batch=int(grid.mb[i]))
+                    e = _estimate(q, c)  # the plan's own
+                    for phase in PHASES:
+                        for k, v in e.phases[phase].as_dict().items():
+                            assert np.broadcast_to(getattr(mem.phases[phase], k),
+                                                   (len(grid),))[i] == v, (trial, c, phase, k)
+                    assert PHASES[int(mem.peak_phase[i])] == e.peak_phase
+                    for k in ("device_used_bytes", "peak_reserved_bytes", "usable_bytes",
+                              "host_bytes_per_node", "fits"):
+                        assert np.broadcast_to(getattr(mem, k), (len(grid),))[i] == \
+                            getattr(e, k), (trial, c, k)
+                    s = estimate_step(model, q.training, q.cluster, c, q.runtime.assumptions)
+                    for k in ("step_time_s", "exposed_comm_s", "offload_s", "mfu"):
+                        assert np.broadcast_to(getattr(st, k), (len(grid),))[i] == \
+                            getattr(s, k), (trial, c, k)
 
 
 def test_config_paths_are_labelled_by_name_and_html_has_no_raw_markdown(tmp_path):

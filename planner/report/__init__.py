@@ -1,11 +1,13 @@
 """Capacity-planning reports (``fitcheck report``, docs/reports.md).
 
-Sweep models x GPU types x GPU counts (x seq x micro-batch) x strategies x checkpointing with
-the planner's own model, then write tables and plots:
+Sweep models x GPU types x GPU counts (x seq x micro-batch) x strategies x checkpointing,
+planning every configuration as `fitcheck plan` does, then write tables and plots:
 
-- ``request``: the report's request, parsed from the command line
-- ``sweep``: every configuration evaluated (memory, fit, step time, the recommendation, the
-  fewest GPUs); the numbers are the planner's own (``planner.memory``, ``planner.throughput``)
+- ``request``: the report's request, parsed from the command line; the plan's request of each
+  model on each GPU type is ``planner.request.build_request``'s
+- ``sweep``: every configuration planned by ``planner.plan``'s rules on numpy arrays (the
+  candidates, memory, fit, step time, the recommendation, the fewest GPUs); the numbers are
+  the planner's own (``planner.memory``, ``planner.throughput``)
 - ``tables``: Markdown tables; ``plots``: matplotlib figures; ``html``: one self-contained page
 - ``write``: one class per output file, written all-or-nothing
 - ``cli``: the ``fitcheck report`` command

@@ -12,9 +12,8 @@ from typing import Any
 import click
 
 from planner.cli_options import field_options
-from planner.fields import FIELDS, cli_values
-from planner.memory import DEFAULT_MARGIN
-from planner.report.request import SWEPT
+from planner.fields import cli_values
+from planner.report.request import FIELD_PATHS, OFFLOAD_MODES
 from planner.spec import Strategy
 
 
@@ -35,13 +34,11 @@ from planner.spec import Strategy
               + ", ".join(str(s) for s in Strategy) + ". Default: all.")
 @click.option("--checkpointing", default="none,selective,full", show_default=True,
               metavar="MODE[,MODE]", help="Activation checkpointing modes swept.")
-@click.option("--offload", type=click.Choice(["auto", "none", "all"], case_sensitive=False),
+@click.option("--offload", type=click.Choice(OFFLOAD_MODES, case_sensitive=False),
               default="auto", show_default=True,
-              help="auto: offload candidates only where nothing else fits (as `fitcheck plan`).")
-@field_options([f.path for f in FIELDS if f.section in ("training", "finetune")
-                and f.path not in SWEPT])
-@click.option("--margin", type=float, default=DEFAULT_MARGIN, show_default=True,
-              help="Fraction of GPU memory kept free.")
+              help="As `fitcheck plan` (auto: offload candidates only where nothing else "
+              "fits), or all: every offload mode for every configuration.")
+@field_options(FIELD_PATHS + ("margin",))
 @click.option("--tokens", default="1e12", show_default=True, metavar="N",
               help="Tokens to train, for the time and cost columns (1e12, 15T).")
 @click.option("--price-per-gpu-hour", "prices", metavar="$[,$]|GPU=$[,...]",
@@ -53,11 +50,13 @@ from planner.spec import Strategy
 @click.option("--progress/--no-progress", default=None,
               help="Progress bar on stderr (default: only when stderr is a terminal).")
 def report_cmd(models: str, gpus: str, ns: str, seqs: str, micro_batches: str,
-               strategies: tuple[str, ...], checkpointing: str, offload: str, margin: float,
+               strategies: tuple[str, ...], checkpointing: str, offload: str,
                tokens: str, prices: str | None, out_dir: str, formats: str,
-               progress: bool | None, **training: Any) -> int:
+               progress: bool | None, **fields: Any) -> int:
     """Sweep models x GPU types x GPU counts x strategies x checkpointing and write a
-    capacity-planning report (report.csv, report.md, report.html, plots) into --out.
+    capacity-planning report (report.csv, report.md, report.html, plots) into --out. Every
+    other option means what it means to `fitcheck plan`: each configuration is planned as
+    `fitcheck --model M --gpu G --n N --seq T --micro-batch B` with them.
 
     Exit codes: 0 written, 2 usage error (unknown model or GPU, matplotlib missing for plots).
     """
@@ -68,9 +67,9 @@ def report_cmd(models: str, gpus: str, ns: str, seqs: str, micro_batches: str,
     fmts = parse_formats(formats)
     check_formats(fmts)  # before the sweep: a missing matplotlib fails fast
     req = build_request(models=models, gpus=gpus, ns=ns, seqs=seqs, micro_batches=micro_batches,
-                        strategies=strategies, checkpointing=checkpointing, offload=offload.lower(),
-                        margin=margin, tokens=tokens, prices=prices,
-                        training=cli_values(training))
+                        strategies=strategies, checkpointing=checkpointing,
+                        offload=offload.lower(), tokens=tokens, prices=prices,
+                        training=cli_values(fields))
     written = write_report(req, out_dir, fmts, progress=progress_wanted(progress),
                            stream=sys.stderr)
     rows = written.report.rows

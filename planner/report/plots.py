@@ -138,7 +138,8 @@ def plot_memory(report: Report) -> Any:
     req, rows = report.request, report.rows
     seq, mb = _first(req)
     ck, ck_heavy = req.checkpointings[0], req.checkpointings[-1]
-    d_all = rows[(rows.seq == seq) & (rows.micro_batch == mb) & (rows.offload == "none")]
+    d_all = rows[(rows.seq == seq) & (rows.micro_batch == mb) & (rows.offload == "none")
+                 & (rows.tp == 1)]
     d = d_all[d_all.checkpointing == str(ck)]
     d_heavy = d_all[d_all.checkpointing == str(ck_heavy)] if ck_heavy is not ck else None
     nm, ng = len(req.models), len(req.gpus)
@@ -187,7 +188,8 @@ def plot_memory(report: Report) -> Any:
         handles[f"{ck_heavy} checkpointing"] = Line2D(
             [], [], color="gray", lw=0.9, alpha=0.5, label=f"faint: {ck_heavy} checkpointing")
     faint = f", faint: {ck_heavy}" if d_heavy is not None else ""
-    title = (f"Device memory needed per GPU vs GPU count ({_plot_setting(req)}, no offload; "
+    title = (f"Device memory needed per GPU vs GPU count ({_plot_setting(req)}, no offload, "
+             "no tensor parallel; "
              f"checkpointing {ck}{faint}); shaded: over capacity")
     hs = list(handles.values())
     return lay.finish(title, hs, [h.get_label() for h in hs], min(len(hs), 7))

@@ -1,19 +1,53 @@
-"""The report's request: what to sweep, parsed from what the user typed (one line per
-error, planner.errors.UsageError)."""
+"""The report's request: what to sweep, and the plan's request of each model on each GPU type.
+
+Every field `fitcheck plan` takes that the report does not sweep (the training run,
+fine-tuning, DeepSpeed, tensor parallel, calibration, margin, strategies, offload, GPUs per
+node, host RAM) goes through ``planner.request.build_request``, once per model and GPU type,
+so it means in a report what it means in a plan. The report adds its lists (models, GPU
+types, GPU counts, sequence lengths, micro-batches, checkpointing modes) and the tokens and
+prices of the cost columns. Errors are one line (planner.errors.UsageError).
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from planner.candidates import CHECKPOINTING_ORDER
+from planner.candidates import CHECKPOINTING_ORDER, OFFLOAD_ORDER
 from planner.errors import UsageError
-from planner.memory import DEFAULT_MARGIN
-from planner.spec import Checkpointing, GpuProfile, ModelSpec, Strategy, TrainingSpec
+from planner.fields import BY_PATH, FIELDS, FLAGS, Naming
+from planner.request import Options, Request
+from planner.spec import Checkpointing, GpuProfile, ModelSpec, Offload, Strategy, TrainingSpec
 
-OFFLOAD_MODES = ("auto", "none", "all")
+OFFLOAD_MODES = ("auto", "none", "optimizer", "params_and_optimizer", "all")
+"""The plan's --offload values, and all: every offload mode at every configuration."""
+
+SWEPT = ("training.seq", "training.micro_batch", "training.global_batch")
+"""Training fields the report does not take as one value: sequence length and micro-batch are
+swept lists; --global-batch is not offered (its grad-accum depends on each configuration's GPU
+count and micro-batch)."""
+
+OWN = ("strategy", "offload", "checkpointing", "margin")
+"""Plan fields the report's command line declares itself (a list of checkpointing modes,
+offload 'all'); they reach build_request all the same."""
+
+FIELD_PATHS: tuple[str, ...] = tuple(
+    f.path for f in FIELDS
+    if (f.section in ("training", "finetune", "deepspeed", "parallel")
+        or f.path in ("calibration", "hardware.gpus_per_node", "hardware.host_ram_gib"))
+    and f.path not in SWEPT)
+"""The plan's fields the report takes as one value for the whole sweep, with the plan's
+flags, checks and defaults (planner/report/cli.py)."""
+
+BY_KEY: dict[str, str] = {BY_PATH[p].key: p for p in FIELD_PATHS + ("margin",)}
+"""``build_request(grad_accum=4, tp=2, ...)``: a field by its key."""
+
+NAMING = Naming(lambda path: {"model.preset": "--models", "model.config": "--models",
+                              "hardware.gpu": "--gpus", "hardware.n": "--n"}.get(path)
+                or FLAGS.name(path), UsageError)
+"""A field as the report's command line names it (--models, --gpus; the rest as the plan)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -21,21 +55,47 @@ class ReportRequest:
     models: tuple[tuple[str, ModelSpec], ...]
     """(label, spec): the label is what the user typed (a preset id or a config path)."""
     gpus: tuple[GpuProfile, ...]
+    """The GPU types as named (a calibration changes a plan's copy: ``plans[i][j].cluster``)."""
+    plans: tuple[tuple[Request, ...], ...]
+    """``plans[i][j]``: the plan's request of model i on GPU type j, built by
+    planner.request.build_request from the report's fields at one GPU and the first sequence
+    length and micro-batch (the sweep sets those per configuration)."""
     ns: tuple[int, ...]
     seqs: tuple[int, ...] = (2048,)
     micro_batches: tuple[int, ...] = (1,)
-    strategies: tuple[Strategy, ...] = tuple(Strategy)
     checkpointings: tuple[Checkpointing, ...] = CHECKPOINTING_ORDER
+    """The modes swept, each a row; a plan tries them lightest first (all three: auto)."""
     offload: str = "auto"
-    """auto: no offload, plus offload candidates where nothing else fits (as `fitcheck plan`);
-    none: never offload; all: every offload mode for every configuration."""
-    training: TrainingSpec = field(default_factory=TrainingSpec)
-    """Everything about the run but the swept seq and micro-batch (as a plan's)."""
-    margin: float = DEFAULT_MARGIN
+    """As the plan's --offload (auto: offload candidates only where nothing else fits), or
+    all: every offload mode for every configuration."""
     tokens: float = 1e12
     """Tokens to train, for the time and cost columns."""
     prices: dict[str, float] | None = None
     """GPU profile id -> $ per GPU-hour; None: no cost columns."""
+
+    @property
+    def options(self) -> Options:
+        """The plan's options (strategies, offload, margin, tensor parallel): one for all."""
+        return self.plans[0][0].options
+
+    @property
+    def training(self) -> TrainingSpec:
+        """The training run (DeepSpeed "auto" sizes as filled in for the first model)."""
+        return self.plans[0][0].training
+
+    @property
+    def strategies(self) -> tuple[Strategy, ...]:
+        return self.options.strategies
+
+    @property
+    def margin(self) -> float:
+        return self.options.margin
+
+    @property
+    def notes(self) -> list[str]:
+        """What the plans' requests assumed (a stale calibration, DeepSpeed "auto"), once
+        each."""
+        return list(dict.fromkeys(w for row in self.plans for r in row for w in r.warnings))
 
     @property
     def n_configurations(self) -> int:
@@ -53,13 +113,16 @@ def parse_list(text: str | Iterable[str], flag: str) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def parse_ints(text: str | Iterable[str], flag: str, limit: int = 1 << 24) -> tuple[int, ...]:
+def parse_ints(text: str | Iterable[str], flag: str, path: str | None = None,
+               limit: int = 1 << 24) -> tuple[int, ...]:
+    """'8,16' -> (8, 16), sorted; each value through the plan field's check (``path``)."""
     from planner.validate import count
 
+    check = BY_PATH[path].check if path else (lambda raw: count(raw, limit=limit))
     out = []
     for raw in parse_list(text, flag):
         try:
-            out.append(count(raw, limit=limit))
+            out.append(check(raw))
         except ValueError as exc:
             raise UsageError(f"{flag}: {exc}") from None
     return tuple(sorted(set(out)))
@@ -136,8 +199,24 @@ def model_label(name: str, typed: Sequence[str]) -> str:
     return label if sum(short(t) == label for t in typed) == 1 else name
 
 
-SWEPT = ("training.seq", "training.micro_batch", "training.global_batch")
-"""Training fields the report sweeps as lists (the others are one value, as for a plan)."""
+def field_values(values: Mapping[str, Any] | None, keywords: Mapping[str, Any]
+                 ) -> dict[str, Any]:
+    """{path: raw} of the plan's fields given by path or by key; any other is a UsageError."""
+    out = dict(values or {})
+    for key, raw in keywords.items():
+        out[BY_KEY.get(key, f"training.{key}")] = raw
+    unknown = [p for p in out if p not in FIELD_PATHS + OWN]
+    if unknown:
+        raise UsageError(f"report: not a field the report takes: {', '.join(unknown)}")
+    return out
+
+
+def plan_offload(offload: str) -> tuple[str, tuple[Offload, ...] | None]:
+    """The report's --offload -> the plan's --offload value, and the options' offload modes
+    for 'all' (None: as the plan's value says)."""
+    if offload not in OFFLOAD_MODES:
+        raise UsageError(f"--offload: choose from {', '.join(OFFLOAD_MODES)}, got {offload!r}")
+    return ("auto", OFFLOAD_ORDER) if offload == "all" else (offload, None)
 
 
 def build_request(*, models: str | Iterable[str], gpus: str | Iterable[str],
@@ -145,54 +224,56 @@ def build_request(*, models: str | Iterable[str], gpus: str | Iterable[str],
                   micro_batches: str | Iterable[str] = "1",
                   strategies: str | Iterable[str] = (),
                   checkpointing: str | Iterable[str] = "none,selective,full",
-                  offload: str = "auto", margin: float = DEFAULT_MARGIN,
+                  offload: str = "auto", margin: Any = None,
                   tokens: str | float = "1e12", prices: str | None = None,
-                  training: dict[str, Any] | None = None, **training_kw: Any) -> ReportRequest:
+                  training: Mapping[str, Any] | None = None, **fields: Any) -> ReportRequest:
     """Strings as typed -> a request; bad values raise planner.errors.UsageError (one line).
 
-    ``training`` holds the plan's training fields by spec path ({"training.precision":
-    "bf16", ...}; planner/fields.py); keywords such as ``precision="bf16"`` or
-    ``grad_accum=4`` are the same fields by key."""
-    from planner.fields import BY_PATH, FLAGS, Naming, parse
-    from planner.request import resolve_gpu, resolve_model, training_from
+    ``training`` holds the plan's fields by spec path ({"training.precision": "bf16",
+    "parallel.tp": 2, "calibration": "none", ...}; planner/fields.py, ``FIELD_PATHS``);
+    keywords such as ``precision="bf16"``, ``grad_accum=4`` or ``tp=2`` are the same fields
+    by key. The plan's request of every model on every GPU type is built from them by
+    planner.request.build_request."""
+    from planner.request import build_request as plan_request
     from planner.validate import looks_like_path
 
-    models_naming = Naming(lambda path: "--models", UsageError)
+    values = field_values(training, fields)
     typed = parse_list(models, "--models")
-    resolved_models = []
+    gpu_names = parse_list(gpus, "--gpus")
+    if strategies if isinstance(strategies, str) else list(strategies):
+        values["strategy"] = list(parse_list(strategies, "--strategy"))
+    modes = tuple(sorted(_enum_list(Checkpointing, checkpointing, "--checkpointing"),
+                         key=CHECKPOINTING_ORDER.index))
+    values["checkpointing"] = "auto" if len(modes) > 1 else str(modes[0])
+    values["offload"], offloads = plan_offload(offload)
+    if margin is not None:
+        values["margin"] = margin
+    ns_t = parse_ints(ns, "--n", "hardware.n")
+    seqs_t = parse_ints(seqs, "--seq", "training.seq")
+    mbs_t = parse_ints(micro_batches, "--micro-batch", "training.micro_batch")
+    # tensor parallel: each GPU count is checked on its own in the sweep (tp_problem, as
+    # build_request checks the count it is given); the degree is parsed by the field's check
+    raw_tp = values.pop("parallel.tp", None)
+    try:
+        tp = BY_PATH["parallel.tp"].check(raw_tp) if raw_tp is not None else \
+            BY_PATH["parallel.tp"].default
+    except ValueError as exc:
+        raise NAMING.fail("parallel.tp", str(exc)) from None
+    plans = []
     for name in typed:
         key = "model.config" if looks_like_path(name) else "model.preset"
-        spec, _ = resolve_model({key: name}, models_naming, allow_files=True, base_dir=None)
-        resolved_models.append((model_label(name, typed), spec))
-    gpus_naming = Naming(lambda path: "--gpus", UsageError)
-    profiles = [resolve_gpu(name, gpus_naming, allow_files=True, base_dir=None)
-                for name in parse_list(gpus, "--gpus")]
+        row = []
+        for g in gpu_names:
+            r = plan_request({**values, key: name, "hardware.gpu": g, "hardware.n": 1,
+                              "training.seq": seqs_t[0], "training.micro_batch": mbs_t[0],
+                              "parallel.tp": "auto"}, NAMING)
+            row.append(r.with_options(tp=None if tp == "auto" else tp,
+                                      **({"offloads": offloads} if offloads else {})))
+        plans.append(tuple(row))
+    profiles = [_named_profile(r, g) for r, g in zip(plans[0], gpu_names)]
     ids = [p.id for p in profiles]
     if len(set(ids)) != len(ids):
         raise UsageError(f"--gpus: a GPU type is named twice ({', '.join(ids)})")
-    strategies_t = _enum_list(Strategy, strategies, "--strategy") if (
-        strategies if isinstance(strategies, str) else list(strategies)) else tuple(Strategy)
-    if offload not in OFFLOAD_MODES:
-        raise UsageError(f"--offload: choose from {', '.join(OFFLOAD_MODES)}, got {offload!r}")
-    try:
-        BY_PATH["margin"].check(margin)
-    except ValueError as exc:
-        raise FLAGS.fail("margin", str(exc)) from None
-    values = {**(training or {}), **{f"training.{k}": v for k, v in training_kw.items()}}
-    unknown = [p for p in values if p not in BY_PATH or p in SWEPT]
-    if unknown:
-        raise UsageError(f"report: not a training field: {', '.join(unknown)}")
-    try:
-        template = training_from(parse(values, FLAGS))
-    except ValueError as exc:  # a fine-tuning combination FineTune refuses
-        raise UsageError(f"report: {exc}") from None
-    from planner.params import trainable
-
-    for label, m in resolved_models:
-        try:
-            trainable(m, template.finetune)
-        except ValueError as exc:
-            raise FLAGS.fail("finetune.lora_targets", f"{label}: {exc}") from None
     from planner.validate import params as parse_count
 
     try:
@@ -200,11 +281,16 @@ def build_request(*, models: str | Iterable[str], gpus: str | Iterable[str],
     except ValueError as exc:
         raise UsageError(f"--tokens: {exc}") from None
     return ReportRequest(
-        models=tuple(resolved_models), gpus=tuple(profiles),
-        ns=parse_ints(ns, "--n"), seqs=parse_ints(seqs, "--seq"),
-        micro_batches=parse_ints(micro_batches, "--micro-batch"),
-        strategies=strategies_t,
-        checkpointings=tuple(sorted(_enum_list(Checkpointing, checkpointing, "--checkpointing"),
-                                    key=CHECKPOINTING_ORDER.index)),
-        offload=offload, training=template, margin=margin, tokens=tokens_f,
+        models=tuple((model_label(name, typed), row[0].model) for name, row in zip(typed, plans)),
+        gpus=tuple(profiles), plans=tuple(plans), ns=ns_t, seqs=seqs_t, micro_batches=mbs_t,
+        checkpointings=modes, offload=offload, tokens=tokens_f,
         prices=parse_prices(prices, ids))
+
+
+def _named_profile(r: Request, name: str) -> GpuProfile:
+    """The GPU type as named, before a calibration replaced some of its terms."""
+    if r.runtime.calibration is None:
+        return r.cluster.gpu
+    from planner.request import resolve_gpu
+
+    return resolve_gpu(name, NAMING, allow_files=True, base_dir=None)

@@ -36,9 +36,25 @@ def describe(req: ReportRequest) -> list[str]:
         f"attention: {t.attention}; loss: {t.loss}; compile: {t.compile}; allocator: "
         f"{t.allocator}; margin: {req.margin:g}",
         f"strategies: {', '.join(map(str, req.strategies))}; checkpointing: "
-        f"{', '.join(map(str, req.checkpointings))}; offload: {req.offload}",
+        f"{', '.join(map(str, req.checkpointings))}; offload: {req.offload}; tensor parallel: "
+        f"{'auto' if req.options.tp is None else req.options.tp}",
         f"tokens to train: {fmt_count(req.tokens)}; $ per GPU-hour: {price}",
-    ]
+    ] + calibrations(req)
+
+
+def calibrations(req: ReportRequest) -> list[str]:
+    """Which GPU types a calibration applies to (none: no line)."""
+    used = {}
+    for row in req.plans:
+        for g, r in zip(req.gpus, row):
+            if r.runtime.calibration:
+                used.setdefault(g.id, r.runtime.calibration["id"])
+    if not used:
+        return []
+    line = "calibration: " + ", ".join(f"{g} {c}" for g, c in used.items())
+    if len(used) < len(req.gpus):
+        line += "; the other GPU types: none"
+    return [line + " (docs/calibration.md)"]
 
 
 def min_gpu_tables(report: Report) -> list[tuple[str, Any]]:
@@ -75,8 +91,8 @@ def best_table(report: Report, model: str) -> Any:
     b = rows[(rows.model == model) & rows.best]
     out = b[["gpu", "n", "seq", "micro_batch"]].copy()
     out["recommended"] = [label(Candidate(strategy=Strategy(s), checkpointing=Checkpointing(c),
-                                          offload=Offload(o)))
-                          for s, c, o in zip(b.strategy, b.checkpointing, b.offload)]
+                                          offload=Offload(o), tp=int(t)))
+                          for s, c, o, t in zip(b.strategy, b.checkpointing, b.offload, b.tp)]
     out["needs GiB/GPU"] = (b.required_bytes / GiB).round(1)
     out["tokens/s/GPU"] = b.tokens_per_s_per_gpu.round(0).astype("int64")
     out["tokens/s"] = b.tokens_per_s.round(0).astype("int64")
