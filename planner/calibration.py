@@ -12,6 +12,8 @@ calibration value                replaces
 ``allocator_fragmentation``      ``Overheads.allocator_fragmentation``
 ``activation_scale[family]``     ``Overheads.activation_scale`` (when that field exists)
 ``compute_efficiency``           ``GpuProfile.compute_efficiency``
+``compiled_compute_efficiency``  ``GpuProfile.compiled_compute_efficiency`` (torch.compile;
+                                 fitted from runs, planner/runs/fit.py)
 ``intra_node_comm_efficiency``   ``ThroughputAssumptions.intra_node_comm_efficiency``
 ``inter_node_comm_efficiency``   ``ThroughputAssumptions.inter_node_comm_efficiency``
 ===============================  ==========================================================
@@ -64,6 +66,7 @@ FLOAT_VALUES = {
     # name: (lowest allowed, highest allowed, lowest inclusive)
     "allocator_fragmentation": (0.0, 2.0, True),
     "compute_efficiency": (0.0, 1.0, False),
+    "compiled_compute_efficiency": (0.0, 1.0, False),
     "intra_node_comm_efficiency": (0.0, 1.0, False),
     "inter_node_comm_efficiency": (0.0, 1.0, False),
 }
@@ -413,6 +416,8 @@ def apply(cal: Calibration, overheads: Any, gpu: GpuProfile, *, model: ModelSpec
         gpu_changes["cuda_context_bytes"] = int(v)
     if (v := cal.value("compute_efficiency")) is not None:
         gpu_changes["compute_efficiency"] = float(v)
+    if (v := cal.value("compiled_compute_efficiency")) is not None:
+        gpu_changes["compiled_compute_efficiency"] = float(v)
     if (v := cal.value("nccl_bytes_per_communicator")) is not None:
         ov_changes["nccl_bytes_per_communicator"] = int(v)
     if (v := cal.value("allocator_fragmentation")) is not None:

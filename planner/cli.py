@@ -78,6 +78,8 @@ LAZY_COMMANDS = {
     "serve": ("planner.gate_cli", "serve_cmd", "Kubernetes validating admission webhook."),
     "report": ("planner.report.cli", "report_cmd", "Capacity-planning sweep: CSV, Markdown, HTML."),
     "probe": ("planner.probe_cli", "probe_cmd", "CUDA probe runs under torchrun and calibration."),
+    "explain": ("planner.explain_cli", "explain_cmd", "Explain an out-of-memory or a run from its log, OOM message or snapshot."),
+    "calibrate": ("planner.explain_cli", "calibrate_cmd", "Fit a calibration file on your own runs' logs."),
 }
 
 
