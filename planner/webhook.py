@@ -305,12 +305,42 @@ def _read_frame(f: Any) -> bytes | None:
     return data if len(data) == n else None
 
 
+def _die_with_parent() -> None:
+    """An evaluation process never outlives its server: a server killed while a review is
+    being evaluated (its stdin is never closed then) would otherwise leave the process
+    computing as an orphan. Linux: the kernel sends SIGKILL when the parent dies
+    (prctl PR_SET_PDEATHSIG); everywhere: a thread that exits once the parent is gone."""
+    import threading
+    import time
+
+    parent = os.getppid()
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+            import signal
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:  # the parent died before the request above took effect
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="fitcheck-orphan-watch", daemon=True).start()
+
+
 def _worker_main() -> None:
     """The evaluation process (see above)."""
     import dataclasses
     import importlib
     import signal
 
+    _die_with_parent()
     inp = sys.stdin.buffer
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # a stray print goes to stderr, never into the frames
