@@ -96,8 +96,8 @@ def request_from_options(kw: dict[str, Any]):
 
 
 
-JOB_FORMATS = ("torchtitan", "deepspeed", "accelerate", "trainer", "axolotl", "litgpt",
-               "kubeflow", "spec")
+JOB_FORMATS = ("torchtitan", "deepspeed", "accelerate", "trainer", "trl", "llamafactory",
+               "axolotl", "litgpt", "torchtune", "kubeflow", "spec")
 """planner.jobs.JobFormat's names (a test keeps them equal) without importing planner.jobs."""
 
 

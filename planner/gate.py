@@ -247,6 +247,10 @@ def _is_plain_spec(doc: Any) -> bool:
 
     if not isinstance(doc, dict) or "job" in doc:
         return False
+    # a torchtune recipe names components ({"_component_": "torchtune.models..."}) where a
+    # spec has sections, and has its own model: and training-like keys: a job config
+    if any(isinstance(v, dict) and "_component_" in v for v in doc.values()):
+        return False
     return set(doc) <= set(TOP_KEYS) or any(
         isinstance(doc.get(k), dict) for k in ("model", "training", "hardware"))
 

@@ -212,6 +212,146 @@ def _moe_dense_layers(r: _Reader, n_layers: int, n_experts: int) -> int:
                if i in only or not (n_experts > 0 and (i + 1) % step == 0))
 
 
+LLAMA_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+              "vocab_size")
+EXPERT_KEYS = ("n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts")
+TOP_K_KEYS = ("num_experts_per_tok", "experts_per_token", "num_experts_per_token", "moe_top_k",
+              "moe_k")
+HYBRID_TYPES = frozenset({"jamba", "qwen3-next", "mamba", "mamba2", "falcon-h1", "zamba",
+                          "zamba2", "bamba", "nemotron-h", "granitemoehybrid", "lfm2",
+                          "minimax", "recurrent-gemma", "rwkv", "xlstm", "plamo2",
+                          "qwen3-5", "qwen3-5-moe", "kimi-linear"})
+"""model_type values whose blocks are not all attention + MLP (Mamba, linear attention,
+recurrences): their parameters and saved tensors are outside what fitcheck counts."""
+HYBRID_KEYS = ("attn_layer_period", "attn_layer_offset", "expert_layer_period",
+               "mamba_d_state", "mamba_d_conv", "mamba_expand", "mamba_dt_rank", "ssm_cfg",
+               "linear_num_value_heads", "linear_num_key_heads", "linear_key_head_dim",
+               "linear_value_head_dim", "linear_conv_kernel_dim", "full_attention_interval",
+               "ssm_state_size", "hybrid_override_pattern", "block_types", "layers_block_type")
+HYBRID_LAYER_TYPES = ("linear_attention", "mamba", "conv", "recurrent", "ssm", "mamba2",
+                      "gated_deltanet", "linear")
+
+
+def _experts(cfg: dict[str, Any]) -> int:
+    """The routed experts a config names under any of the standard keys (0: none)."""
+    for k in EXPERT_KEYS:
+        v = cfg.get(k)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 1:
+            return v
+    return 0
+
+
+def _hybrid(cfg: dict[str, Any], model_type: str) -> list[str]:
+    """What makes a config more than attention + MLP blocks: its model_type, keys, or
+    layer types."""
+    found = [f"model_type {cfg.get('model_type')!r}"] if model_type in HYBRID_TYPES else []
+    found += [k for k in HYBRID_KEYS if cfg.get(k) is not None]
+    types = cfg.get("layer_types")
+    if isinstance(types, list):
+        odd = sorted({str(t) for t in types if any(h in str(t).lower()
+                                                   for h in HYBRID_LAYER_TYPES)})
+        if odd:
+            found.append(f"layer_types {', '.join(odd)}")
+    return found
+
+
+def _generic_moe(r: _Reader, n_layers: int, ffn: int) -> tuple[int, int, int, dict] | None:
+    """An MoE config of a model_type fitcheck does not know, from the standard keys: routed
+    experts (n_routed_experts / num_local_experts / num_experts), experts per token, the
+    expert width (moe_intermediate_size, else intermediate_size), shared experts
+    (n_shared_experts x the expert width, or shared_expert_intermediate_size), dense blocks
+    (first_k_dense_replace, mlp_only_layers / decoder_sparse_step, moe_layer_freq,
+    interleave_moe_layer_step) and their width (intermediate_size_mlp, else
+    intermediate_size)."""
+    cfg = r.cfg
+    n = _experts(cfg)
+    top_k = next((cfg[k] for k in TOP_K_KEYS if isinstance(cfg.get(k), int)), None)
+    if top_k is None:
+        top_k = 1
+        r.approx(f"no experts-per-token key ({', '.join(TOP_K_KEYS[:2])}): read as 1")
+    moe_ffn = r.get_int("moe_intermediate_size", "expert_intermediate_size", default=ffn)
+    dense_ffn = r.get_int("intermediate_size_mlp", "dense_intermediate_size", default=ffn)
+    shared = 0
+    n_shared = cfg.get("n_shared_experts", cfg.get("num_shared_experts"))
+    if isinstance(n_shared, int) and not isinstance(n_shared, bool) and n_shared > 0:
+        shared = n_shared * moe_ffn
+    elif isinstance(cfg.get("shared_expert_intermediate_size"), int):
+        shared = cfg["shared_expert_intermediate_size"]
+    elif str(cfg.get("model_type", "")).lower().startswith("llama4"):
+        shared = moe_ffn  # Llama4TextMoe: one shared expert of intermediate_size
+    step = cfg.get("interleave_moe_layer_step", cfg.get("moe_layer_freq", 1))
+    first = cfg.get("first_k_dense_replace", 0) or 0
+    only = cfg.get("mlp_only_layers") or []
+    sparse_step = cfg.get("decoder_sparse_step", 1) or 1
+    for key, v in (("interleave_moe_layer_step", step), ("first_k_dense_replace", first),
+                   ("decoder_sparse_step", sparse_step)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise r.error(f"{key} must be a non-negative integer, got {_show(v)}")
+    if not isinstance(only, list):
+        raise r.error(f"mlp_only_layers must be a list of layer indices, got {_show(only)}")
+    step = max(step, 1)
+    moe_layers = [i for i in range(n_layers) if i >= first and (i + 1) % step == 0
+                  and i not in only and (i + 1) % sparse_step == 0]
+    if not moe_layers:
+        return None
+    nd = n_layers - len(moe_layers)
+    extra: dict[str, Any] = {}
+    if nd:
+        extra.update(n_dense_layers=nd, dense_ffn_hidden=dense_ffn)
+    if shared:
+        extra["shared_ffn"] = shared
+    r.approx(f"{n} experts ({top_k} per token) of width {moe_ffn} read from the standard MoE "
+             f"keys{f', shared width {shared}' if shared else ''}"
+             f"{f', {nd} dense blocks' if nd else ''}")
+    return n, top_k, moe_ffn, extra
+
+
+def config_params(cfg: dict[str, Any]) -> int | None:
+    """The parameter count a config's own keys imply, by the usual arithmetic (embeddings,
+    attention with grouped heads, gated MLPs or experts): the cross-check printed beside an
+    approximate reading. None when the keys needed are missing."""
+    if isinstance(cfg.get("text_config"), dict) and "hidden_size" not in cfg:
+        cfg = cfg["text_config"]
+
+    def num(*keys: str, default: int | None = None) -> int | None:
+        for k in keys:
+            v = cfg.get(k)
+            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                return v
+        return default
+
+    h, layers, vocab = num("hidden_size"), num("num_hidden_layers"), num("vocab_size")
+    heads, ffn = num("num_attention_heads"), num("intermediate_size")
+    if None in (h, layers, vocab, heads, ffn):
+        return None
+    kv = num("num_key_value_heads", default=heads)
+    hd = num("head_dim", default=h // heads)
+    if cfg.get("kv_lora_rank"):  # multi-head latent attention
+        q_lora, kv_lora = num("q_lora_rank", default=0), num("kv_lora_rank")
+        rope, nope, v = (num("qk_rope_head_dim", default=64), num("qk_nope_head_dim", default=128),
+                         num("v_head_dim", default=128))
+        q = h * q_lora + q_lora * heads * (rope + nope) if q_lora else h * heads * (rope + nope)
+        attn = q + h * (kv_lora + rope) + kv_lora * heads * (nope + v) + heads * v * h
+    else:
+        attn = h * heads * hd + 2 * h * kv * hd + heads * hd * h
+    n = _experts(cfg)
+    moe_ffn = num("moe_intermediate_size", default=ffn)
+    dense = 3 * h * num("intermediate_size_mlp", default=ffn)
+    first = cfg.get("first_k_dense_replace") or 0
+    step = cfg.get("interleave_moe_layer_step") or cfg.get("decoder_sparse_step") or 1
+    mlp = 0
+    llama4 = str(cfg.get("model_type", "")).startswith("llama4")
+    for i in range(layers):
+        if n and i >= first and (i + 1) % step == 0:
+            shared = (cfg.get("n_shared_experts") or 0) * moe_ffn or \
+                (cfg.get("shared_expert_intermediate_size") or 0) or (moe_ffn if llama4 else 0)
+            mlp += 3 * h * moe_ffn * n + 3 * h * shared + h * n
+        else:
+            mlp += dense
+    tied = cfg.get("tie_word_embeddings", False) is True
+    return vocab * h * (1 if tied else 2) + layers * attn + mlp
+
+
 _SLIDING_DEFAULT = {"mistral": 4096, "gemma2": 4096, "gemma3-text": 4096}
 """sliding_window defaults of the config classes that have one on by default."""
 
@@ -246,7 +386,7 @@ def _sliding(r: _Reader, mt: str, n_layers: int) -> dict[str, int]:
     return {"sliding_window": window, "sliding_layers": n} if n else {}
 
 
-def _llama_style(r: _Reader, mt: str, name: str) -> ModelSpec:
+def _llama_style(r: _Reader, mt: str, name: str, *, generic: bool = False) -> ModelSpec:
     hidden = r.get_int("hidden_size")
     n_layers = r.get_int("num_hidden_layers")
     n_heads = r.get_int("num_attention_heads")
@@ -282,6 +422,11 @@ def _llama_style(r: _Reader, mt: str, name: str) -> ModelSpec:
                 if q2:
                     extra.update(shared_ffn=r.get_int("shared_expert_intermediate_size",
                                                       default=5632), shared_expert_gate=True)
+    elif generic and _experts(r.cfg):
+        moe = _generic_moe(r, n_layers, ffn)
+        if moe is not None:
+            n_experts, top_k, ffn, more = moe
+            extra.update(more)
     elif r.cfg.get("num_local_experts") not in (None, 1) or r.cfg.get("num_experts") not in (
             None, 0, 1):
         r.approx(f"experts in a {mt} config (this class has none; the keys are ignored)")
@@ -528,6 +673,8 @@ def spec_from_hf_config(cfg: dict[str, Any], name: str, *, notes: list[str] | No
     if found and not approximate:
         raise NotModelledError(f"{name}: fitcheck does not model {'; '.join(found)}; "
                                + _next_step(name))
+    if found:
+        _cross_check(cfg, spec, name, found)
     if notes is not None:
         from planner.notices import Kind, Notice
 
@@ -536,6 +683,23 @@ def spec_from_hf_config(cfg: dict[str, Any], name: str, *, notes: list[str] | No
         notes.extend(Notice(f"{name}: {x}", Kind.CONFIG) for x in remarks)
     p = _dropout(cfg, name)
     return dataclasses.replace(spec, dropout=p) if p else spec
+
+
+CROSS_CHECK = 0.05
+"""An approximate reading whose parameter count differs from the config's own arithmetic by
+more than this says so beside the plan."""
+
+
+def _cross_check(cfg: dict[str, Any], spec: ModelSpec, name: str, found: list[str]) -> None:
+    from planner.params import total_params
+
+    own = config_params(cfg)
+    if own is None:
+        return
+    got = total_params(spec)
+    if abs(got - own) > CROSS_CHECK * own:
+        found.append(f"planned with {got / 1e9:,.2f}B parameters; the config's own arithmetic "
+                     f"(embeddings, attention, MLP or experts) gives {own / 1e9:,.2f}B")
 
 
 def _spec_from_hf_config(cfg: dict[str, Any], name: str, found: list[str], remarks: list[str],
@@ -575,8 +739,23 @@ def _spec_from_hf_config(cfg: dict[str, Any], name: str, found: list[str], remar
         if model_type in _FALCON_STYLE:
             return _falcon(r, model_type, name)
         what = f"model_type {raw_type!r}" if raw_type else "a config without model_type"
+        hybrid = _hybrid(cfg, model_type)
+        if hybrid and all(cfg.get(k) is not None for k in LLAMA_KEYS):
+            # read as a Llama-style decoder it would plan as its attention trunk alone
+            raise ConfigError(
+                f"{name}: {what} is not supported: it is not attention + MLP blocks only "
+                f"({'; '.join(hybrid)}): "
+                "fitcheck counts neither the parameters nor the saved tensors of its other "
+                "layers, even approximately; describe it with the shape flags (--layers, "
+                "--hidden, --heads, --ffn, --experts) or trace the real class with `fitcheck "
+                f"--config {name} --from-trace`")
+        if cfg.get("kv_lora_rank") and _experts(cfg):
+            spec = _deepseek(r, "deepseek-v3", name)
+            found.append(f"{what} (read as DeepSeek-V3: multi-head latent attention, "
+                         f"{spec.n_experts} routed experts)")
+            return spec
         try:
-            spec = _llama_style(r, "llama", name)
+            spec = _llama_style(r, "llama", name, generic=True)
         except ConfigError as exc:
             if not r.missing:
                 raise

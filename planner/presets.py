@@ -26,7 +26,12 @@ class UnknownModelError(ValueError, KeyError):
     def __init__(self, name: str, suggestions: list[str]) -> None:
         self.name = name
         self.suggestions = suggestions
-        if suggestions:
+        if "/" in name:  # a hub id: its config is what says the shape, not its name
+            hint = ("fitcheck does not download configs: give --config path/to/config.json (the "
+                    "repository's config.json)")
+            if suggestions:
+                hint += f", or --model {' / '.join(suggestions)} (the same config)"
+        elif suggestions:
             hint = "did you mean " + ", ".join(suggestions) + "?"
         else:
             hint = "known models: " + ", ".join(list_presets())
@@ -370,6 +375,10 @@ def get_preset(name: str) -> ModelSpec:
         return PRESETS[resolved]
     import difflib  # only on the error path: keeps the planner's import light
 
+    if "/" in name:
+        # a hub id no alias names: a preset of a similar name may differ in shape (Mistral-7B
+        # v0.3's 32768-token vocabulary is not v0.2's 32000), so none is offered
+        raise UnknownModelError(name, [])
     lowered = name.strip().lower()
     suggestions = difflib.get_close_matches(lowered, list(PRESETS), n=3, cutoff=0.6)
     if not suggestions:  # try the loose spelling against the loose ids

@@ -515,9 +515,12 @@ def _read_config(path: str) -> dict[str, Any]:
     return doc
 
 
-def portable_spec(spec: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+def portable_spec(spec: dict[str, Any], hardware: dict[str, Any] | None = None
+                  ) -> tuple[dict[str, Any], list[str]]:
     """The spec with what its files say in place of their paths: a job config's settings as
-    the gate reads them (planner.jobs), a model.config's config.json mapping. A GPU profile or
+    the gate reads them (planner.jobs) under the allocation's ``hardware`` (n, gpus_per_node:
+    a job may derive a setting from the GPU count, e.g. DeepSpeed's gradient accumulation
+    from train_batch_size), a model.config's config.json mapping. A GPU profile or
     calibration file cannot be written in: a note says the check in slurmctld refuses it."""
     from planner.validate import looks_like_path
 
@@ -526,8 +529,10 @@ def portable_spec(spec: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     if "job" in spec:
         from planner.jobs import read_job, resolve
 
+        given = {f"hardware.{k}": v for k, v in (hardware or {}).items()
+                 if k in ("n", "gpus_per_node") and v is not None}
         try:
-            resolved = resolve(read_job("-", "spec", text=json.dumps(spec)), {})
+            resolved = resolve(read_job("-", "spec", text=json.dumps(spec)), given)
         except FitcheckError as exc:
             raise SlurmSpecError(str(exc)) from None
         if resolved.unmodelled:  # the gate rejects these; an inline spec cannot say them
@@ -1123,7 +1128,7 @@ def _main(argv: list[str]) -> int:
     directive = None
     if code == EXIT_ADMIT and script is not None and _needs_inline(fc_args, spec, w):
         try:
-            portable, more = portable_spec(spec)
+            portable, more = portable_spec(spec, gated.get("hardware"))
             directive = inline_directive(portable)
         except SlurmSpecError as exc:
             return _error(exc, exc.exit_code)

@@ -138,6 +138,16 @@ def transformers_config(config: dict[str, Any], layers: int | None = None):
         raise HfConfigError(f"model_type {model_type!r} is not known to transformers "
                             f"{transformers.__version__}")
     cfg = CONFIG_MAPPING[model_type].from_dict(dict(config))
+    if not hasattr(cfg, "num_hidden_layers") and hasattr(cfg, "get_text_config"):
+        # a multimodal wrapper (Llama-4): its language model is traced, as hf_config reads it
+        # (the vision encoder is left out: planner/hf_config.py says so)
+        text = cfg.get_text_config()
+        if text is cfg or not hasattr(text, "num_hidden_layers"):
+            raise HfConfigError(f"model_type {model_type!r} has no decoder depth "
+                                "(num_hidden_layers) to trace")
+        cfg = text
+        if not getattr(cfg, "architectures", None):
+            cfg.architectures = None
     if layers is not None:
         n = cfg.num_hidden_layers
         if layers > n:
@@ -188,6 +198,32 @@ def build_module(cfg: Any, attention: str = "sdpa"):
                                     "--attention)") from None
     model.to(torch.float32)
     return model.train()
+
+
+UNTRACEABLE = (
+    # (module class name contains, the op that stops a fake-tensor trace)
+    ("GatedDeltaNet", "the chunked gated delta rule (torch_chunk_gated_delta_rule loops over "
+     "the sequence in Python; its kernel is flash-linear-attention's, CUDA only)"),
+    ("MambaMixer", "the selective scan (slow_forward loops over the sequence in Python; "
+     "mamba-ssm's kernels are CUDA only)"),
+    ("Mamba2Mixer", "the selective scan (torch_forward loops over the sequence's chunks; "
+     "mamba-ssm's kernels are CUDA only)"),
+    ("Mamba2Layer", "the selective scan (mamba-ssm's kernels are CUDA only)"),
+    ("LinearAttention", "linear attention (a recurrence over the sequence)"),
+)
+"""Layers a fake-tensor trace cannot run in bounded time: refused at once, naming the module
+and the op (exit 5), rather than running for a quarter of an hour."""
+
+
+def refuse_untraceable(model: Any) -> None:
+    from probes.trace_types import UnsupportedConfig
+
+    for name, mod in model.named_modules():
+        cls = type(mod).__name__
+        for marker, op in UNTRACEABLE:
+            if marker in cls:
+                raise UnsupportedConfig(f"{cls} ({name}): {op}: not traceable on fake tensors; "
+                                        "describe the model with the shape flags instead")
 
 
 def find_blocks(model: Any) -> tuple[str, Any]:
@@ -269,6 +305,7 @@ def hf_factory(config: dict[str, Any], *, layers: int | None = None):
 
         cfg = transformers_config(config, layers)
         model = build_module(cfg, opts.attention.value)
+        refuse_untraceable(model)
         path, layer_list = find_blocks(model)
         vocab = int(cfg.vocab_size)
         dropout = has_dropout(cfg)
@@ -510,6 +547,7 @@ def inspect(job: dict[str, Any]) -> dict[str, Any]:
 
     cfg = transformers_config(job["config"])
     model = build_module(cfg, "eager")  # every class has it; it changes no parameter
+    refuse_untraceable(model)
     path, blocks = find_blocks(model)
     sigs = [_signature(b) for b in blocks]
     n = len(blocks)

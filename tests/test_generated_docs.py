@@ -27,6 +27,8 @@ GENERATED = [
                              "OUT", "--accuracy-md", "", "--cal-out", "", "--log-out", ""]),
     ("docs/accuracy.md", ["benchmarks/gpu_calibration.py", "--write", "--accuracy-md", "OUT",
                           "--calibration-md", "", "--cal-out", "", "--log-out", ""]),
+    # every framework's key table (issue 21): the section of jobs.md after its own prose
+    ("docs/jobs.md", ["-m", "planner.jobs.keydoc", "--md", "OUT"]),
 ]
 
 

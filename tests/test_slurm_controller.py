@@ -320,12 +320,13 @@ def test_inline_spec_gets_the_wrappers_verdict_for_every_job_config(tmp_path):
             user = gate_path(str(spec_file))
         except Exception:  # noqa: BLE001 - the wrapper stops there: nothing is submitted
             continue
+        allocation = {"n": 8, "gpus_per_node": 8}
         if user.get("unmodelled"):
             with pytest.raises(fs.SlurmSpecError, match="does not model"):
-                fs.portable_spec(spec)
+                fs.portable_spec(spec, allocation)
             continue
         script = fs.rewrite_script("#!/bin/bash\n#FITCHECK job=x\nsrun true\n",
-                                   fs.inline_directive(fs.portable_spec(spec)[0]))
+                                   fs.inline_directive(fs.portable_spec(spec, allocation)[0]))
         ctld = fs.controller_answer(job(script, tres_per_node="gres/gpu:8"))
         word = "admitted" if user["verdict"] == "admit" else "rejected"
         # word for word; a job config's own GPU count, where the allocation differs, is noted

@@ -40,19 +40,26 @@ def _readers() -> dict[JobFormat, Any]:
         deepspeed,
         kubeflow,
         litgpt,
+        llamafactory,
         spec,
         torchtitan,
+        torchtune,
         trainer,
+        trl,
     )
 
     return {JobFormat.TORCHTITAN: torchtitan, JobFormat.DEEPSPEED: deepspeed,
-            JobFormat.ACCELERATE: accelerate, JobFormat.TRAINER: trainer,
-            JobFormat.AXOLOTL: axolotl, JobFormat.LITGPT: litgpt,
+            JobFormat.ACCELERATE: accelerate, JobFormat.TRAINER: trainer, JobFormat.TRL: trl,
+            JobFormat.LLAMAFACTORY: llamafactory, JobFormat.AXOLOTL: axolotl,
+            JobFormat.LITGPT: litgpt, JobFormat.TORCHTUNE: torchtune,
             JobFormat.KUBEFLOW: kubeflow, JobFormat.SPEC: spec}
 
 
 def detect(kind: str, doc: Any, name: str) -> JobFormat:
-    """The format of a parsed document (kind: json, toml or yaml), by the keys it has."""
+    """The format of a parsed document (kind: json, toml, yaml or python), by the keys it
+    has."""
+    if kind == "python":
+        return JobFormat.TORCHTITAN
     if kind == "toml":
         from planner.jobs.readers import torchtitan
 
@@ -67,6 +74,10 @@ def detect(kind: str, doc: Any, name: str) -> JobFormat:
               if fmt is not JobFormat.TORCHTITAN}
     best = max(scores.values())
     top = [f for f, s in scores.items() if s == best]
+    if len(top) > 1 and JobFormat.TRAINER in top:
+        # nothing but TrainingArguments' own keys (TRL and LLaMA-Factory subclass it): a
+        # dump of TrainingArguments; a recipe's own keys would have scored it higher
+        top = [JobFormat.TRAINER]
     if best <= 0:
         raise JobError(f"{name}: cannot tell which job format this is (keys "
                        f"{', '.join(sorted(map(str, doc))[:6])}...); give --format "
@@ -98,19 +109,24 @@ def read_job(path: str, fmt: str | JobFormat | None = None, *, text: str | None 
              depth: int = 0) -> Job:
     """The job in ``path`` ('-': stdin, or ``text`` when given). A wrong --format is an error
     saying what the file looks like."""
+    from planner.jobs.pyconfig import split_name
     from planner.jobs.text import base_dir, parse, read_text
 
+    file, function = split_name(path)
     if text is None:
-        text = read_text(path)
+        text = read_text(file)
     name = "stdin" if path == "-" else path
-    kind, doc = parse(text, name)
+    kind, doc = parse(text, file if path != "-" else name)
+    if kind == "python":
+        doc = _registry(text, file, function, name)
+        path = file
     if fmt is not None:
         try:
             fmt = JobFormat(str(fmt).lower())
         except ValueError:
             raise JobError(f"{name}: unknown format {fmt!r}; expected one of "
                            f"{', '.join(FORMATS)}") from None
-        if (kind == "toml") != (fmt is JobFormat.TORCHTITAN):
+        if (kind in ("toml", "python")) != (fmt is JobFormat.TORCHTITAN):
             raise JobError(f"{name}: --format {fmt} but the file is {kind.upper()}")
         probe = _first(doc, kind, name)
         if isinstance(probe, dict) and not _readers()[fmt].detect(probe):
@@ -122,6 +138,16 @@ def read_job(path: str, fmt: str | JobFormat | None = None, *, text: str | None 
     else:
         fmt = detect(kind, _first(doc, kind, name), name)
     return read_doc(doc, name, fmt, base_dir(path), depth)
+
+
+def _registry(text: str, file: str, function: str | None, name: str) -> dict[str, Any]:
+    """A torchtitan config_registry.py function, read without running it, as TOML sections."""
+    from planner.jobs.pyconfig import Registry, module_name
+    from planner.jobs.readers.torchtitan import from_registry
+
+    registry = Registry(text, file)
+    fname, cfg = registry.evaluate(function)
+    return from_registry(cfg, fname, module_name(file), name)
 
 
 def _first(doc: Any, kind: str, name: str) -> Any:

@@ -23,12 +23,15 @@ class JobError(InputDataError):
 
 
 class JobFormat(enum.StrEnum):
-    TORCHTITAN = "torchtitan"  # torchtitan TOML (train_configs/*.toml)
+    TORCHTITAN = "torchtitan"  # torchtitan TOML, or a config_registry.py function (0.3)
     DEEPSPEED = "deepspeed"  # a DeepSpeed config JSON (ds_config.json)
     ACCELERATE = "accelerate"  # an accelerate config YAML (accelerate launch --config_file)
-    TRAINER = "trainer"  # HF TrainingArguments JSON, TRL / alignment-handbook / LLaMA-Factory YAML
+    TRAINER = "trainer"  # HF TrainingArguments (a JSON dump, or a recipe of its keys only)
+    TRL = "trl"  # a TRL config (SFT/DPO/GRPO/...): TRL, alignment-handbook, open-r1 recipes
+    LLAMAFACTORY = "llamafactory"  # a LLaMA-Factory recipe (v0 hparams or v1 config)
     AXOLOTL = "axolotl"  # an axolotl config YAML
     LITGPT = "litgpt"  # a litgpt config_hub YAML
+    TORCHTUNE = "torchtune"  # a torchtune recipe config (recipes/configs/*.yaml)
     KUBEFLOW = "kubeflow"  # a Kubeflow PyTorchJob (or Trainer v2) manifest
     SPEC = "spec"  # fitcheck's own gate spec (docs/gating.md)
 
@@ -40,6 +43,40 @@ class Vocab:
     unmodelled otherwise (a value fitcheck does not know is never a data error)."""
 
     value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Unmodelled:
+    """A key of the job's framework that fitcheck does not model (or does not know), with the
+    line that says so: never a field, always a NOT MODELLED line (planner/jobs/keys.py)."""
+
+    value: Any
+    line: str
+
+
+@dataclass(frozen=True, slots=True)
+class Share:
+    """A per-GPU value the framework derives at start-up from a total and the GPU count:
+    DeepSpeed's micro-batch is train_batch_size / (gradient_accumulation_steps x GPUs) when
+    the file gives no train_micro_batch_size_per_gpu (runtime/config.py
+    _set_batch_related_parameters). Resolved once the GPU count is known."""
+
+    total: int
+    per: int
+    """What else divides the total (the gradient accumulation steps)."""
+    keys: str
+    """'train_batch_size / (gradient_accumulation_steps x GPUs)', for the messages."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelDtype:
+    """The dtype the training code loads the model in (a recipe's torch_dtype bfloat16, axolotl's
+    bf16): a 16-bit model trains as loaded under DDP (pure 16-bit weights, gradients and
+    optimizer state), while FSDP under mixed precision (accelerate upcasts the trainable
+    parameters) and DeepSpeed (fp32 master partition) keep fp32 master weights. Resolved once
+    the strategy is known (``resolve``)."""
+
+    dtype: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +138,7 @@ WORDS: dict[str, str] = {
     "parallel.pp": "pipeline parallel degree",
     "parallel.cp": "context parallel degree",
     "parallel.ep": "expert parallel degree",
+    "parallel.sp": "sequence parallel (Ulysses) degree",
     "finetune.lora_rank": "LoRA rank",
     "finetune.lora_targets": "LoRA target modules",
     "finetune.quantize_base": "quantized base weights",
@@ -116,6 +154,12 @@ WORDS: dict[str, str] = {
     "training.reduce_dtype": "gradient reduce dtype",
     "training.reference_model": "a frozen reference model copy",
     "training.paired_batch": "chosen + rejected sequences per example (preference training)",
+    "training.generation": "generation during training (completions sampled each step: the "
+                           "KV cache and the generation batch)",
+    "training.teacher_model": "a teacher model (distillation)",
+    "training.reward_model": "a reward model",
+    "training.activation_offload": "activation offloading to host RAM",
+    "finetune.lora_head": "LoRA on the output head",
     "training.precision": "precision",
     "training.optimizer": "optimizer",
     "training.attention": "attention",
@@ -154,6 +198,11 @@ def split_modelled(values: Mapping[str, Any], sources: Mapping[str, Source] | No
     kept: dict[str, Any] = {}
     lines: list[str] = []
     for path, v in values.items():
+        if isinstance(v, Unmodelled):
+            lines.append(v.line)
+            continue
+        if isinstance(v, (Share, ModelDtype)):  # known once the GPU count is (resolve)
+            continue
         raw = v.value if isinstance(v, Vocab) else v
         f = BY_PATH.get(path)
         if f is None:
@@ -245,7 +294,7 @@ def overlay(base: Job, top: Job, *, primary: Job | None = None) -> Job:
 
 
 def _plain(v: Any) -> Any:
-    v = v.value if isinstance(v, Vocab) else v
+    v = v.value if isinstance(v, (Vocab, Unmodelled)) else v
     return str(v).lower() if isinstance(v, str) else v
 
 
@@ -283,11 +332,14 @@ def resolve(job: Job, given: Mapping[str, Any]) -> Resolved:
         values = {p: v for p, v in values.items() if p not in MODEL_SOURCES}
     elif job.unresolved_model is not None:
         src = job.unresolved_model
-        raise JobError(f"{src.file}: {src.key}: not a fitcheck model preset (see fitcheck "
-                       "--list-models); give --model PRESET, --config config.json or the shape "
-                       "flags (--layers --hidden --heads --vocab)")
+        raise JobError(f"{src.file}: {src.key}: not a fitcheck model preset and fitcheck does "
+                       "not download configs; give --config path/to/config.json (the model's own "
+                       "config.json), --model PRESET when a preset has the same config (fitcheck "
+                       "--list-models), or the shape flags (--layers --hidden --heads --vocab)")
     values.update(given)
     warnings = [*job.said, *apply_fallbacks(job, values)]
+    _shares(job, values)
+    warnings += _model_dtype(job, values, given)
     kept, lines = split_modelled(values, job.sources)
     _check_batch(job, kept)
     return Resolved(values=kept, warnings=_unique(warnings), unmodelled=lines,
@@ -304,6 +356,44 @@ def _int(v: Any) -> int | None:
     if isinstance(v, str) and v.strip().isdigit() and len(v) < 20:
         return int(v)
     return None
+
+
+def _model_dtype(job: Job, values: dict[str, Any], given: Mapping[str, Any]) -> list[str]:
+    """A model loaded in 16-bit under plain DDP trains in pure 16-bit (``ModelDtype``)."""
+    md = values.pop("job.model_dtype", None)
+    if not isinstance(md, ModelDtype):
+        return []
+    where = job.where("job.model_dtype")
+    strategies = [s.strip() for s in str(values.get("strategy") or "").split(",") if s.strip()]
+    precision = values.get("training.precision")
+    if strategies == ["ddp"] and "training.precision" not in given and precision in (
+            "bf16-amp", "fp16-amp", "fp32"):
+        values["training.precision"] = "bf16"
+        return [f"{where}: the model is loaded in {md.dtype} and plain DDP trains it as loaded: "
+                "pure 16-bit weights, gradients and optimizer state (--precision bf16)"]
+    if not strategies:
+        return [f"{where}: the model is loaded in {md.dtype}: under plain DDP it trains in pure "
+                "16-bit (fp32 master weights under FSDP and DeepSpeed); planned with the "
+                "precision above"]
+    return []
+
+
+def _shares(job: Job, values: dict[str, Any]) -> None:
+    """Per-GPU values the framework derives from the GPU count (``Share``), now that it is
+    known; one that does not divide is the framework's own start-up error."""
+    for path, v in list(values.items()):
+        if not isinstance(v, Share):
+            continue
+        n = _int(values.get("hardware.n"))
+        where = job.where(path)
+        if n is None:
+            raise JobError(f"{where}: the framework derives it as {v.keys} and the job does not "
+                           "say how many GPUs it uses; give --n")
+        if v.total % (v.per * n):
+            raise JobError(f"{where}: {v.keys} = {v.total} / ({v.per} x {n}) is not a whole "
+                           "number (the framework refuses it at start-up); give a GPU count "
+                           "that divides it")
+        values[path] = v.total // (v.per * n)
 
 
 def _check_batch(job: Job, v: Mapping[str, Any]) -> None:

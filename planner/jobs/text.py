@@ -71,8 +71,10 @@ def parse_mapping(text: str, name: str) -> Any:
     from planner.specfile import parse_spec_text
 
     parts = [p for p in _DOC_SEPARATOR.split(text) if p.strip() and not _comments_only(p)]
-    if len(parts) <= 1 or text.lstrip().startswith(("{", "[")):
+    if text.lstrip().startswith(("{", "[")) or not parts:
         return parse_spec_text(text, name)
+    if len(parts) == 1:  # one document (the others only comments, after a '---')
+        return parse_spec_text(parts[0], name)
     return [parse_spec_text(p, f"{name} (document {i + 1})") for i, p in enumerate(parts)]
 
 
@@ -84,10 +86,13 @@ _TOML_HEADER = re.compile(r"^\s*\[\[?[A-Za-z0-9_.\-\"' ]+\]\]?\s*(#.*)?$", re.MU
 
 
 def parse(text: str, name: str) -> tuple[str, Any]:
-    """('json' | 'toml' | 'yaml', document) of a job file's text."""
+    """('json' | 'toml' | 'yaml', document) of a job file's text; ('python', None) for a
+    torchtitan config registry (planner/jobs/pyconfig.py reads it)."""
     stripped = text.lstrip("\ufeff \t\r\n")
     if not stripped:
         raise JobError(f"{name}: empty file")
+    if name.endswith(".py"):
+        return "python", None
     first = stripped.splitlines()[0]
     if name.endswith(".toml") or (_TOML_HEADER.search(stripped) and not stripped.startswith("{")):
         try:
@@ -96,6 +101,16 @@ def parse(text: str, name: str) -> tuple[str, Any]:
             if name.endswith(".toml") or _TOML_HEADER.match(first):
                 raise
     kind = "json" if stripped[0] in "{[" else "yaml"
+    if name.endswith(".json"):  # DeepSpeed, the HF Trainer and accelerate read it with json.load
+        import json
+
+        try:
+            json.loads(stripped)
+        except ValueError as exc:
+            line = getattr(exc, "lineno", None)
+            raise JobError(f"{name}: not valid JSON" + (f" (line {line}: {exc.msg})"
+                           if line else f" ({exc})") + ": the framework's json.load refuses it"
+                           ) from None
     return kind, parse_mapping(stripped, name)
 
 

@@ -183,6 +183,11 @@ class AccelerateWriter(Writer):
                 text = self.set(text, ("deepspeed_config", "zero_stage"), stage, job.path)
                 changes.append(f"deepspeed_config.zero_stage: {show(dc.get('zero_stage'))} -> "
                                f"{stage}")
+            if stage == 3 and dc.get("zero3_init_flag") is False:
+                # planned as ZeRO-3 builds it (zero.Init); without the flag every rank would
+                # load the whole model first
+                text = self.set(text, ("deepspeed_config", "zero3_init_flag"), True, job.path)
+                changes.append("deepspeed_config.zero3_init_flag: false -> true")
             for key, on in (("offload_optimizer_device", c.offload is not Offload.NONE),
                             ("offload_param_device", c.offload is Offload.PARAMS_AND_OPTIMIZER)):
                 old = str(dc.get(key, "none")).lower()
@@ -199,8 +204,10 @@ def fsdp_apply(w: Writer, text: str, job: Job, c: Candidate, base: tuple[str, ..
                fc: dict, *, prefix: str, checkpointing: bool = True,
                add_strategy: bool = True) -> tuple[str, list[str]]:
     """Sharding strategy, offload_params and activation_checkpointing of an FSDP config
-    (accelerate's fsdp_* keys, or the same without the prefix)."""
-    changes = []
+    (accelerate's fsdp_* keys, or the same without the prefix); a DDP plan leaves them be."""
+    changes: list[str] = []
+    if c.strategy not in FSDP_NAMES:
+        return text, changes
 
     def key(name: str) -> str:
         return next((k for k in (f"{prefix}{name}", name, f"fsdp_{name}") if k in fc),
@@ -287,28 +294,25 @@ class TrainerWriter(Writer):
         if fsdp:
             return Knobs(strategies=FSDP2 if _fsdp_version(job) == 2 else FSDP1,
                          offloads=(Offload.PARAMS_AND_OPTIMIZER,), checkpointing=NO_SELECTIVE)
-        if src is None and job.format is JobFormat.TRAINER:  # plain DDP unless fsdp is added
+        if src is None and job.format in (JobFormat.TRAINER, JobFormat.TRL):
+            # plain DDP unless fsdp is added
             return Knobs(strategies=(Strategy.DDP, *FSDP1),
                          offloads=(Offload.PARAMS_AND_OPTIMIZER,), checkpointing=NO_SELECTIVE,
                          fsdp_version=1)
         return Knobs(checkpointing=NO_SELECTIVE)
 
     def apply(self, text: str, job: Job, c: Candidate) -> tuple[str, list[str]]:
-        from planner.jobs.readers.trainer import is_llamafactory
-
         doc = _doc(text, job.path)
         changes = []
         gc = c.checkpointing is not Checkpointing.NONE
-        if is_llamafactory(doc) and "gradient_checkpointing" not in doc:
-            old = not doc.get("disable_gradient_checkpointing", False)
+        key, old = _checkpointing_key(job, doc)
+        if key == "disable_gradient_checkpointing":
             if old != gc:
-                text = self.set(text, ("disable_gradient_checkpointing",), not gc, job.path)
-                changes.append(f"disable_gradient_checkpointing: {show(not old)} -> "
-                               f"{show(not gc)}")
-        elif doc.get("gradient_checkpointing", False) != gc:
-            text = self.set(text, ("gradient_checkpointing",), gc, job.path)
-            changes.append(f"gradient_checkpointing: {show(doc.get('gradient_checkpointing'))} "
-                           f"-> {show(gc)}")
+                text = self.set(text, (key,), not gc, job.path)
+                changes.append(f"{key}: {show(not old)} -> {show(not gc)}")
+        elif old != gc:
+            text = self.set(text, (key,), gc, job.path)
+            changes.append(f"{key}: {show(doc.get(key))} -> {show(gc)}")
         if not c.strategy.is_fsdp or not self.knobs(job).strategies:
             return text, changes
         raw = doc.get("fsdp") or ""
@@ -322,7 +326,8 @@ class TrainerWriter(Writer):
                                                         "hybrid_shard_zero2", "offload")]
         new = [str(c.strategy), *(keep or ["auto_wrap"])] + (
             ["offload"] if c.offload is not Offload.NONE and offload_key is None else [])
-        if [t.lower() for t in tokens] != new and (tokens or job.format is JobFormat.TRAINER):
+        if [t.lower() for t in tokens] != new and (tokens or job.format in (JobFormat.TRAINER,
+                                                                             JobFormat.TRL)):
             value: Any = " ".join(new) if isinstance(raw, str) else new
             text = self.set(text, ("fsdp",), value, job.path)
             changes.append(f"fsdp: {raw or '(unset)'} -> {value}")
@@ -331,6 +336,55 @@ class TrainerWriter(Writer):
             text, more = fsdp_apply(self, text, job, c, ("fsdp_config",), fc, prefix=prefix,
                                     checkpointing=False, add_strategy=False)
             changes += more
+        return text, changes
+
+
+def _checkpointing_key(job: Job, doc: dict) -> tuple[str, bool]:
+    """The key that switches a recipe's activation checkpointing, and whether it is on now
+    (the framework's default when the file leaves it out)."""
+    from planner.jobs.keys import table
+
+    if job.format is JobFormat.LLAMAFACTORY:
+        from planner.jobs.readers.llamafactory import is_v1
+
+        if is_v1(doc):
+            key = "enable_activation_checkpointing"
+            return key, bool(doc.get(key, table("llamafactory_v1").default(key)))
+        if "gradient_checkpointing" not in doc:
+            return "disable_gradient_checkpointing", not doc.get(
+                "disable_gradient_checkpointing", False)
+    name = {JobFormat.TRL: "trl", JobFormat.AXOLOTL: "axolotl"}.get(job.format, "transformers")
+    key = "activation_checkpointing" if "activation_checkpointing" in doc else \
+        "gradient_checkpointing"
+    if key in doc and doc[key] is not None:
+        return key, doc[key] is True or str(doc[key]).lower() == "true"
+    return key, bool(table(name).default(key))
+
+
+class TorchtuneWriter(Writer):
+    """A torchtune recipe config: enable_activation_checkpointing, fsdp_cpu_offload and
+    fsdp_reshard_after_forward (the *_distributed recipes read them)."""
+
+    def knobs(self, job: Job) -> Knobs:
+        if job.values.get("strategy") in ("full_shard", "shard_grad_op"):
+            return Knobs(strategies=FSDP2, offloads=(Offload.PARAMS_AND_OPTIMIZER,),
+                         checkpointing=NO_SELECTIVE)
+        return Knobs(checkpointing=NO_SELECTIVE)
+
+    def apply(self, text: str, job: Job, c: Candidate) -> tuple[str, list[str]]:
+        doc = _doc(text, job.path)
+        changes = []
+        want = {"enable_activation_checkpointing": c.checkpointing is not Checkpointing.NONE}
+        if self.knobs(job).strategies:
+            want["fsdp_cpu_offload"] = c.offload is not Offload.NONE
+            want["fsdp_reshard_after_forward"] = c.strategy is Strategy.FULL_SHARD
+        defaults = {"enable_activation_checkpointing": False, "fsdp_cpu_offload": False,
+                    "fsdp_reshard_after_forward": True}
+        for key, value in want.items():
+            old = doc.get(key, defaults[key])
+            if old != value:
+                text = self.set(text, (key,), value, job.path)
+                changes.append(f"{key}: {show(doc.get(key))} -> {show(value)}")
         return text, changes
 
 
@@ -358,10 +412,16 @@ def writer_for(job: Job, text: str) -> Writer:
         return DeepSpeedWriter()
     if fmt is JobFormat.ACCELERATE:
         return AccelerateWriter()
+    if fmt is JobFormat.TORCHTITAN and job.layout.startswith("torchtitan 0.3"):
+        raise JobError(f"{job.path}: a torchtitan config registry is Python: fitcheck does not "
+                       "rewrite code (set the recommendation in the function, or override it "
+                       "with torchtitan's --activation_checkpoint / --parallelism flags)")
     if fmt is JobFormat.TORCHTITAN:
         return TorchtitanWriter()
-    if fmt in (JobFormat.TRAINER, JobFormat.AXOLOTL):
+    if fmt in (JobFormat.TRAINER, JobFormat.TRL, JobFormat.LLAMAFACTORY, JobFormat.AXOLOTL):
         return TrainerWriter("json" if json_text else "yaml")
+    if fmt is JobFormat.TORCHTUNE:
+        return TorchtuneWriter()
     if fmt is JobFormat.SPEC:
         return SpecWriter()
     why = {JobFormat.LITGPT: "litgpt fixes them in code",
@@ -454,13 +514,16 @@ def rewrite(job: Job, request, fixed: frozenset[str] = frozenset(),
                      "(NOT MODELLED in the plan): check the recommendation against them")
     back = read_job(job.path, job.format, text=new)
     got = resolve(back, given or {}).values
+    unsaid = {"offload": "none", "checkpointing": "none"}
+    """What a file that does not say it runs with (no offload key: no offload)."""
     for path, want in (("strategy", str(c.strategy)), ("offload", str(c.offload)),
                        ("checkpointing", str(c.checkpointing))):
         settable = {"strategy": knobs.strategies, "offload": knobs.offloads,
                     "checkpointing": knobs.checkpointing}[path]
-        if settable and path not in fixed and str(got.get(path)) != want:
-            raise RuntimeError(f"write-back of {job.path}: {path} reads back as "
-                               f"{got.get(path)!r}, not {want!r}")
+        have = got.get(path) if got.get(path) is not None else unsaid.get(path)
+        if settable and path not in fixed and str(have) != want:
+            raise JobError(f"{job.path}: written with {path} {want}, the file reads back as "
+                           f"{have}; not written (please report this file)")
     return Rewrite(path=job.path, old=text, text=new, candidate=c, changes=changes,
                    notes=notes), answer
 

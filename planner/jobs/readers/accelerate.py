@@ -5,8 +5,9 @@ HYBRID_SHARD, or 1-5; accelerate >= 1.6 also spells it fsdp_reshard_after_forwar
 FSDP2), fsdp_offload_params -> params_and_optimizer, fsdp_activation_checkpointing -> full,
 fsdp_version, fsdp_cpu_ram_efficient_loading -> init rank0 (else every rank loads: full).
 DEEPSPEED: deepspeed_config's zero_stage / offload devices / gradient_accumulation_steps, or the
-deepspeed_config_file it names. MULTI_GPU: DDP. num_processes (all machines) -> hardware.n;
-/ num_machines -> gpus_per_node. mixed_precision sets the precision unless the training
+deepspeed_config_file it names. MULTI_GPU: DDP; NO: one process (launch.py's simple launcher,
+whatever num_processes says). num_processes (all machines) -> hardware.n; / num_machines ->
+gpus_per_node. mixed_precision sets the precision unless the training
 arguments do (the HF Trainer's bf16/fp16 win).
 """
 
@@ -49,31 +50,51 @@ def read(r: Reader) -> None:
                   {**PRECISIONS, "fp8": "bf16-amp"})
     if mp is not None:
         r.fallback("training.precision", mp, "")
+    else:  # launch.py: a config without mixed_precision launches with "no"
+        r.fallback("training.precision", "fp32", f"{r.name}: no mixed_precision: accelerate "
+                   "launches with \"no\" (fp32) unless the training arguments set it")
     if str(doc.get("mixed_precision", "")).lower() == "fp8":
         r.set("training.float8", True, "mixed_precision")
-    hardware(r, doc)
+    hardware(r, doc, single=dist == "NO")
+    pc = r.mapping(doc.get("parallelism_config"), "parallelism_config")
     if dist == "FSDP":
         fsdp(r, r.mapping(doc.get("fsdp_config"), "fsdp_config"), "fsdp_config", prefix="fsdp_")
-        parallelism(r, r.mapping(doc.get("parallelism_config"), "parallelism_config"))
+        parallelism(r, pc)
         if "training.fsdp_version" not in r.raw:
             r.set("training.fsdp_version", 1, "fsdp_config (no fsdp_version: FSDP1)")
     elif dist == "DEEPSPEED":
         deepspeed(r, r.mapping(doc.get("deepspeed_config"), "deepspeed_config"))
+        parallelism(r, pc)
     elif dist in ("MULTI_GPU", "NO"):
         r.set("strategy", "ddp", "distributed_type")
+        parallelism(r, pc)
     elif dist == "MEGATRON_LM":
         r.set("strategy", Vocab("megatron-lm"), "distributed_type")
     else:
         r.set("strategy", Vocab(dist.lower()), "distributed_type")
     dyn = r.mapping(doc.get("dynamo_config"), "dynamo_config")
-    backend = r.text(dyn.get("dynamo_backend"), "dynamo_config.dynamo_backend")
+    backend = r.text(dyn.get("dynamo_backend", doc.get("dynamo_backend")),
+                     "dynamo_config.dynamo_backend")
     if backend and backend.upper() != "NO":
-        r.set("training.compile", "model", "dynamo_config.dynamo_backend")
+        regional = r.boolean(dyn.get("dynamo_use_regional_compilation"),
+                             "dynamo_config.dynamo_use_regional_compilation")
+        r.set("training.compile", "blocks" if regional else "model",
+              "dynamo_config.dynamo_use_regional_compilation" if regional else
+              "dynamo_config.dynamo_backend")
+    r.audit("accelerate")
 
 
-def hardware(r: Reader, doc: dict) -> None:
-    n = r.count(doc.get("num_processes"), "num_processes")
+def hardware(r: Reader, doc: dict, *, single: bool = False) -> None:
+    raw = doc.get("num_processes")
+    n = None if raw in (-1, "-1") else r.count(raw, "num_processes")
     machines = r.count(doc.get("num_machines"), "num_machines") or 1
+    if single:  # launch.py: distributed_type NO takes simple_launcher, one process
+        if n is not None and n > 1:
+            r.warn(f"{r.name}: num_processes {n} is not used: distributed_type NO launches one "
+                   "process (accelerate launch --multi_gpu would launch them)")
+        r.set("hardware.n", 1, "distributed_type NO (one process)")
+        r.set("hardware.gpus_per_node", 1, "distributed_type NO (one process)")
+        return
     if n is None:
         return
     if n % machines:
@@ -147,11 +168,14 @@ def parallelism(r: Reader, pc: Any) -> None:
         return None
 
     rep, shard = size("dp_replicate"), size("dp_shard")
+    if r.raw.get("strategy") not in ("full_shard", "shard_grad_op", "hybrid_shard", "ddp",
+                                     "no_shard"):
+        rep = None  # DeepSpeed: ZeRO shards over the data-parallel ranks whatever their split
     if rep and rep > 1 and shard and shard > 1:
         r.replace("strategy", "hybrid_shard", "parallelism_config (dp_replicate x dp_shard)")
     elif rep and rep > 1 and (shard or 1) == 1:
         r.replace("strategy", "ddp", "parallelism_config (dp_replicate only)")
-    for name, path in (("tp", "parallel.tp"), ("cp", "parallel.cp")):
+    for name, path in (("tp", "parallel.tp"), ("cp", "parallel.cp"), ("sp", "parallel.sp")):
         d = size(name)
         if d and d > 1:
             r.set(path, d, f"parallelism_config.parallelism_config_{name}_size")
@@ -159,6 +183,9 @@ def parallelism(r: Reader, pc: Any) -> None:
 
 def deepspeed(r: Reader, dc: Any) -> None:
     if dc.get("deepspeed_config_file"):
+        init = r.boolean(dc.get("zero3_init_flag"), "deepspeed_config.zero3_init_flag")
+        if init is False:  # ZeRO-3 (the file's stage) without zero.Init: whole model per rank
+            r.set("deepspeed.zero_init", False, "deepspeed_config.zero3_init_flag")
         ref = r.reference(dc["deepspeed_config_file"], "deepspeed_config.deepspeed_config_file",
                           JobFormat.DEEPSPEED)
         if ref is not None:
@@ -186,3 +213,9 @@ def deepspeed(r: Reader, dc: Any) -> None:
     key = "deepspeed_config.gradient_accumulation_steps"
     r.set("training.grad_accum", r.count(dc.get("gradient_accumulation_steps"), key, auto=True),
           key)
+    for key, path in (("zero3_init_flag", "deepspeed.zero_init"),
+                      ("zero3_save_16bit_model",
+                       "deepspeed.stage3_gather_16bit_weights_on_model_save")):
+        v = r.boolean(dc.get(key), f"deepspeed_config.{key}")
+        if v is not None and stage == 3 and path not in r.raw:
+            r.set(path, v, f"deepspeed_config.{key}")

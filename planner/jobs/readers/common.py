@@ -14,6 +14,7 @@ from planner.jobs.record import (
     JobError,
     JobFormat,
     Source,
+    Unmodelled,
     Vocab,
     finish,
 )
@@ -57,6 +58,8 @@ class Reader:
         """Files this one names and overrides (the job config a spec names)."""
         self.tops: list[Job] = []
         """Specs this one carries that override it (a manifest's fitcheck.io/spec)."""
+        self.defaulted: dict[str, list[str]] = {}
+        """Framework defaults applied for keys the file leaves out, per framework label."""
 
     # ---- errors and access --------------------------------------------------------------
 
@@ -162,9 +165,64 @@ class Reader:
     def warn(self, message: str) -> None:
         self.warnings.append(message)
 
+    # ---- the framework's key table (planner/jobs/keys.py) -------------------------------
+
+    def audit(self, table: str, doc: Any = MISSING, *, prefix: str = "",
+              skip: tuple[str, ...] = ()) -> None:
+        """Every key of ``doc`` (default: the file) that its framework's table says is not
+        modelled, and every key the table does not know: one line each, never dropped."""
+        from planner.jobs.keys import table as load
+
+        tab = load(table)
+        node = self.doc if doc is MISSING else doc
+        if not isinstance(node, Mapping):
+            return
+        from planner.jobs.keys import walk
+
+        for f in walk(tab, node, prefix, frozenset(skip)):
+            line = f.line(self.name, tab)
+            if f.warning:
+                self.warn(line)
+                continue
+            path = f"{tab.name}:{f.key}"
+            self.raw[path] = Unmodelled(f.value, line)
+            self.sources[path] = Source(self.name, f.key)
+
+    def label(self, table: str) -> str:
+        """'TRL 1.16.0': the framework and version a table describes."""
+        from planner.jobs.keys import table as load
+
+        return load(table).label
+
+    def probability(self, value: Any, key: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+            raise self.fail(key, f"must be a probability in [0, 1), got {show(value)}")
+        return float(value)
+
+    def default(self, table: str, key: str, value: Any = MISSING) -> Any:
+        """``value`` when the file gives it; else the framework's default for ``key`` (from its
+        table, at the table's version), noted for the assumptions block."""
+        if value is not MISSING and value is not None:
+            return value
+        from planner.jobs.keys import NO_DEFAULT
+        from planner.jobs.keys import table as load
+
+        tab = load(table)
+        d = tab.default(key)
+        if d is NO_DEFAULT:
+            return None if value is MISSING else value
+        from planner.jobs.keys import shown
+
+        self.defaulted.setdefault(tab.label, []).append(f"{key} {shown(d)}")
+        return d
+
     def job(self) -> Job:
         from planner.jobs.record import merge, overlay
 
+        for label, keys in self.defaulted.items():
+            self.warn(f"{self.name}: {label} defaults for what the file leaves out: "
+                      f"{', '.join(dict.fromkeys(keys))}")
+        self.defaulted = {}
         own = finish(Job(format=self.fmt, path=self.name, values={}, warnings=[],
                          said=self.warnings,
                          unmodelled=[], layout=self.layout, raw=self.raw, sources=self.sources,
@@ -193,16 +251,21 @@ class Reader:
 
     def reference(self, ref: Any, key: str, fmt: JobFormat | None) -> Job | None:
         """Read the job file the document names at ``key`` (a missing file is a warning)."""
+        from planner.jobs.pyconfig import split_name
+
         text = self.text(ref, key)
         if text is None:
             return None
         if self.depth >= MAX_REFERENCE_DEPTH:
             raise self.fail(key, f"references nested more than {MAX_REFERENCE_DEPTH} deep")
-        path = self.find(text)
+        file, function = split_name(text)
+        path = self.find(file)
         if path is None:
             self.warn(f"{self.name}: {key} names {text!r}, which is not found next to the file "
                       "or in the working directory: its settings are not read")
             return None
+        if function is not None:
+            path = f"{path}:{function}"
         return self.read_job(path, fmt, depth=self.depth + 1)
 
     # ---- shared vocabularies ------------------------------------------------------------
@@ -251,13 +314,64 @@ class Reader:
         if isinstance(value, str) and value.strip().lower() in ("all-linear", "all"):
             self.set("finetune.lora_targets", ALL_LINEAR, key)
             return
+        if isinstance(value, str) and any(c in value for c in "[]()|*+?\\^$"):
+            targets, some = regex_targets(value, key, self.name)
+            self.set("finetune.lora_targets", targets, key)
+            if some:
+                self.warn(f"{self.name}: {key} matches {','.join(some)} on some layers only: "
+                          "planned on every layer (an upper bound)")
+            return
         names = value if isinstance(value, list) else [value]
         out: list[str] = []
+        fused: list[str] = []
         for n in names:
-            t = self.text(n, key)
-            short = LORA_NAMES.get((t or "").split(".")[-1].lower())
-            out.append(short or (t or ""))
+            t = self.text(n, key) or ""
+            last = t.split(".")[-1].lower()
+            if last in FUSED:  # one module holding several projections
+                fused.append(t)
+                out.extend(FUSED[last])
+                continue
+            short = LORA_NAMES.get(last)
+            out.append(short or t)
         self.set("finetune.lora_targets", tuple(dict.fromkeys(out)), key)
+        if fused:
+            self.warn(f"{self.name}: {key} {', '.join(fused)}: fused projections read as "
+                      f"their parts ({','.join(dict.fromkeys(out))}): the adapters are planned "
+                      "a little larger than they are")
+
+
+# A text model's linear modules as Hugging Face names them, under the prefixes its decoder has
+# in a causal LM and in a vision-language model
+PREFIXES = ("model.layers", "model.language_model.layers", "model.text_model.layers",
+            "language_model.model.layers", "model.model.layers")
+MODULES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
+           "o": "self_attn.o_proj", "gate": "mlp.gate_proj", "up": "mlp.up_proj",
+           "down": "mlp.down_proj"}
+LAYERS = range(128)
+
+
+def regex_targets(pattern: str, key: str,
+                  name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """A single target_modules string is a regular expression PEFT full-matches against each
+    module's name (peft tuners_utils.check_target_module_exists): (the decoder's linear
+    modules it matches in any layer, those it matches in some layers only), under the first
+    naming that matches any."""
+    import re
+
+    try:
+        rx = re.compile(pattern)
+    except re.error as exc:
+        raise JobError(f"{name}: {key}: {show(pattern)} is not a regular expression ({exc})") \
+            from None
+    for prefix in PREFIXES:
+        hits = {t: sum(1 for i in LAYERS if rx.fullmatch(f"{prefix}.{i}.{m}"))
+                for t, m in MODULES.items()}
+        if any(hits.values()):
+            return (tuple(t for t, n in hits.items() if n),
+                    tuple(t for t, n in hits.items() if 0 < n < len(LAYERS)))
+    raise JobError(f"{name}: {key}: the regular expression {show(pattern)} matches none of a "
+                   "decoder's linear modules (model.layers.N.self_attn.q_proj, ...): give "
+                   "--lora-targets")
 
 
 # HF TrainingArguments.optim / axolotl optimizer -> (fitcheck optimizer, implementation)
@@ -283,6 +397,16 @@ LORA_NAMES = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o", "gate_
               "up_proj": "up", "down_proj": "down", "query": "q", "key": "k", "value": "v",
               "dense": "o", "q": "q", "k": "k", "v": "v", "o": "o", "gate": "gate", "up": "up",
               "down": "down"}
+# Fused projections under the names model families give them (PEFT matches the module name):
+# GPT-2 c_attn / c_fc / c_proj (attention's and the MLP's output), GPT-NeoX/Falcon/BLOOM
+# query_key_value and dense_h_to_4h / dense_4h_to_h, MPT/Replit Wqkv and mlp_up / mlp_down,
+# Phi-3 qkv_proj and gate_up_proj
+FUSED = {"wqkv": ("q", "k", "v"), "qkv_proj": ("q", "k", "v"), "qkv": ("q", "k", "v"),
+         "query_key_value": ("q", "k", "v"), "c_attn": ("q", "k", "v"),
+         "gate_up_proj": ("gate", "up"), "c_proj": ("o", "down")}
+LORA_NAMES.update({"mlp_up": "up", "mlp_down": "down", "c_fc": "up", "fc1": "up",
+                   "fc2": "down", "dense_h_to_4h": "up", "dense_4h_to_h": "down",
+                   "out_proj": "o", "wo": "o", "wq": "q", "wk": "k", "wv": "v"})
 ALL_LINEAR = ("q", "k", "v", "o", "gate", "up", "down")
 PRECISIONS = {"no": "fp32", "fp32": "fp32", "fp16": "fp16-amp", "bf16": "bf16-amp"}
 """accelerate's mixed_precision."""

@@ -1,50 +1,34 @@
-"""A DeepSpeed config JSON (https://www.deepspeed.ai/docs/config-json/).
+"""A DeepSpeed config JSON (https://www.deepspeed.ai/docs/config-json/), against DeepSpeed's key
+table (planner/data/job_keys_deepspeed.json).
 
 zero_optimization.stage 0/1/2/3 -> ddp/zero1/zero2/zero3; offload_optimizer.device and
 offload_param.device -> offload; bf16/fp16.enabled -> precision (DeepSpeed keeps fp32 master
 weights: bf16-amp / fp16-amp; neither -> fp32); train_micro_batch_size_per_gpu,
-gradient_accumulation_steps, train_batch_size -> the batch fields. "auto" (filled in by the HF
-Trainer or accelerate) takes the value of an accompanying file or flag, else the default with
-a warning. The zero_optimization knobs go to deepspeed.<key> (the stage3_ spelling; the
-registry's deepspeed.* fields model the buffers, "auto" sizes filled in from the hidden size);
-an optimizer block -> deepspeed.fused_adam (DeepSpeed's own optimizer), none -> the client's.
+gradient_accumulation_steps, train_batch_size -> the batch fields, the missing one derived
+from the GPU count as DeepSpeed does (runtime/config.py _set_batch_related_parameters). "auto"
+(filled in by the HF Trainer or accelerate) takes the value of an accompanying file or flag,
+else the default with a warning. The zero_optimization buffer knobs go to deepspeed.<key> (the
+stage3_ spelling); an optimizer block -> deepspeed.fused_adam (DeepSpeed's FusedAdam; with
+params.torch_adam, torch's AdamW), none -> the client's optimizer. Every other key is what the
+table says: not modelled (a line unless at its default), irrelevant, or unknown (DeepSpeed
+ignores unknown top-level keys: a warning).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from planner.fields import DS_MAX_ELEMS
 from planner.jobs.readers.common import MISSING, Reader
-from planner.jobs.record import Vocab
+from planner.jobs.record import Share, Vocab
 
+TABLE = "deepspeed"
 STAGES = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
-BUFFER_KEYS = ("reduce_bucket_size", "allgather_bucket_size", "overlap_comm",
-               "contiguous_gradients", "sub_group_size")
-ALIASES = {"max_live_parameters": "stage3_max_live_parameters",
-           "max_reuse_distance": "stage3_max_reuse_distance",
-           "prefetch_bucket_size": "stage3_prefetch_bucket_size",
-           "param_persistence_threshold": "stage3_param_persistence_threshold",
-           "gather_16bit_weights_on_model_save": "stage3_gather_16bit_weights_on_model_save",
-           # the deprecated spelling DeepSpeed still accepts for the same setting
-           "stage3_gather_fp16_weights_on_model_save": "stage3_gather_16bit_weights_on_model_save",
-           "model_persistence_threshold": "stage3_model_persistence_threshold"}
-"""DeepSpeed's pydantic field names, accepted beside the stage3_ spellings (zero/config.py)."""
-NO_MEMORY_EFFECT = {"allgather_partitions", "reduce_scatter", "round_robin_gradients",
-                    "elastic_checkpoint", "ignore_unused_parameters", "load_from_fp32_weights",
-                    "use_multi_rank_bucket_allreduce", "log_trace_cache_warnings"}
-"""zero_optimization keys that change how collectives are issued, not what is held."""
-TOP_IGNORED = {"gradient_clipping", "steps_per_print", "wall_clock_breakdown", "scheduler",
-               "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "tensorboard",
-               "wandb", "csv_monitor", "comet", "flops_profiler", "comms_logger",
-               "prescale_gradients", "gradient_predivide_factor", "dump_state", "train_batch_size",
-               "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "fp16", "bf16",
-               "zero_optimization", "optimizer", "amp", "seed", "memory_breakdown", "aio",
-               "checkpoint", "autotuning", "elasticity", "data_efficiency", "timers",
-               "monitor_config", "curriculum_learning"}
 OPTIMIZERS = {"adam": "adam", "adamw": "adamw", "sgd": "sgd", "adagrad": Vocab("adagrad"),
               "lamb": Vocab("lamb"), "onebitadam": Vocab("onebitadam"),
               "zerooneadam": Vocab("zerooneadam"), "onebitlamb": Vocab("onebitlamb"),
-              "lion": "lion", "muadam": Vocab("muadam"), "muadamw": Vocab("muadamw")}
+              "lion": "lion", "muadam": Vocab("muadam"), "muadamw": Vocab("muadamw"),
+              "musgd": Vocab("musgd"), "muon": Vocab("muon")}
 
 
 def detect(doc: Any) -> int:
@@ -71,16 +55,29 @@ def _enabled(r: Reader, section: str) -> bool | None | str:
 
 def read(r: Reader) -> None:
     doc = r.mapping(r.doc, "file")
-    # ---- precision
-    fp16, bf16 = _enabled(r, "fp16"), _enabled(r, "bf16")
+    precision(r, doc)
+    batch(r, doc)
+    zero(r, r.mapping(r.get("zero_optimization"), "zero_optimization"))
+    optimizer(r)
+    autotp = r.count(r.mapping(doc.get("tensor_parallel"), "tensor_parallel").get("autotp_size"),
+                     "tensor_parallel.autotp_size", zero=True)
+    if autotp and autotp > 1:  # DeepSpeed AutoTP: not fitcheck's TP (sequence parallel + FSDP)
+        r.set("deepspeed.autotp_size", autotp, "tensor_parallel.autotp_size")
+    r.audit(TABLE)
+
+
+def precision(r: Reader, doc: dict) -> None:
+    fp16 = _enabled(r, "fp16")
+    bf16 = _enabled(r, "bf16") if "bf16" in doc else _enabled(r, "bfloat16")
+    bf16_key = "bf16" if "bf16" in doc or "bfloat16" not in doc else "bfloat16"
     if fp16 is True and bf16 is True:
-        raise r.fail("fp16.enabled", "and bf16.enabled are both true; enable one")
+        raise r.fail("fp16.enabled", f"and {bf16_key}.enabled are both true; enable one")
     if bf16 is True:
-        r.set("training.precision", "bf16-amp", "bf16.enabled")
+        r.set("training.precision", "bf16-amp", f"{bf16_key}.enabled")
     elif fp16 is True:
         r.set("training.precision", "fp16-amp", "fp16.enabled")
     elif "auto" in (fp16, bf16):
-        which = [f"{k}.enabled" for k, v in (("fp16", fp16), ("bf16", bf16)) if v == "auto"]
+        which = [f"{k}.enabled" for k, v in (("fp16", fp16), (bf16_key, bf16)) if v == "auto"]
         r.fallback("training.precision", None,
                    f"{r.name}: {' and '.join(which)} {'is' if len(which) == 1 else 'are'} "
                    "\"auto\" and nothing else sets the precision: assumed bf16-amp (give "
@@ -90,21 +87,40 @@ def read(r: Reader) -> None:
                    f"{r.name}: neither fp16 nor bf16 is enabled: DeepSpeed trains in fp32")
     if isinstance(doc.get("amp"), dict) and r.boolean(doc["amp"].get("enabled"), "amp.enabled"):
         r.set("training.precision", "fp16-amp", "amp.enabled")
-    # ---- batch
+
+
+def batch(r: Reader, doc: dict) -> None:
+    """The three batch keys; DeepSpeed derives the one left out from the GPU count."""
+    got: dict[str, int | None] = {}
     for key, path, default in (("train_micro_batch_size_per_gpu", "training.micro_batch", "1"),
-                               ("gradient_accumulation_steps", "training.grad_accum", "1")):
+                               ("gradient_accumulation_steps", "training.grad_accum", "1"),
+                               ("train_batch_size", "training.global_batch", None)):
         v = doc.get(key, MISSING)
         n = r.count(v, key, auto=True)
+        got[key] = n
         if n is not None:
             r.set(path, n, key)
-        elif isinstance(v, str):
+        elif isinstance(v, str) and default is not None:
             r.fallback(path, None, f"{r.name}: {key} is \"auto\" and nothing else sets it: "
                        f"assumed {default} (give --{path.split('.')[1].replace('_', '-')})")
-    tb = r.count(doc.get("train_batch_size", MISSING), "train_batch_size", auto=True)
-    if tb is not None:
-        r.set("training.global_batch", tb, "train_batch_size")
-    # ---- ZeRO
-    zo = r.mapping(r.get("zero_optimization"), "zero_optimization")
+    tb, mb = got["train_batch_size"], got["train_micro_batch_size_per_gpu"]
+    ga = got["gradient_accumulation_steps"]
+    if tb is not None and mb is None and not isinstance(
+            doc.get("train_micro_batch_size_per_gpu"), str):
+        r.set("training.micro_batch", Share(tb, ga or 1, "train_batch_size / "
+              "(gradient_accumulation_steps x GPUs)"),
+              "train_batch_size (no train_micro_batch_size_per_gpu: DeepSpeed derives it)")
+        if ga is None:
+            r.set("training.grad_accum", 1, "gradient_accumulation_steps (DeepSpeed: 1 when "
+                  "only train_batch_size is given)")
+    elif tb is not None and ga is None and not isinstance(
+            doc.get("gradient_accumulation_steps"), str):
+        r.set("training.grad_accum", Share(tb, mb, "train_batch_size / "
+              "(train_micro_batch_size_per_gpu x GPUs)"),
+              "train_batch_size (no gradient_accumulation_steps: DeepSpeed derives it)")
+
+
+def zero(r: Reader, zo: Any) -> None:
     stage = zo.get("stage", 0)
     if isinstance(stage, bool) or stage not in STAGES:
         raise r.fail("zero_optimization.stage", f"unknown value {stage!r}; expected 0, 1, 2 or 3")
@@ -113,6 +129,8 @@ def read(r: Reader) -> None:
     par = _device(r, zo, "offload_param")
     if zo.get("cpu_offload") is True:  # DeepSpeed < 0.3.16 spelling
         opt = opt or "cpu"
+    if zo.get("cpu_offload_param") is True:
+        par = par or "cpu"
     if par and stage != 3:
         raise r.fail("zero_optimization.offload_param", "parameter offload needs stage 3, got "
                      f"stage {stage}")
@@ -125,46 +143,67 @@ def read(r: Reader) -> None:
         r.set("offload", value, where)
         if "nvme" in device:
             if stage != 3:
-                r.set("offload", Vocab(f"{value}-nvme"), where)  # DeepSpeed: stage 3 only
+                r.replace("offload", Vocab(f"{value}-nvme"), where)  # DeepSpeed: stage 3 only
             elif device == {"nvme"}:
                 r.set("deepspeed.offload_device", "nvme", where)  # ZeRO-Infinity
             else:
-                r.set("offload", Vocab(f"{value}-cpu+nvme"), where)
+                r.replace("offload", Vocab(f"{value}-cpu+nvme"), where)
     else:
         r.set("offload", "none", "zero_optimization (no offload_optimizer/offload_param)")
+    from planner.jobs.keys import Kind, table
+
     for key, v in zo.items():
-        if key in ("stage", "offload_optimizer", "offload_param", "cpu_offload"):
+        k = table(TABLE).get(f"zero_optimization.{key}")
+        if k is None or k.kind is not Kind.FIELD or not k.field.startswith("deepspeed."):
             continue
-        if key in NO_MEMORY_EFFECT:
+        if key.endswith(("gather_16bit_weights_on_model_save",
+                         "gather_fp16_weights_on_model_save")) and isinstance(v, str) and \
+                v.strip().lower() == "auto":
+            r.fallback(k.field, False, f"{r.name}: zero_optimization.{key} \"auto\": "
+                       "accelerate fills it from zero3_save_16bit_model (default false)")
             continue
-        name = ALIASES.get(key, key)
-        r.set(f"deepspeed.{name}", _knob(v), f"zero_optimization.{key}")
-    # ---- optimizer
+        v = _knob(v)
+        if isinstance(v, int) and not isinstance(v, bool) and v > DS_MAX_ELEMS:
+            # more elements than any partition: the same as the bound (1e14 in the HF tests)
+            r.warn(f"{r.name}: zero_optimization.{key} {v:.3g} is more than any model holds: "
+                   f"read as {DS_MAX_ELEMS:,}")
+            v = DS_MAX_ELEMS
+        r.set(k.field, v, f"zero_optimization.{key}")
+
+
+def optimizer(r: Reader) -> None:
     o = r.get("optimizer")
-    if o is not MISSING:
-        o = r.mapping(o, "optimizer")
-        kind = r.text(o.get("type"), "optimizer.type")
-        if kind is not None:
-            r.set("training.optimizer", OPTIMIZERS.get(kind.lower(), Vocab(kind.lower())),
-                  "optimizer.type")
-            # deepspeed/runtime/engine.py _configure_basic_optimizer: Adam/AdamW -> FusedAdam
-            # (DeepSpeedCPUAdam under optimizer offload), no step temporaries
-            r.set("deepspeed.fused_adam", kind.lower() in ("adam", "adamw"), "optimizer.type")
-    else:
+    if o is MISSING:
         r.set("deepspeed.fused_adam", False,
               "optimizer (none: the client's torch optimizer steps the partitions)")
-    # ---- everything else that holds memory goes through the unmodelled rule
-    for key, v in doc.items():
-        if key not in TOP_IGNORED:
-            r.set(f"deepspeed.{key}", _knob(v), key)
+        return
+    o = r.mapping(o, "optimizer")
+    kind = r.text(o.get("type"), "optimizer.type")
+    if kind is None:
+        return
+    r.set("training.optimizer", OPTIMIZERS.get(kind.lower(), Vocab(kind.lower())),
+          "optimizer.type")
+    params = r.mapping(o.get("params"), "optimizer.params")
+    adam = kind.lower() in ("adam", "adamw")
+    torch_adam = adam and r.boolean(params.get("torch_adam"), "optimizer.params.torch_adam")
+    if adam and params.get("adam_w_mode") is False and kind.lower() == "adam":
+        r.replace("training.optimizer", "adam", "optimizer.params.adam_w_mode")
+    # deepspeed/runtime/engine.py get_optimizer_configuration: Adam/AdamW -> FusedAdam
+    # (DeepSpeedCPUAdam under optimizer offload), no step temporaries; torch_adam -> torch's
+    # Adam(W) with its foreach default
+    r.set("deepspeed.fused_adam", adam and not torch_adam,
+          "optimizer.params.torch_adam" if torch_adam else "optimizer.type")
+    if torch_adam:
+        foreach = r.boolean(params.get("foreach"), "optimizer.params.foreach")
+        r.set("training.optimizer_impl", "for-loop" if foreach is False else "foreach",
+              "optimizer.params.foreach" if foreach is not None else
+              "optimizer.params.torch_adam (torch's foreach default)")
 
 
 def _knob(v: Any) -> Any:
-    """A knob's value as written: numbers in plain form (2e8 -> 200000000), sections as 'set'."""
+    """A knob's value as written: numbers in plain form (2e8 -> 200000000)."""
     if isinstance(v, float) and v.is_integer():
         return int(v)
-    if isinstance(v, (dict, list)):
-        return "(set)"
     return v
 
 

@@ -1,12 +1,16 @@
-"""A litgpt config YAML (config_hub/finetune/*, config_hub/pretrain/*).
+"""A litgpt config YAML (config_hub/finetune/*, config_hub/pretrain/*), against litgpt's key
+table (planner/data/job_keys_litgpt.json, 0.5.13).
 
 precision bf16-true -> pure bf16, bf16-mixed -> bf16-amp, 16-mixed -> fp16-amp, 32-true ->
-fp32; devices x num_nodes -> hardware.n (devices per node); train.micro_batch_size,
-train.global_batch_size (-> the accumulation), train.max_seq_length; quantize bnb.nf4 /
-bnb.nf4-dq / bnb.int8; lora_r and lora_query/key/value/projection/mlp/head; checkpoint_dir or
-model_name -> the model. litgpt fixes the strategy in code: more than one device finetunes
-under FSDP FULL_SHARD with every Block checkpointed (litgpt/finetune/full.py, lora.py) and
-pretrains under HYBRID_SHARD (litgpt/pretrain.py); one device is plain training.
+fp32 (none: get_default_supported_precision(training=True), bf16-mixed); devices x num_nodes
+-> hardware.n (devices per node); train.micro_batch_size, train.global_batch_size (-> the
+accumulation), train.max_seq_length; quantize bnb.nf4 / bnb.nf4-dq / bnb.int8; lora_r,
+lora_dropout (default 0.05) and lora_query/key/value/projection/mlp (lora_head: not modelled);
+checkpoint_dir or model_name -> the model; optimizer (a name, or class_path + init_args with
+fused / foreach). litgpt fixes the strategy in code: above one device a full finetune runs
+FSDP1 FULL_SHARD with every Block checkpointed (finetune/full.py FSDPStrategy), a LoRA
+finetune FSDP2 fully_shard with every Block checkpointed (finetune/lora.py parallelize_fn), and
+pretraining FSDP1 HYBRID_SHARD (pretrain.py); one device is plain training.
 """
 
 from __future__ import annotations
@@ -23,8 +27,8 @@ PRECISION = {"bf16-true": "bf16", "bf16-mixed": "bf16-amp", "bf16": "bf16-amp",
 QUANTIZE = {"bnb.nf4": "nf4", "bnb.nf4-dq": "nf4", "bnb.fp4": Vocab("fp4"),
             "bnb.fp4-dq": Vocab("fp4"), "bnb.int8": "int8", "bnb.int8-training": "int8"}
 LORA_FLAGS = (("lora_query", ("q",)), ("lora_key", ("k",)), ("lora_value", ("v",)),
-              ("lora_projection", ("o",)), ("lora_mlp", ("gate", "up", "down")),
-              ("lora_head", ("head",)))
+              ("lora_projection", ("o",)), ("lora_mlp", ("gate", "up", "down")))
+TABLE = "litgpt"
 
 
 def detect(doc: Any) -> int:
@@ -53,8 +57,9 @@ def read(r: Reader) -> None:
         if str(doc["precision"]).lower() == "16-true":
             r.warn(f"{r.name}: precision 16-true (pure fp16) sized as pure bf16 (the same bytes)")
     else:
-        r.fallback("training.precision", "bf16", f"{r.name}: no precision: litgpt picks "
-                   "bf16-true on a bf16-capable GPU (get_default_supported_precision)")
+        r.fallback("training.precision", "bf16-amp", f"{r.name}: no precision: litgpt picks "
+                   "bf16-mixed on a bf16-capable GPU (get_default_supported_precision("
+                   "training=True))")
     devices, nodes = doc.get("devices", 1), r.count(doc.get("num_nodes"), "num_nodes") or 1
     per_node = None
     if isinstance(devices, str) and devices.strip().lower() in ("auto", "-1"):
@@ -77,13 +82,18 @@ def read(r: Reader) -> None:
     if q is not None:
         r.set("finetune.quantize_base", q, "quantize")
     rank = r.count(doc.get("lora_r"), "lora_r")
-    if rank is not None:
+    lora = rank is not None
+    if lora:
         r.set("finetune.lora_rank", rank, "lora_r")
-        targets = tuple(m for key, mods in LORA_FLAGS if r.boolean(doc.get(key), key)
-                        for m in mods)
+        flags = {key: r.boolean(r.default(TABLE, key, doc.get(key)), key)
+                 for key, _ in LORA_FLAGS}
+        targets = tuple(m for key, mods in LORA_FLAGS if flags[key] for m in mods)
         if targets:
-            r.set("finetune.lora_targets", targets,
-                  "lora_query/key/value/projection/mlp/head")
+            r.set("finetune.lora_targets", targets, "lora_query/key/value/projection/mlp")
+        p = r.default(TABLE, "lora_dropout", doc.get("lora_dropout"))
+        r.set("finetune.lora_dropout", r.probability(p, "lora_dropout") > 0, "lora_dropout")
+        if r.boolean(doc.get("lora_head"), "lora_head"):
+            r.set("finetune.lora_head", True, "lora_head")
     n = (per_node or 1) * nodes
     if per_node is None:  # the GPU count comes later (--n): litgpt's strategy above one GPU
         how = "HYBRID_SHARD" if pretrain else "FULL_SHARD with every Block checkpointed"
@@ -91,7 +101,7 @@ def read(r: Reader) -> None:
                 f"FSDP {how}")
         r.fallback("strategy", "hybrid_shard" if pretrain else "full_shard", note)
         r.fallback("offload", "none", "")
-        r.fallback("training.fsdp_version", 1, "")
+        r.fallback("training.fsdp_version", 2 if lora else 1, "")
         if not pretrain:
             r.fallback("checkpointing", "full", "")
     elif n > 1:
@@ -103,15 +113,29 @@ def read(r: Reader) -> None:
             r.set("strategy", "full_shard", "devices (litgpt finetune: FSDP FULL_SHARD)")
             r.set("checkpointing", "full", "devices (litgpt finetune checkpoints every Block)")
         r.set("offload", "none", "devices (litgpt: cpu_offload=False)")
-        r.set("training.fsdp_version", 1, "devices (Lightning FSDPStrategy: FSDP1)")
+        if lora:
+            r.set("training.fsdp_version", 2, "devices (litgpt LoRA: ModelParallelStrategy, "
+                  "FSDP2 fully_shard)")
+        else:
+            r.set("training.fsdp_version", 1, "devices (Lightning FSDPStrategy: FSDP1)")
     else:
         r.set("strategy", "ddp", "devices (one device: plain training)")
         r.set("checkpointing", "none", "devices (one device: no checkpointing)")
     r.set("training.grad_sync", "last", "litgpt (fabric.no_backward_sync while accumulating)")
     opt = doc.get("optimizer")
     name = opt.get("class_path") if isinstance(opt, dict) else opt
-    name = r.text(name, "optimizer.class_path" if isinstance(opt, dict) else "optimizer")
+    key = "optimizer.class_path" if isinstance(opt, dict) else "optimizer"
+    name = r.text(r.default(TABLE, "optimizer", name), key)
     if name:
         short = name.rsplit(".", 1)[-1].lower()
         kind = {"adamw": "adamw", "adam": "adam", "sgd": "sgd"}.get(short, Vocab(short))
-        r.set("training.optimizer", kind, "optimizer")
+        r.set("training.optimizer", kind, key)
+        args = r.mapping(opt.get("init_args"), "optimizer.init_args") \
+            if isinstance(opt, dict) else {}
+        fused = r.boolean(args.get("fused"), "optimizer.init_args.fused")
+        foreach = r.boolean(args.get("foreach"), "optimizer.init_args.foreach")
+        impl = "fused" if fused else "for-loop" if foreach is False else "foreach"
+        r.set("training.optimizer_impl", impl, "optimizer.init_args.fused" if fused else
+              "optimizer.init_args.foreach" if foreach is not None else
+              "optimizer (torch's foreach default)")
+    r.audit(TABLE)

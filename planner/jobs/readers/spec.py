@@ -13,14 +13,30 @@ from planner.jobs.record import JobError, JobFormat, Source
 
 
 def detect(doc: Any) -> int:
+    """A spec's keys only; a spec section among other keys reads as a spec with a misspelt key
+    (its error names it), unless another format's marks are there (torchtune's
+    ``_component_`` sections)."""
     from planner.fields import TOP_KEYS
 
+    if looks_foreign(doc):
+        return 0
     keys = set(doc)
     if keys and keys <= set(TOP_KEYS) | {"job"} and keys & {"model", "training", "hardware",
                                                                "job"}:
         return 20
     # a spec with a misspelt key: read as a spec, whose error names the key
     return 5 * sum(isinstance(doc.get(k), dict) for k in ("model", "training", "hardware"))
+
+
+def looks_foreign(doc: Any) -> bool:
+    """Marks no fitcheck spec has: a ``_component_`` section (torchtune), a DeepSpeed or
+    accelerate top-level key."""
+    if not isinstance(doc, dict):
+        return False
+    if any(isinstance(v, dict) and "_component_" in v for v in doc.values()):
+        return True
+    return any(k in doc for k in ("distributed_type", "zero_optimization", "base_model",
+                                  "model_name_or_path", "checkpointer", "batch_size"))
 
 
 def read(r: Reader) -> None:
@@ -47,10 +63,12 @@ def read(r: Reader) -> None:
     if ref is MISSING:
         return
     fmt = None
+    config = None
     if isinstance(ref, dict):
-        unknown = set(ref) - {"path", "format"}
+        unknown = set(ref) - {"path", "format", "config"}
         if unknown:
-            raise r.fail("job", f"unknown key {min(unknown)!r}; allowed: path, format")
+            raise r.fail("job", f"unknown key {min(unknown)!r}; allowed: path, format, config")
+        config = r.text(ref.get("config"), "job.config")
         f = r.text(ref.get("format"), "job.format")
         if f is not None:
             try:
@@ -61,6 +79,8 @@ def read(r: Reader) -> None:
         ref = ref.get("path")
     if ref is None:
         raise r.fail("job", "needs a path (job: train.toml, or job: {path: ..., format: ...})")
+    if config is not None:  # a torchtitan config_registry.py function, by name
+        ref = f"{r.text(ref, 'job.path')}:{config}"
     base = r.reference(ref, "job", fmt)
     if base is None:
         raise r.fail("job", f"no such file: {ref!r}")

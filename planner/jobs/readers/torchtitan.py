@@ -1,18 +1,24 @@
-"""A torchtitan TOML (train_configs/*.toml, torchtitan/models/*/train_configs/*.toml).
+"""torchtitan's job configuration in its four forms, against torchtitan's key table
+(planner/data/job_keys_torchtitan.json): the TOML files of the 2025-02 layout (parallel degrees
+under [training], pipeline/context under [experimental], [training] compile), v0.1
+([parallelism], [training] compile, local_batch_size) and v0.2 ([parallelism], [compile]
+enable/components), and the config_registry.py functions of 0.3 (planner/jobs/pyconfig.py
+reads them without running them; ``from_registry`` lays them out as the TOML sections).
 
-Three layouts, told apart and named in ``Job.layout``: 2025-02 (parallel degrees under
-[training], pipeline/context under [experimental], [training] compile), v0.1 ([parallelism],
-[training] compile, local_batch_size) and v0.2 ([parallelism], [compile] enable/components).
 [model] name + flavor -> a preset (llama3 8B -> llama3-8b, ...); [training] batch_size /
 local_batch_size -> micro-batch, global_batch_size (-1: local x DP) -> the accumulation,
 seq_len; data_parallel_shard_degree (-1 or > 1) -> FSDP2 full_shard, with replicate > 1 ->
 hybrid_shard, shard 1 and replicate > 1 -> ddp; fsdp_reshard_after_forward "never" ->
 shard_grad_op; tensor/pipeline/context/expert degrees > 1 -> parallel.*; [activation_checkpoint]
-mode none/selective/full (+ selective_ac_option: 'op' selective, k = full on every k-th block);
-enable_cpu_offload -> params_and_optimizer; mixed_precision_param bfloat16 -> bf16-amp (FSDP2
-MixedPrecisionPolicy over fp32 params), float32 -> fp32; [optimizer] name / implementation;
-compile -> blocks (torchtitan compiles each TransformerBlock); float8 -> training.float8.
-torchtitan builds on the meta device, and its run_train.sh sets expandable segments.
+mode none/selective/full (+ selective_ac_option: 'op' selective, 1 = full, k > 1 full on every
+k-th block: not modelled; 0.3: SelectiveAC (per-op) / FullAC / MemoryBudgetAC); enable_cpu_offload
+-> params_and_optimizer; [training] dtype bfloat16 -> pure bf16, else mixed_precision_param
+bfloat16 -> bf16-amp (FSDP2 MixedPrecisionPolicy over fp32 params), float32 -> fp32; [optimizer]
+name / implementation (default fused); compile: [compile] components (default model and loss:
+blocks+loss; model alone: blocks; loss alone: not modelled), [training] compile -> blocks;
+float8 and other [model] converters -> training.float8; 0.3's ChunkedLossWrapper (lm_head and
+loss per sequence chunk, backward per chunk) -> fused loss. torchtitan builds on the meta
+device, and its run_train.sh sets expandable segments.
 """
 
 from __future__ import annotations
@@ -22,17 +28,25 @@ from typing import Any
 from planner.jobs.readers.common import MISSING, Reader
 from planner.jobs.record import Vocab
 
+TABLE = "torchtitan"
 FLAVORS = {  # torchtitan/models/<name>/__init__.py flavors -> fitcheck presets
     ("llama3", "8b"): "llama3-8b", ("llama3", "70b"): "llama3-70b",
     ("llama3", "405b"): "llama3.1-405b", ("llama2", "7b"): "llama2-7b",
     ("llama2", "13b"): "llama2-13b", ("llama2", "70b"): "llama2-70b",
+    # models/qwen3/__init__.py _8b, _30b_a3b; models/deepseek_v3/__init__.py _671b (main):
+    # the shapes of the Qwen3-8B, Qwen3-30B-A3B and DeepSeek-V3 presets
+    ("qwen3", "8b"): "qwen3-8b", ("qwen3", "30b-a3b"): "qwen3-30b-a3b",
+    ("deepseek_v3", "671b"): "deepseek-v3",
 }
 AC_MODES = {"none": "none", "selective": "selective", "full": "full",
             "memory_budget": Vocab("memory_budget")}
 OPTIMIZERS = {"adamw": "adamw", "adam": "adam", "sgd": "sgd"}
-IMPLEMENTATIONS = {"fused": "fused", "foreach": "foreach", "for-loop": "for-loop"}
+IMPLEMENTATIONS = {"fused": "fused", "foreach": "foreach", "for-loop": "for-loop",
+                   "fused_opt_states_bf16": Vocab("fused, bf16 optimizer states")}
 DTYPES = {"bfloat16": "bf16-amp", "float32": "fp32", "float16": Vocab("fp16-param")}
 RESHARD = {"default": None, "always": "full_shard", "never": "shard_grad_op"}
+REGISTRY = "__registry__"
+"""Set by ``from_registry``: the function a 0.3 config came from."""
 
 
 def detect(doc: Any) -> int:
@@ -42,6 +56,8 @@ def detect(doc: Any) -> int:
 
 
 def layout(doc: dict) -> str:
+    if REGISTRY in doc:
+        return f"torchtitan 0.3 config registry: {doc[REGISTRY]}"
     if "parallelism" not in doc:
         return "torchtitan 2025-02 layout: parallel degrees under [training], [experimental]"
     if "compile" in doc:
@@ -50,24 +66,88 @@ def layout(doc: dict) -> str:
 
 
 def read(r: Reader) -> None:
-    doc = r.mapping(r.doc, "file")
+    doc = dict(r.mapping(r.doc, "file"))
     r.layout = layout(doc)
-    par_section = "parallelism" if "parallelism" in doc else "training"
+    registry = doc.pop(REGISTRY, None)
+    par_section = "parallelism" if "parallelism" in doc or registry else "training"
     training = r.mapping(doc.get("training"), "[training]")
     par = r.mapping(doc.get(par_section), f"[{par_section}]")
     exp = r.mapping(doc.get("experimental"), "[experimental]")
     model(r, r.mapping(doc.get("model"), "[model]"))
-    # ---- batch and sequence
+    batch(r, training, registry)
+    parallelism(r, par, exp, par_section)
+    r.set("training.fsdp_version", 2, "torchtitan (FSDP2 fully_shard)")
+    r.set("training.init", "meta", "torchtitan (meta-device init)")
+    r.fallback("training.allocator", "expandable",
+               f"{r.name}: allocator expandable: torchtitan's run_train.sh sets "
+               "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+    checkpointing(r, r.mapping(doc.get("activation_checkpoint"), "[activation_checkpoint]"))
+    precision_and_offload(r, doc)
+    compile_mode(r, doc, training)
+    optimizer(r, r.mapping(doc.get("optimizer"), "[optimizer]"))
+    float8(r, doc)
+    loss(r, doc.get("loss"))
+    r.audit(TABLE, doc)
+
+
+def model(r: Reader, m: dict) -> None:
+    name = r.text(m.get("name"), "[model] name")
+    flavor = r.text(m.get("flavor"), "[model] flavor")
+    if name is None:
+        return
+    preset = FLAVORS.get((name.lower(), (flavor or "").lower()))
+    assets = r.text(m.get("hf_assets_path"), "[model] hf_assets_path")
+    if preset is not None:
+        r.set("model.preset", preset, "[model] name/flavor")
+        if assets:
+            r.warn(f"{r.name}: [model] {name} {flavor} read as fitcheck's {preset} preset "
+                   f"(hf_assets_path {assets} holds the tokenizer)")
+    else:
+        from planner.jobs.record import Source
+
+        r.unresolved = Source(r.name, f"[model] name/flavor {name!r} {flavor!r}")
+
+
+def batch(r: Reader, training: dict, registry: Any) -> None:
     for key in ("batch_size", "local_batch_size"):
         r.set("training.micro_batch", r.count(training.get(key), f"[training] {key}"),
               f"[training] {key}")
-    r.set("training.seq", r.count(training.get("seq_len"), "[training] seq_len"),
-          "[training] seq_len")
+    tokens = training.get("num_tokens_per_microbatch_per_dp_rank")
+    context = training.get("max_context_length")
+    if tokens is not None or context is not None:  # main since 0.3: a token budget
+        tkey, ckey = ("[training] num_tokens_per_microbatch_per_dp_rank",
+                      "[training] max_context_length")
+        t = r.count(r.default(TABLE, "training.num_tokens_per_microbatch_per_dp_rank", tokens),
+                    tkey)
+        c = r.count(r.default(TABLE, "training.max_context_length", context), ckey)
+        if t % c:
+            raise r.fail(tkey, f"({t}) must be a multiple of max_context_length ({c}): the "
+                         "planner counts whole sequences")
+        r.set("training.micro_batch", t // c, f"{tkey} / max_context_length")
+        r.set("training.seq", c, ckey)
+        step = training.get("num_tokens_per_train_step", -1)
+        if step not in (-1, "-1", None):
+            total = r.count(step, "[training] num_tokens_per_train_step")
+            if total % c:
+                raise r.fail("[training] num_tokens_per_train_step", f"({total}) must be a "
+                             f"multiple of max_context_length ({c})")
+            r.set("training.global_batch", total // c,
+                  "[training] num_tokens_per_train_step / max_context_length")
+        return
+    if registry and "training.micro_batch" not in r.raw:
+        r.set("training.micro_batch", r.default(TABLE, "training.local_batch_size"),
+              f"[training] local_batch_size ({r.label(TABLE)} default)")
+    seq = training.get("seq_len")
+    if seq is None and registry:
+        seq = r.default(TABLE, "training.seq_len")
+    r.set("training.seq", r.count(seq, "[training] seq_len"), "[training] seq_len")
     gb = training.get("global_batch_size", MISSING)
     if gb not in (MISSING, -1, "-1"):
         r.set("training.global_batch", r.count(gb, "[training] global_batch_size"),
               "[training] global_batch_size")
-    # ---- parallelism
+
+
+def parallelism(r: Reader, par: dict, exp: dict, par_section: str) -> None:
     def deg(key: str, section: dict, where: str) -> Any:
         v = section.get(key, MISSING)
         return MISSING if v is MISSING else r.degree(v, f"[{where}] {key}")
@@ -104,14 +184,11 @@ def read(r: Reader) -> None:
         for d in degrees:
             total *= d if isinstance(d, int) and d > 0 else 1
         r.set("hardware.n", total, f"[{par_section}] degrees (product)")
-    r.set("training.fsdp_version", 2, "torchtitan (FSDP2 fully_shard)")
-    r.set("training.init", "meta", "torchtitan (meta-device init)")
-    r.fallback("training.allocator", "expandable",
-               f"{r.name}: allocator expandable: torchtitan's run_train.sh sets "
-               "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
-    # ---- checkpointing, offload, precision, compile
-    ac = r.mapping(doc.get("activation_checkpoint"), "[activation_checkpoint]")
-    ac_key = "[activation_checkpoint] mode" + ("" if "mode" in ac else " (default selective)")
+
+
+def checkpointing(r: Reader, ac: dict) -> None:
+    ac_key = "[activation_checkpoint] mode" + ("" if "mode" in ac else
+                                               f" ({r.label(TABLE)} default selective)")
     mode = r.choose(ac.get("mode", "selective"), ac_key, AC_MODES)
     if mode == "selective":
         opt = r.text(ac.get("selective_ac_option", "2"), "[activation_checkpoint] "
@@ -120,12 +197,20 @@ def read(r: Reader) -> None:
             k = r.count(opt, "[activation_checkpoint] selective_ac_option")
             mode = "full" if k == 1 else Vocab(f"full-every-{k}-blocks")
     r.set("checkpointing", mode, ac_key)
+
+
+def precision_and_offload(r: Reader, doc: dict) -> None:
     for section in ("training", "parallelism"):
         sec = r.mapping(doc.get(section), f"[{section}]")
         if "enable_cpu_offload" in sec:
             off = r.boolean(sec["enable_cpu_offload"], f"[{section}] enable_cpu_offload")
             r.set("offload", "params_and_optimizer" if off else "none",
                   f"[{section}] enable_cpu_offload")
+        dtype = sec.get("dtype")
+        if dtype is not None and str(dtype).lower() in ("bfloat16", "bf16"):
+            # config/configs.py: dtype bfloat16 trains the parameters themselves in bf16
+            r.set("training.precision", "bf16", f"[{section}] dtype")
+            continue
         for k, path in (("mixed_precision_param", "training.precision"),
                         ("mixed_precision_reduce", "training.reduce_dtype")):
             if k in sec:
@@ -138,36 +223,35 @@ def read(r: Reader) -> None:
     if "training.precision" not in r.raw:
         r.set("training.precision", "bf16-amp",
               "[training] mixed_precision_param (default bfloat16)")
+
+
+def compile_mode(r: Reader, doc: dict, training: dict) -> None:
     comp = r.mapping(doc.get("compile"), "[compile]")
     on = r.boolean(comp.get("enable"), "[compile] enable") if comp else \
         r.boolean(training.get("compile"), "[training] compile")
-    if on:
-        parts = comp.get("components") if comp else None
-        # [compile] components lists what torchtitan compiles: "model" (each block), "loss"
-        with_loss = isinstance(parts, list) and "loss" in parts
-        r.set("training.compile", "blocks+loss" if with_loss else "blocks",
-              "[compile] components" if with_loss else
-              "[compile] enable" if comp else "[training] compile")
-    optimizer(r, r.mapping(doc.get("optimizer"), "[optimizer]"))
-    float8(r, doc)
-
-
-def model(r: Reader, m: dict) -> None:
-    name = r.text(m.get("name"), "[model] name")
-    flavor = r.text(m.get("flavor"), "[model] flavor")
-    if name is None:
+    if not on:
         return
-    preset = FLAVORS.get((name.lower(), (flavor or "").lower()))
-    assets = r.text(m.get("hf_assets_path"), "[model] hf_assets_path")
-    if preset is not None:
-        r.set("model.preset", preset, "[model] name/flavor")
-        if assets:
-            r.warn(f"{r.name}: [model] {name} {flavor} read as fitcheck's {preset} preset "
-                   f"(hf_assets_path {assets} holds the tokenizer)")
-    else:
-        from planner.jobs.record import Source
-
-        r.unresolved = Source(r.name, f"[model] name/flavor {name!r} {flavor!r}")
+    if not comp:  # 2025-02 and v0.1: [training] compile compiles each TransformerBlock
+        r.set("training.compile", "blocks", "[training] compile")
+        return
+    parts = comp.get("components", MISSING)
+    key = "[compile] components"
+    if parts is MISSING:
+        parts = r.default(TABLE, "compile.components")
+        key = f"[compile] components ({r.label(TABLE)} default [model, loss])"
+    if not isinstance(parts, list):
+        raise r.fail("[compile] components", f"must be a list of model and loss, got {parts!r}")
+    parts = {str(p).lower() for p in parts}
+    unknown = parts - {"model", "loss"}
+    if unknown:
+        raise r.fail("[compile] components", f"unknown component {min(unknown)!r}; expected "
+                     "model and loss")
+    if parts == {"model", "loss"}:
+        r.set("training.compile", "blocks+loss", key)
+    elif parts == {"model"}:
+        r.set("training.compile", "blocks", key)
+    elif parts == {"loss"}:  # the loss compiled, the blocks eager: no fitcheck mode says it
+        r.set("training.compile", Vocab("loss only"), key)
 
 
 def optimizer(r: Reader, o: dict) -> None:
@@ -179,6 +263,9 @@ def optimizer(r: Reader, o: dict) -> None:
     if impl is not None:
         r.set("training.optimizer_impl", r.choose(impl, "[optimizer] implementation",
                                                   IMPLEMENTATIONS), "[optimizer] implementation")
+    elif o.get("fused") is not None:  # 2025-02
+        fused = r.boolean(o.get("fused"), "[optimizer] fused")
+        r.set("training.optimizer_impl", "fused" if fused else "foreach", "[optimizer] fused")
     else:
         r.fallback("training.optimizer_impl", "fused",
                    f"{r.name}: [optimizer] implementation not given: torchtitan's default, fused")
@@ -189,5 +276,117 @@ def float8(r: Reader, doc: dict) -> None:
     if r.boolean(f8.get("enable_float8_linear"), "[float8] enable_float8_linear"):
         r.set("training.float8", True, "[float8] enable_float8_linear")
     converters = r.mapping(doc.get("model"), "[model]").get("converters")
-    if isinstance(converters, list) and any("float8" in str(c) for c in converters):
-        r.set("training.float8", True, "[model] converters")
+    if isinstance(converters, list) and converters:
+        names = [str(c) for c in converters]
+        low = [n for n in names if "lora" not in n.lower()]
+        if low:
+            r.set("training.float8", Vocab(",".join(low)), "[model] converters")
+        if len(low) < len(names):
+            r.set("finetune.lora_rank", Vocab("torchtitan LoRA converter"), "[model] converters")
+
+
+def loss(r: Reader, value: Any) -> None:
+    """0.3's loss config (a TOML file has none: torchtitan's cross-entropy upcasts the logits)."""
+    if not isinstance(value, dict):
+        return
+    kind = str(value.get("class", ""))
+    if kind.endswith("ChunkedLossWrapper.Config"):
+        r.set("training.loss", "fused", "loss (ChunkedLossWrapper: lm_head and loss per "
+              "sequence chunk, backward per chunk)")
+    elif kind.endswith("CrossEntropyLoss.Config"):
+        r.set("training.loss", "fp32", "loss (CrossEntropyLoss: fp32 logits)")
+    elif kind:
+        r.set("training.loss", Vocab(kind), "loss")
+
+
+# ---------------------------------------------------------------------------------------------
+# 0.3: a config_registry.py function, laid out as the TOML sections
+
+
+AC_CLASSES = {"SelectiveAC": "selective", "FullAC": "full", "MemoryBudgetAC": "memory_budget"}
+
+
+def from_registry(cfg: Any, function: str, module: str | None, name: str) -> dict[str, Any]:
+    """The Trainer.Config a registry function returns (planner.jobs.pyconfig.Cls), as a
+    TOML-shaped document the reader above reads."""
+    from planner.jobs.pyconfig import Cls, Opaque
+    from planner.jobs.record import JobError
+
+    if not isinstance(cfg, Cls) or not cfg.cls.endswith("Config"):
+        raise JobError(f"{name}: {function} returns {cfg}, not a Trainer.Config")
+
+    def plain(v: Any) -> Any:
+        if isinstance(v, Cls):
+            return {**{k: plain(x) for k, x in v.items() if k != "__args__"}, "class": v.cls}
+        if isinstance(v, list):
+            return [plain(x) for x in v]
+        if isinstance(v, Opaque):
+            return str(v)
+        return v
+
+    doc: dict[str, Any] = {REGISTRY: function}
+    for key, v in cfg.items():
+        if key == "model_spec":
+            doc["model"] = _model_spec(v, module)
+        elif key == "activation_checkpoint":
+            doc[key] = _ac(v)
+        elif key == "optimizer":
+            doc[key] = _optimizer(v)
+        elif key in ("training", "parallelism", "compile", "debug", "comm"):
+            section = plain(v)
+            if isinstance(section, dict):
+                section.pop("class", None)
+            doc[key] = section
+        else:
+            doc[key] = plain(v)
+    doc.setdefault("activation_checkpoint", {"mode": "selective"})  # Trainer.Config default
+    return doc
+
+
+def _model_spec(v: Any, module: str | None) -> dict[str, Any]:
+    from planner.jobs.pyconfig import Cls
+
+    if not isinstance(v, Cls) or v.cls != "model_registry":
+        return {"name": module, "flavor": str(v)}
+    args = v.get("__args__") or [None]
+    converters = [c.cls.rsplit(".Config", 1)[0] if isinstance(c, Cls) else str(c)
+                  for c in v.get("converters") or []]
+    out = {"name": module, "flavor": args[0]}
+    if converters:
+        out["converters"] = converters
+    return out
+
+
+def _ac(v: Any) -> dict[str, Any]:
+    from planner.jobs.pyconfig import Cls
+
+    if v is None:
+        return {"mode": "none"}
+    if isinstance(v, Cls):
+        cls = v.cls.rsplit(".Config", 1)[0].rsplit(".", 1)[-1]
+        mode = AC_CLASSES.get(cls, cls)
+        out = {"mode": mode if mode in AC_CLASSES.values() else f"{mode}"}
+        if mode == "selective":
+            out["selective_ac_option"] = "op"  # per-op SAC (_get_default_save_ops)
+        out.update({k: x for k, x in v.items() if k != "__args__"})
+        return out
+    return {"mode": str(v)}
+
+
+def _optimizer(v: Any) -> dict[str, Any]:
+    from planner.jobs.pyconfig import Cls
+
+    if isinstance(v, Cls) and v.cls == "default_adamw":
+        return {"name": "AdamW"}  # components/optimizer/optimizer.py: one AdamW group
+    if isinstance(v, Cls):
+        groups = v.get("param_groups") or []
+        names = {str(g.get("optimizer_name")) for g in groups if isinstance(g, Cls)}
+        out: dict[str, Any] = {}
+        if len(names) == 1:
+            out["name"] = names.pop()
+        elif names:
+            out["name"] = "+".join(sorted(names))
+        if "implementation" in v:
+            out["implementation"] = v["implementation"]
+        return out
+    return {}

@@ -1,14 +1,16 @@
-"""Hugging Face TrainingArguments (a JSON dump, ``training_args.json``) and the recipe YAMLs
-built on them: TRL, alignment-handbook, LLaMA-Factory.
+"""Hugging Face TrainingArguments (a JSON dump, ``training_args.json``, or a recipe of its keys
+alone), and what every recipe built on the HF Trainer shares (planner/jobs/readers/trl.py,
+llamafactory.py, axolotl.py): each key against its framework's table, the framework's default
+for a key the file leaves out (named in the assumptions).
 
-per_device_train_batch_size -> micro-batch; gradient_accumulation_steps; max_seq_length /
-max_length / cutoff_len -> seq; bf16/fp16 -> bf16-amp/fp16-amp (autocast; neither: fp32);
-optim -> optimizer; gradient_checkpointing -> full; torch_compile -> compile model;
-use_liger_kernel -> fused loss; fsdp ("full_shard auto_wrap", "offload") + fsdp_config;
-deepspeed (a path, read, or an inline dict); model_name_or_path -> the model; use_peft /
-lora_r / lora_target_modules / load_in_4bit (TRL), finetuning_type / lora_rank / lora_target /
-quantization_bit (LLaMA-Factory) -> finetune.*. Without fsdp or deepspeed the job is plain DDP
-unless an accelerate config given beside it says otherwise.
+per_device_train_batch_size (default 8) -> micro-batch; gradient_accumulation_steps;
+bf16/fp16 -> bf16-amp/fp16-amp (autocast over fp32 weights; neither: fp32); optim (default
+adamw_torch_fused) -> optimizer; gradient_checkpointing / activation_checkpointing -> full;
+torch_compile -> compile model; use_liger_kernel -> fused loss; fsdp ("full_shard auto_wrap",
+"offload") + fsdp_config; deepspeed (a path, read, or an inline dict); parallelism_config
+(dp_replicate x dp_shard, tp, cp, sp). Without fsdp or deepspeed the job is plain DDP unless an
+accelerate config given beside it says otherwise; a model loaded in 16-bit then trains in pure
+16-bit (no fp32 master weights), which the DDP plan uses (planner.jobs.record.ModelDtype).
 """
 
 from __future__ import annotations
@@ -17,113 +19,140 @@ from typing import Any
 
 from planner.jobs.readers import accelerate, deepspeed
 from planner.jobs.readers.common import MISSING, Reader
-from planner.jobs.record import JobFormat, Vocab
+from planner.jobs.record import JobFormat, ModelDtype, Vocab
 
+TABLE = "transformers"
 FSDP_OPTIONS = {"full_shard": "full_shard", "shard_grad_op": "shard_grad_op",
                 "hybrid_shard": "hybrid_shard", "hybrid_shard_zero2": Vocab("hybrid_shard_zero2"),
                 "no_shard": "no_shard"}
-SEQ_KEYS = ("max_seq_length", "max_length", "cutoff_len", "model_max_length", "max_seq_len")
 ATTENTION = {"flash_attention_2": "sdpa", "flash_attention_3": "sdpa", "sdpa": "sdpa",
              "flex_attention": "sdpa", "kernels-community/vllm-flash-attn3": "sdpa",
-             "eager": "eager"}
+             "kernels-community/flash-attn": "sdpa", "kernels-community/flash-attn3": "sdpa",
+             "paged|flash_attention_2": "sdpa", "eager": "eager"}
+HALF = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16",
+        "half": "float16"}
 
 
 def detect(doc: Any) -> int:
-    strong = ("per_device_train_batch_size", "model_name_or_path", "cutoff_len",
-              "finetuning_type", "max_seq_length", "optim", "per_device_eval_batch_size",
-              "eval_strategy", "evaluation_strategy", "save_strategy", "dataset_text_field",
-              "logging_strategy", "overwrite_output_dir", "ddp_timeout", "lr_scheduler_type")
-    return sum(2 for k in strong if k in doc) + sum(
-        1 for k in ("output_dir", "learning_rate", "gradient_checkpointing", "use_peft",
-                    "template", "stage", "push_to_hub", "hub_model_id") if k in doc)
+    from planner.jobs.keys import recipe_score
+
+    return recipe_score(TABLE, doc)
 
 
 def read(r: Reader) -> None:
     doc = r.mapping(r.doc, "file")
-    r.model(doc.get("model_name_or_path"), "model_name_or_path")
-    # ---- batch and sequence
-    mb = r.count(doc.get("per_device_train_batch_size"), "per_device_train_batch_size")
-    r.set("training.micro_batch", mb, "per_device_train_batch_size")
-    old = r.count(doc.get("per_gpu_train_batch_size"), "per_gpu_train_batch_size")
-    r.set("training.micro_batch", old, "per_gpu_train_batch_size")
-    ga = r.count(doc.get("gradient_accumulation_steps"), "gradient_accumulation_steps")
-    r.set("training.grad_accum", ga, "gradient_accumulation_steps")
-    sequence(r, doc)
-    # ---- precision, optimizer, kernels
-    precision(r, doc)
-    r.optimizer(doc.get("optim"), "optim")
-    if doc.get("adafactor") is True:  # the old switch
-        r.set("training.optimizer", "adafactor", "adafactor")
-    gc = r.boolean(doc.get("gradient_checkpointing"), "gradient_checkpointing")
-    if gc is not None:
-        r.set("checkpointing", "full" if gc else "none", "gradient_checkpointing")
-    elif is_llamafactory(doc):  # LLaMA-Factory checkpoints unless told not to
-        off = r.boolean(doc.get("disable_gradient_checkpointing"),
-                        "disable_gradient_checkpointing")
-        r.set("checkpointing", "none" if off else "full",
-              "disable_gradient_checkpointing" if off is not None else
-              "disable_gradient_checkpointing (LLaMA-Factory default: false)")
-    else:
-        r.fallback("checkpointing", "none", "")  # TrainingArguments' default
-    if r.boolean(doc.get("torch_compile"), "torch_compile"):
-        r.set("training.compile", "model", "torch_compile")
-    if r.boolean(doc.get("use_liger_kernel"), "use_liger_kernel") \
-            or r.boolean(doc.get("enable_liger_kernel"), "enable_liger_kernel"):
+    read_args(r, doc, TABLE)
+    r.audit(TABLE)
+
+
+# ---------------------------------------------------------------------------------------------
+# What every HF-Trainer recipe shares
+
+
+def value(r: Reader, table: str, doc: dict, key: str) -> tuple[Any, str]:
+    """The file's value for ``key``, else the framework's default (noted); and the key to name
+    as its source."""
+    if key in doc and doc[key] is not None:
+        return doc[key], key
+    v = r.default(table, key)
+    return v, f"{key} ({r.label(table)} default)"
+
+
+def read_args(r: Reader, doc: dict, table: str, *, checkpointing: bool = True) -> None:
+    """The TrainingArguments keys of a recipe (``table``: whose defaults apply)."""
+    mb, key = value(r, table, doc, "per_device_train_batch_size")
+    if "per_gpu_train_batch_size" in doc and "per_device_train_batch_size" not in doc:
+        mb, key = doc["per_gpu_train_batch_size"], "per_gpu_train_batch_size"
+    r.set("training.micro_batch", r.count(mb, key), key)
+    ga, key = value(r, table, doc, "gradient_accumulation_steps")
+    ga = r.count(ga, key)
+    r.set("training.grad_accum", ga, key)
+    precision(r, doc, table)
+    optim, key = value(r, table, doc, "optim")
+    r.optimizer(optim, key)
+    if r.boolean(doc.get("adafactor"), "adafactor"):  # the old switch
+        r.replace("training.optimizer", "adafactor", "adafactor")
+        r.replace("training.optimizer_impl", None, "adafactor")
+    compiled = r.boolean(doc.get("torch_compile"), "torch_compile")
+    if compiled or (doc.get("torchdynamo") not in (None, "", False)):
+        r.set("training.compile", "model", "torch_compile" if compiled else "torchdynamo")
+    if r.boolean(doc.get("use_liger_kernel"), "use_liger_kernel"):
         r.set("training.loss", "fused", "use_liger_kernel")
-    attn = r.text(doc.get("attn_implementation"), "attn_implementation")
-    if attn:
-        r.set("training.attention", ATTENTION.get(attn.lower(), Vocab(attn.lower())),
-              "attn_implementation")
-    # ---- distribution
+    attention(r, doc.get("attn_implementation"), "attn_implementation")
     distributed = fsdp(r, doc) | ds(r, doc)
+    if checkpointing:
+        gradient_checkpointing(r, doc, table)
+    parallelism(r, r.mapping(doc.get("parallelism_config"), "parallelism_config"))
+    tp = r.count(doc.get("tp_size"), "tp_size", zero=True)
+    if tp and tp > 1:
+        r.set("parallel.tp", tp, "tp_size")
     if not distributed:
-        dtype = r.text(doc.get("torch_dtype", doc.get("dtype")), "torch_dtype")
-        half = (f"; torch_dtype {dtype} keeps weights, gradients and optimizer state 16-bit "
-                "there (give --precision bf16: planned with autocast over fp32)"
-                if dtype in ("bfloat16", "float16") else "")
         r.fallback("strategy", "ddp", f"{r.name}: no fsdp or deepspeed: plain DDP (give an "
-                   f"accelerate config or --strategy if it launches otherwise){half}")
+                   "accelerate config or --strategy if it launches otherwise)")
     if (ga or 1) > 1:
         r.fallback("training.grad_sync", "last",
                    f"{r.name}: gradient accumulation through accelerate's accumulate(): no "
                    "gradient sync until the last micro-batch (no_sync)")
-    finetune(r, doc)
-    trl_extras(r, doc)
 
 
-def is_llamafactory(doc: dict) -> bool:
-    return "finetuning_type" in doc or ("stage" in doc and "template" in doc)
-
-
-def sequence(r: Reader, doc: dict) -> None:
-    if "num_generations" in doc:  # GRPO: prompt + completion
-        p = r.count(doc.get("max_prompt_length"), "max_prompt_length")
-        c = r.count(doc.get("max_completion_length"), "max_completion_length")
-        if p and c:
-            r.set("training.seq", p + c, "max_prompt_length + max_completion_length")
-        return
-    for key in SEQ_KEYS:
-        r.set("training.seq", r.count(doc.get(key), key), key)
-
-
-def precision(r: Reader, doc: dict) -> None:
-    bf16 = r.boolean(doc.get("bf16"), "bf16", auto=True)
+def precision(r: Reader, doc: dict, table: str) -> None:
+    """bf16 / fp16 (autocast over fp32 weights); neither: fp32. ``None`` for bf16 (TRL) means
+    'not fp16'."""
     fp16 = r.boolean(doc.get("fp16"), "fp16", auto=True)
+    raw_bf16 = doc.get("bf16", MISSING)
+    if raw_bf16 is MISSING or raw_bf16 is None:
+        from planner.jobs.keys import table as load
+
+        d = load(table).default("bf16")
+        bf16 = (not fp16) if d is None else bool(d)
+        r.defaulted.setdefault(r.label(table), []).append(
+            f"bf16 {'true' if bf16 else 'false'}{' (not fp16)' if d is None else ''}")
+        src = f"bf16 ({r.label(table)} default{': not fp16' if d is None else ''})"
+    else:
+        bf16 = r.boolean(raw_bf16, "bf16", auto=True)
+        src = "bf16"
     if bf16 and fp16:
         raise r.fail("bf16", "and fp16 are both true; set one")
+    auto = any(str(doc.get(k)).lower() == "auto" for k in ("bf16", "fp16"))
     if bf16:
-        r.set("training.precision", "bf16-amp", "bf16")
+        r.set("training.precision", "bf16-amp", src)
     elif fp16:
         r.set("training.precision", "fp16-amp", "fp16")
+    elif auto:
+        r.fallback("training.precision", "bf16-amp",
+                   f"{r.name}: bf16/fp16 \"auto\": assumed bf16-amp on a bf16-capable GPU")
     elif "bf16" in doc or "fp16" in doc:
-        if str(doc.get("bf16")).lower() == "auto" or str(doc.get("fp16")).lower() == "auto":
-            r.fallback("training.precision", "bf16-amp",
-                       f"{r.name}: bf16/fp16 \"auto\": assumed bf16-amp on a bf16-capable GPU")
-        else:
-            r.set("training.precision", "fp32", "bf16/fp16 (both false)")
+        r.set("training.precision", "fp32", "bf16/fp16 (both false)")
     else:
-        r.fallback("training.precision", "fp32",
-                   f"{r.name}: neither bf16 nor fp16: fp32 training (TrainingArguments default)")
+        r.set("training.precision", "fp32", f"bf16/fp16 ({r.label(table)} defaults: false)")
+
+
+def model_dtype(r: Reader, dtype: Any, key: str) -> None:
+    """A model loaded in 16-bit (torch_dtype / dtype bfloat16): under DDP the HF Trainer trains
+    those weights as they are (pure 16-bit, no fp32 master); FSDP (accelerate upcasts under
+    mixed precision) and DeepSpeed (fp32 master partition) do not."""
+    text = r.text(dtype, key)
+    if text is None or text.lower() not in HALF:
+        return
+    r.set("job.model_dtype", ModelDtype(HALF[text.lower()]), key)
+
+
+def gradient_checkpointing(r: Reader, doc: dict, table: str) -> None:
+    key = "activation_checkpointing" if doc.get("activation_checkpointing") is not None \
+        else "gradient_checkpointing"
+    gc, src = value(r, table, doc, key)
+    on = r.boolean(gc, key)
+    if "checkpointing" in r.raw:  # fsdp_config's activation_checkpointing: either one is on
+        if on:
+            r.replace("checkpointing", "full", src)
+        return
+    r.set("checkpointing", "full" if on else "none", src)
+
+
+def attention(r: Reader, impl: Any, key: str) -> None:
+    attn = r.text(impl, key)
+    if attn:
+        r.set("training.attention", ATTENTION.get(attn.lower(), Vocab(attn.lower())), key)
 
 
 def fsdp(r: Reader, doc: dict) -> bool:
@@ -194,45 +223,41 @@ def ds(r: Reader, doc: dict) -> bool:
     return True
 
 
-def finetune(r: Reader, doc: dict) -> None:
-    kind = (r.text(doc.get("finetuning_type"), "finetuning_type") or "").lower()
-    peft = r.boolean(doc.get("use_peft"), "use_peft") or kind == "lora"
-    if kind == "freeze":
-        layers = doc.get("freeze_trainable_layers", 2)
-        r.set("finetune.freeze", f"all but {layers} layers", "finetuning_type")
-    if kind == "oft" or (kind and kind not in ("lora", "full", "freeze")):
-        r.set("finetune.freeze", Vocab(kind), "finetuning_type")
-    if peft:
-        rank = r.count(doc.get("lora_r", doc.get("lora_rank")),
-                       "lora_r" if "lora_r" in doc else "lora_rank")
-        default = 8 if kind == "lora" else 16  # LLaMA-Factory lora_rank, TRL ModelConfig.lora_r
-        r.set("finetune.lora_rank", rank or default,
-              ("lora_r" if "lora_r" in doc else "lora_rank" if "lora_rank" in doc else
-               "use_peft (lora_r default)" if kind != "lora" else "finetuning_type lora"))
-        targets = doc.get("lora_target_modules", doc.get("lora_target"))
-        if isinstance(targets, str) and "," in targets:
-            targets = [t.strip() for t in targets.split(",")]
-        r.lora_targets(targets, "lora_target_modules" if "lora_target_modules" in doc
-                       else "lora_target")
-        r.set("finetune.modules_to_save", doc.get("lora_modules_to_save") or None,
-              "lora_modules_to_save")
+def parallelism(r: Reader, pc: Any) -> None:
+    """TrainingArguments.parallelism_config (accelerate's ParallelismConfig as a mapping)."""
+    if pc:
+        accelerate.parallelism(r, pc)
+
+
+def lora(r: Reader, doc: dict, table: str, *, rank_key: str, targets_key: str,
+         dropout_key: str = "lora_dropout") -> None:
+    """A LoRA adapter's rank, targets and dropout, the framework's defaults for what is left
+    out."""
+    rank, key = value(r, table, doc, rank_key)
+    r.set("finetune.lora_rank", r.count(rank, key), key)
+    targets = doc.get(targets_key)
+    if isinstance(targets, str) and "," in targets:
+        targets = [t.strip() for t in targets.split(",")]
+    if targets is None:
+        d = r.default(table, targets_key)
+        if d is not None:
+            r.lora_targets(d, f"{targets_key} ({r.label(table)} default)")
+    else:
+        r.lora_targets(targets, targets_key)
+    p, key = value(r, table, doc, dropout_key)
+    if p is not None:
+        r.set("finetune.lora_dropout", r.probability(p, key) > 0, key)
+
+
+def quantization(r: Reader, doc: dict, table: str) -> None:
     q4 = r.boolean(doc.get("load_in_4bit"), "load_in_4bit")
     q8 = r.boolean(doc.get("load_in_8bit"), "load_in_8bit")
-    qbit = doc.get("quantization_bit")
-    if q4 or qbit in (4, "4"):
-        qt = (r.text(doc.get("bnb_4bit_quant_type"), "bnb_4bit_quant_type") or "nf4").lower()
-        r.set("finetune.quantize_base", qt if qt == "nf4" else Vocab(qt),
-              "load_in_4bit" if q4 else "quantization_bit")
-    elif q8 or qbit in (8, "8"):
-        r.set("finetune.quantize_base", "int8", "load_in_8bit" if q8 else "quantization_bit")
-
-
-def trl_extras(r: Reader, doc: dict) -> None:
-    if "num_generations" in doc:
-        beta = doc.get("beta", 0.0)
-        if isinstance(beta, (int, float)) and beta > 0:
-            r.set("training.reference_model", True, "beta (GRPO, > 0)")
-        r.warn(f"{r.name}: GRPO: per_device_train_batch_size counts completions "
-               f"({doc.get('num_generations')} per prompt); generation memory is not planned")
-    elif "max_prompt_length" in doc and "beta" in doc:
-        r.set("training.paired_batch", True, "beta + max_prompt_length (DPO/ORPO-style)")
+    if q4:
+        qt, key = value(r, table, doc, "bnb_4bit_quant_type")
+        qt = (r.text(qt, key) or "nf4").lower()
+        r.set("finetune.quantize_base", qt if qt == "nf4" else Vocab(qt), "load_in_4bit")
+        nested = r.boolean(doc.get("use_bnb_nested_quant"), "use_bnb_nested_quant")
+        r.set("finetune.double_quant", bool(nested), "use_bnb_nested_quant" if nested is not None
+              else f"use_bnb_nested_quant ({r.label(table)} default: false)")
+    elif q8:
+        r.set("finetune.quantize_base", "int8", "load_in_8bit")

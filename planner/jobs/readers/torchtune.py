@@ -1,0 +1,248 @@
+"""A torchtune recipe config (recipes/configs/<model>/*.yaml, ``tune run <recipe> --config``),
+against torchtune's key table (planner/data/job_keys_torchtune.json; torchtune ignores
+top-level keys no recipe reads: a warning).
+
+model._component_ -> the model (torchtune.models.llama3_1.llama3_1_8b -> llama3.1-8b; the
+lora_/qlora_ builders -> LoRA, with lora_attn_modules, apply_lora_to_mlp, lora_rank,
+lora_dropout, quantize_base; apply_lora_to_output: not modelled); batch_size -> micro-batch;
+gradient_accumulation_steps; tokenizer.max_seq_len -> seq (null: the dataset decides; give
+--seq); dtype bf16 -> pure bf16 (the recipes train the weights in the dtype: "all activations,
+gradients and optimizer states are in bfloat16"), fp32 -> fp32; optimizer._component_ (+ fused
+/ foreach) -> optimizer; loss._component_ (LinearCrossEntropyLoss, CEWithChunkedOutputLoss ->
+chunked:num_output_chunks); enable_activation_checkpointing -> full (ac_mode selective: not
+modelled); enable_activation_offloading -> not modelled; compile true -> each layer and the
+loss; fsdp_cpu_offload -> params_and_optimizer; fsdp_reshard_after_forward false ->
+shard_grad_op; data_parallel_shard_dim / _replicate_dim / tensor_parallel_dim /
+context_parallel_dim -> strategy and parallel.*. The recipe decides the strategy: a
+*_distributed recipe (the config's name says which: *_single_device.yaml runs on one GPU)
+shards every layer with FSDP2.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+from planner.jobs.readers.common import MISSING, Reader
+from planner.jobs.record import Vocab
+
+TABLE = "torchtune"
+LORA_MODULES = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "output_proj": "o"}
+OPTIMIZERS = {"torch.optim.adamw": ("adamw", None), "torch.optim.adam": ("adam", None),
+              "torch.optim.sgd": ("sgd", None),
+              "bitsandbytes.optim.pagedadamw8bit": ("adamw-8bit", None),
+              "bitsandbytes.optim.adamw8bit": ("adamw-8bit", None),
+              "torchao.optim.adamw8bit": ("adamw-8bit", None),
+              "torchao.prototype.low_bit_optim.adamw8bit": ("adamw-8bit", None),
+              "bitsandbytes.optim.pagedadamw": ("adamw", None)}
+MODEL = re.compile(r"^torchtune\.models\.(?P<family>[a-z0-9_]+)\.(?P<lora>(q?lora_)?)"
+                   r"(?P<builder>[a-z0-9_]+)$")
+
+
+def detect(doc: Any) -> int:
+    comps = sum(1 for v in doc.values() if isinstance(v, dict) and "_component_" in v)
+    if not comps:
+        return 0
+    keys = ("batch_size", "gradient_accumulation_steps", "enable_activation_checkpointing",
+            "checkpointer", "tokenizer", "dtype", "epochs", "max_steps_per_epoch", "loss",
+            "metric_logger", "output_dir")
+    return 10 + 3 * comps + sum(1 for k in keys if k in doc)
+
+
+def preset_of(component: str) -> str | None:
+    """torchtune.models.llama3_1.lora_llama3_1_8b -> the builder's fitcheck preset."""
+    from planner.presets import resolve_name
+
+    m = MODEL.match(component.lower())
+    if m is None:
+        return None
+    builder = m.group("builder")
+    family = m.group("family")
+    # llama3_1_8b -> llama3.1-8b; qwen2_5_7b_instruct -> qwen2.5-7b; gemma2_9b -> gemma2-9b
+    size = re.search(r"_(\d+(?:_\d+)?[bm])(?:_[a-z]+)*$", builder)
+    if size is None:
+        return None
+    head = builder[:size.start()]
+    version = re.sub(r"(\d)_(\d)", r"\1.\2", head).replace("_", "")
+    for name in (f"{version}-{size.group(1).replace('_', '.')}",
+                 f"{family.replace('_', '.')}-{size.group(1)}"):
+        preset = resolve_name(name)
+        if preset is not None:
+            return preset
+    return None
+
+
+def read(r: Reader) -> None:
+    doc = r.mapping(r.doc, "file")
+    single = "single_device" in os.path.basename(r.name)
+    r.layout = "torchtune recipe config" + (" (single device)" if single else "")
+    if "optimizer" not in doc:  # every training recipe's config has one (recipes/configs/)
+        training = doc.get("training")
+        if isinstance(training, dict) and "optimizer" in training:
+            raise r.fail("training.optimizer", "the async GRPO layout (orchestration, "
+                         "inference, training sections) is not read; give the settings as "
+                         "flags")
+        raise r.fail("optimizer", "not set: this is a torchtune evaluation, generation or "
+                     "quantization config (no training step to plan), not a training recipe")
+    model(r, r.mapping(doc.get("model"), "model"))
+    r.set("training.micro_batch", r.count(doc.get("batch_size"), "batch_size"), "batch_size")
+    ga = r.count(r.default(TABLE, "gradient_accumulation_steps",
+                           doc.get("gradient_accumulation_steps")), "gradient_accumulation_steps")
+    r.set("training.grad_accum", ga, "gradient_accumulation_steps")
+    tok = r.mapping(doc.get("tokenizer"), "tokenizer")
+    seq = r.count(tok.get("max_seq_len"), "tokenizer.max_seq_len")
+    if seq is not None:
+        r.set("training.seq", seq, "tokenizer.max_seq_len")
+    else:
+        r.warn(f"{r.name}: tokenizer.max_seq_len is null: each sample keeps its own length; "
+               "planned at --seq")
+    dtype = (r.text(doc.get("dtype"), "dtype") or "bf16").lower()
+    prec = {"bf16": "bf16", "bfloat16": "bf16", "fp32": "fp32", "float32": "fp32"}.get(dtype)
+    r.set("training.precision", prec or Vocab(dtype), "dtype" if "dtype" in doc
+          else "dtype (the recipes' default: bf16)")
+    checkpointing(r, doc)
+    compiled = doc.get("compile", False)
+    if compiled not in (False, None, "false", "False"):
+        parts = compiled if isinstance(compiled, dict) else {}
+        blocks = parts.get("model", True)
+        with_loss = parts.get("loss", True)
+        mode = ("blocks+loss" if with_loss else "blocks") if blocks else Vocab("loss only")
+        r.set("training.compile", mode, "compile (each layer and the loss)" if mode ==
+              "blocks+loss" else "compile")
+    optimizer(r, r.mapping(doc.get("optimizer"), "optimizer"))
+    loss(r, r.mapping(doc.get("loss"), "loss"))
+    distribution(r, doc, single)
+    if r.boolean(doc.get("enable_fp8_training"), "enable_fp8_training"):
+        r.set("training.float8", True, "enable_fp8_training")
+    for key, path in (("teacher_model", "training.teacher_model"),
+                      ("ref_checkpointer", "training.reference_model"),
+                      ("policy_model", "training.generation")):
+        if doc.get(key):
+            r.set(path, True, key)
+    if isinstance(doc.get("loss"), dict) and "dpo" in str(doc["loss"].get("_component_",
+                                                                          "")).lower():
+        r.set("training.paired_batch", True, "loss._component_ (DPO: chosen + rejected)")
+    r.audit(TABLE)
+
+
+def model(r: Reader, m: dict) -> None:
+    comp = r.text(m.get("_component_"), "model._component_")
+    if comp is None:
+        return
+    match = MODEL.match(comp.lower())
+    preset = preset_of(comp)
+    if preset is not None:
+        r.set("model.preset", preset, "model._component_")
+        r.warn(f"{r.name}: model._component_ {comp} read as fitcheck's {preset} preset")
+    else:
+        from planner.jobs.record import Source
+
+        r.unresolved = Source(r.name, f"model._component_ {comp!r}")
+    lora = match is not None and bool(match.group("lora"))
+    if not lora:
+        return
+    rank = r.count(m.get("lora_rank"), "model.lora_rank")
+    if rank is None:
+        raise r.fail("model.lora_rank", f"required by the LoRA builder {comp}")
+    r.set("finetune.lora_rank", rank, "model.lora_rank")
+    mods = m.get("lora_attn_modules") or []
+    if not isinstance(mods, list):
+        raise r.fail("model.lora_attn_modules", f"must be a list, got {mods!r}")
+    targets = [LORA_MODULES.get(str(x).lower(), str(x)) for x in mods]
+    if r.boolean(m.get("apply_lora_to_mlp"), "model.apply_lora_to_mlp"):
+        targets += ["gate", "up", "down"]
+    if targets:
+        r.set("finetune.lora_targets", tuple(dict.fromkeys(targets)),
+              "model.lora_attn_modules + apply_lora_to_mlp")
+    if r.boolean(m.get("apply_lora_to_output"), "model.apply_lora_to_output"):
+        r.set("finetune.lora_head", True, "model.apply_lora_to_output")
+    p = m.get("lora_dropout", 0.0)
+    r.set("finetune.lora_dropout", r.probability(p, "model.lora_dropout") > 0,
+          "model.lora_dropout")
+    r.set("finetune.lora_dtype", "base", "model._component_ (torchtune: adapters in the "
+          "model's dtype)")
+    quant = match.group("lora") == "qlora_" or r.boolean(m.get("quantize_base"),
+                                                         "model.quantize_base")
+    if quant:
+        r.set("finetune.quantize_base", "nf4", "model._component_ (QLoRA: NF4 base)"
+              if match.group("lora") == "qlora_" else "model.quantize_base")
+        r.set("finetune.double_quant", True, "model._component_ (torchao NF4Tensor: the block "
+              "scalers are quantized again, in blocks of 256)")
+
+
+def checkpointing(r: Reader, doc: dict) -> None:
+    ac = r.boolean(doc.get("enable_activation_checkpointing"),
+                   "enable_activation_checkpointing")
+    mode = r.text(doc.get("ac_mode"), "ac_mode")
+    if ac and mode and mode.lower() == "selective":
+        opt = doc.get("ac_option")
+        r.set("checkpointing", "full" if opt in (1, "1") else Vocab(f"selective every {opt}"),
+              "ac_mode")
+    else:
+        r.set("checkpointing", "full" if ac else "none",
+              "enable_activation_checkpointing" if ac is not None else
+              "enable_activation_checkpointing (the recipes' default: false)")
+    if r.boolean(doc.get("enable_activation_offloading"), "enable_activation_offloading"):
+        r.set("training.activation_offload", True, "enable_activation_offloading")
+
+
+def optimizer(r: Reader, o: dict) -> None:
+    comp = r.text(o.get("_component_"), "optimizer._component_")
+    if comp is None:
+        return
+    kind, _ = OPTIMIZERS.get(comp.lower(), (Vocab(comp.rsplit(".", 1)[-1].lower()), None))
+    r.set("training.optimizer", kind, "optimizer._component_")
+    fused = r.boolean(o.get("fused"), "optimizer.fused")
+    foreach = r.boolean(o.get("foreach"), "optimizer.foreach")
+    if comp.lower().startswith("torch.optim."):
+        r.set("training.optimizer_impl", "fused" if fused else "for-loop" if foreach is False
+              else "foreach", "optimizer.fused" if fused else "optimizer.foreach"
+              if foreach is not None else "optimizer._component_ (torch's foreach default)")
+    if "paged" in comp.lower():
+        r.warn(f"{r.name}: optimizer._component_ {comp} is paged: its state may spill to host "
+               "RAM under pressure; sized as if it stays on the GPU")
+
+
+def loss(r: Reader, l: dict) -> None:
+    comp = r.text(l.get("_component_"), "loss._component_")
+    if comp is None:
+        return
+    short = comp.rsplit(".", 1)[-1]
+    if short in ("LinearCrossEntropyLoss", "CEWithChunkedOutputLoss"):
+        n = r.count(l.get("num_output_chunks", 8), "loss.num_output_chunks")
+        r.set("training.loss", f"chunked:{n}", "loss._component_")
+    elif short in ("CrossEntropyLoss",):
+        r.set("training.loss", "fp32", "loss._component_")
+    elif "dpo" not in short.lower():
+        r.set("training.loss", Vocab(short), "loss._component_")
+
+
+def distribution(r: Reader, doc: dict, single: bool) -> None:
+    if single:
+        r.set("strategy", "ddp", "the config's name (*_single_device: one GPU)")
+        r.set("hardware.n", 1, "the config's name (*_single_device: one GPU)")
+        r.set("offload", "none", "the config's name (*_single_device)")
+        return
+    off = r.boolean(doc.get("fsdp_cpu_offload"), "fsdp_cpu_offload")
+    r.set("offload", "params_and_optimizer" if off else "none",
+          "fsdp_cpu_offload" if off is not None else "fsdp_cpu_offload (default false)")
+    reshard = r.boolean(doc.get("fsdp_reshard_after_forward", True),
+                        "fsdp_reshard_after_forward")
+    rep = r.count(doc.get("data_parallel_replicate_dim", 1), "data_parallel_replicate_dim") or 1
+    shard = doc.get("data_parallel_shard_dim", -1)
+    if rep > 1 and shard not in (1, "1"):
+        strategy, key = "hybrid_shard", "data_parallel_replicate_dim"
+    elif rep > 1:
+        strategy, key = "ddp", "data_parallel_replicate_dim"
+    else:
+        strategy = "full_shard" if reshard else "shard_grad_op"
+        key = "fsdp_reshard_after_forward" if "fsdp_reshard_after_forward" in doc else \
+            "recipe (*_distributed: FSDP2 per layer)"
+    r.set("strategy", strategy, key)
+    r.set("training.fsdp_version", 2, "recipe (FSDP2 fully_shard)")
+    for name, path in (("tensor_parallel_dim", "parallel.tp"),
+                       ("context_parallel_dim", "parallel.cp")):
+        d = r.count(doc.get(name, MISSING) if doc.get(name) is not None else 1, name)
+        if d and d > 1:
+            r.set(path, d, name)
