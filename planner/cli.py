@@ -31,6 +31,7 @@ from planner.cli_options import (  # noqa: F401  (JOB_FORMATS, request_from_opti
     HARDWARE,
     JOB_FORMATS,
     MODEL,
+    JobFile,
     TRAINING,
     field_options,
     given_values,
@@ -199,13 +200,12 @@ def cli() -> None:
               help="List the embedded GPU profiles and exit.")
 @click.option("--list-models", is_flag=True, expose_value=False, is_eager=True,
               callback=_list_models, help="List the model presets and exit.")
-@click.option("--job", "job_paths", multiple=True, metavar="FILE",
-              type=click.Path(exists=True, dir_okay=False, allow_dash=True),
-              help="Plan the job a config file describes (torchtitan TOML, DeepSpeed JSON, "
-              "accelerate / HF Trainer / TRL / axolotl / litgpt YAML, Kubeflow manifest, gate "
+@click.option("--job", "job_paths", multiple=True, metavar="FILE", type=JobFile(),
+              help="Plan the job a config file describes (torchtitan TOML or a config "
+              "registry entry FILE.py:NAME, DeepSpeed JSON, accelerate / HF Trainer / TRL / "
+              "LLaMA-Factory / axolotl / litgpt / torchtune YAML, Kubeflow manifest, gate "
               "spec; repeat for the files of one job); flags given override it (docs/jobs.md).")
-@click.option("--deepspeed-config", "ds_config", metavar="FILE",
-              type=click.Path(exists=True, dir_okay=False, allow_dash=True),
+@click.option("--deepspeed-config", "ds_config", metavar="FILE", type=JobFile(),
               help="A DeepSpeed config JSON: its stage, offload, precision, batch and engine "
               "settings (buckets, overlap_comm, ZeRO-3 thresholds; \"auto\" filled in as the HF "
               "integration does), read as a --job file of the job; --ds-* flags override it.")

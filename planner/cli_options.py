@@ -96,6 +96,27 @@ def request_from_options(kw: dict[str, Any]):
 
 
 
+class JobFile(click.ParamType):
+    """A job file: '-' (stdin), a regular file, or a torchtitan config registry entry
+    'path/config_registry.py:NAME'. A FIFO, a device or a directory is refused: reading one
+    could block forever or read what is not a job."""
+
+    name = "file"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> str:
+        text = os.fspath(value)
+        if text == "-":
+            return text
+        head, sep, tail = text.rpartition(":")
+        file = head if sep and head.endswith(".py") and tail.isidentifier() else text
+        if not os.path.exists(file):
+            self.fail(f"{file!r}: no such file", param, ctx)
+        if not os.path.isfile(file):
+            self.fail(f"{file!r}: not a regular file (a directory, FIFO or device is not a "
+                      "job file)", param, ctx)
+        return text
+
+
 JOB_FORMATS = ("torchtitan", "deepspeed", "accelerate", "trainer", "trl", "llamafactory",
                "axolotl", "litgpt", "torchtune", "kubeflow", "spec")
 """planner.jobs.JobFormat's names (a test keeps them equal) without importing planner.jobs."""

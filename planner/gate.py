@@ -264,6 +264,14 @@ def gate_path(path: str, *, fmt: str | None = None,
     import sys
 
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+    head, sep, tail = path.rpartition(":")
+    if sep and head.endswith(".py") and tail.isidentifier():  # a torchtitan registry entry
+        from planner.jobs import read_job
+
+        return gate_job(read_job(path, fmt), overrides)
+    if path != "-" and os.path.exists(path) and not os.path.isfile(path):
+        raise SpecError(f"{path}: not a regular file (a directory, FIFO or device is not a "
+                        "job spec)")
     if path == "-":
         text = sys.stdin.read(MAX_SPEC_BYTES + 1)
         name, base = "stdin", None

@@ -103,8 +103,9 @@ def gate_cmd(spec: str, on_error: str, timeout: float, compact: bool, job_format
              gpu: str | None, n: str | None, gpus_per_node: str | None,
              model: str | None) -> int:
     """Admit or reject the job described by SPEC (- for stdin): a fitcheck spec (JSON or
-    YAML) or a job config (torchtitan TOML, DeepSpeed JSON, accelerate / HF / axolotl / litgpt
-    YAML, Kubeflow manifest; docs/jobs.md).
+    YAML) or a job config (torchtitan TOML or config registry entry FILE.py:NAME, DeepSpeed
+    JSON, accelerate / HF / TRL / LLaMA-Factory / axolotl / litgpt / torchtune YAML, Kubeflow
+    manifest; docs/jobs.md).
 
     Prints one JSON verdict. Exit codes: 0 admit, 3 reject, 4 bad spec, 2 usage.
     """
@@ -112,9 +113,13 @@ def gate_cmd(spec: str, on_error: str, timeout: float, compact: bool, job_format
 
     from planner.gate import error_verdict, exit_code, gate_path
 
+    from planner.cli_options import JobFile
+
     on_error = on_error.lower()
-    if spec != "-" and not os.path.isfile(spec):
-        raise UsageError(f"SPEC: no such file: {spec!r}")
+    try:  # '-', a regular file, or a torchtitan registry entry FILE.py:NAME
+        JobFile().convert(spec, None, None)
+    except click.BadParameter as exc:
+        raise UsageError(f"SPEC: {exc.message}") from None
     try:
         with _time_limit(timeout):
             verdict = gate_path(spec, fmt=job_format and job_format.lower(), overrides={

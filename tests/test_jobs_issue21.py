@@ -322,3 +322,33 @@ def test_the_gate_reads_a_torchtune_recipe_as_a_job_not_as_a_misspelt_spec():
     message = str(err.value)
     assert "did you mean" not in message
     assert "model._component_ 'torchtune.models.gemma.lora_gemma_2b'" in message
+
+
+REGISTRY = (Path(__file__).parent / "data" / "jobs" / "layouts" / "torchtitan" / "torchtitan"
+            / "models" / "llama3" / "config_registry.py")
+
+
+def test_a_registry_entry_is_a_job_on_the_command_line_and_for_the_gate():
+    # torchtitan's llama3_8b recipe: seq 8192, local batch 1 (config_registry.py)
+    r = run("--job", f"{REGISTRY}:llama3_8b", "--gpu", "h100-80", "--n", "8", "--json")
+    assert r.exit_code == 0, r.stderr  # 8B with selective AC fits 8 x 80 GB (torchtitan's own)
+    doc = json.loads(r.stdout)
+    assert doc["inputs"]["model"]["name"] == "llama3-8b"
+    assert (doc["inputs"]["training"]["seq"], doc["inputs"]["training"]["micro_batch"]) == (
+        8192, 1)
+    # the recipe's FSDP with selective (op) activation checkpointing, as the registry says
+    assert (doc["inputs"]["strategies"], doc["inputs"]["checkpointing"]) == (
+        ["full_shard"], "selective")
+    one_line_error(run("gate", f"{REGISTRY}:no_such_config", "--gpu", "h100-80", "--n", "8"),
+                   4, "no_such_config")
+
+
+def test_a_fifo_or_a_directory_is_refused_not_read(tmp_path):
+    import os
+
+    fifo = tmp_path / "job.fifo"
+    os.mkfifo(fifo)
+    for args in (("--job", str(fifo), "--gpu", "h100-80"),
+                 ("--deepspeed-config", str(fifo), "--gpu", "h100-80"),
+                 ("gate", str(fifo)), ("--job", str(tmp_path), "--gpu", "h100-80")):
+        one_line_error(run(*args), 2, "not a regular file")
