@@ -236,9 +236,9 @@ def resolve_runtime(choice: str, gpu: GpuProfile, model: ModelSpec | None, namin
     efficiency a calibration may replace). A bad file is InputDataError (exit 4)."""
     if choice == "none":
         return Runtime(), gpu
-    from planner.calibration_paths import any_calibration_files
+    from planner.calibration_paths import any_calibration_for
 
-    if choice == "auto" and not any_calibration_files():
+    if choice == "auto" and not any_calibration_for(gpu.id):
         return Runtime(), gpu
     from planner import calibration as cal_mod
 
