@@ -489,8 +489,11 @@ class EvaluatorPool:
             raise
 
     def _replace(self, w: _Worker) -> None:
-        """Kill w and start another, off the event loop."""
+        """Kill w and start another, off the event loop. The kill signal goes now: the
+        thread that reaps w and starts the replacement may be cancelled by close()."""
         self._all.discard(w)
+        if w.proc.poll() is None:
+            w.proc.kill()  # a signal: does not block
         loop = asyncio.get_running_loop()
 
         def work() -> None:

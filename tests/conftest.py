@@ -1,11 +1,40 @@
-"""Shared test helpers: GPU profiles and clusters, the CLI runner, one-line error checks.
+"""Shared test helpers: GPU profiles and clusters, the CLI runner, one-line error checks, and
+the session's trace cache.
 
-Markers (pyproject.toml): ``trace`` runs fake-tensor probes in subprocesses (torch, seconds
-each); ``integration`` starts processes or servers; ``slow`` is real-size traces (not in CI).
-The fast planner suite alone: ``python -m pytest -m "not trace and not integration"``.
+Tiers (markers declared in pyproject.toml). A test that traces, starts a process or a server,
+or reruns a generator is marked; what is left is the planner in this process (a test over
+about a second there is a generated-input property, draws plots, or is the first to import
+torch for probes.models' reference specs).
+
+- unit (no marker): the planner in this process; a fresh interpreter only to check what an
+  import pulls in (a fraction of a second). The quickest tier:
+  ``python -m pytest -q -m "not trace and not integration and not slow"``.
+- ``trace``: fake-tensor traces (needs torch), in this process or in subprocesses
+  (probes/runner.py). ``python -m pytest -q -n auto -m trace``.
+- ``integration``: starts processes or servers, reruns the doc generators, drives the scripts
+  under benchmarks/. ``python -m pytest -q -n auto -m integration``.
+- ``slurm`` (with ``integration``): a real Slurm on localhost (munged, slurmctld, slurmd:
+  Debian's packages, root); skipped with the reason where they are missing, required where
+  .ci/run installed them (``FITCHECK_REQUIRE_SLURM=1``). ``python -m pytest -q -m slurm``.
+- ``slow``: traces of real-size models (minutes each; they belong in benchmarks/). Left out
+  unless the ``-m`` expression names it: ``python -m pytest -q -m slow``.
+
+Everything but ``slow``, in parallel (README's test command, what CI runs):
+``python -m pytest -q -n auto``. Tests are xdist-safe: each writes under its own ``tmp_path``,
+servers bind port 0, and no test depends on another having run.
+
+Trace cache: every test in the session (all xdist workers) shares one on-disk trace cache
+(probes/trace_cache.py, keyed by every input of a trace), empty when the session starts;
+``FITCHECK_TRACE_CACHE`` points at it, so no test reads or writes ``~/.cache``. A test that
+checks cold-cache behaviour passes its own empty directory instead.
 """
 
 from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -44,3 +73,52 @@ def one_line_error(result, exit_code: int, *needles: str) -> str:
 @pytest.fixture(scope="session")
 def h100() -> GpuProfile:
     return load_gpu("h100-80")
+
+
+TRACE_MODULE = re.compile(r"^pytestmark = .*\bpytest\.mark\.trace\b", re.MULTILINE)
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """A module marked ``trace`` as a whole is not even imported when ``not trace`` is one of
+    the ``-m`` expression's and-ed terms: the unit tier skips rewriting and importing them
+    (about 2 s on 2 cores). Any other expression collects them."""
+    expr = config.getoption("markexpr")
+    terms = [t.strip() for t in expr.split(" and ")]
+    if collection_path.suffix != ".py" or " or " in expr or "(" in expr \
+            or "not trace" not in terms:
+        return None
+    try:
+        text = collection_path.read_text(encoding="utf-8")
+    except OSError:
+        return None
+    return True if TRACE_MODULE.search(text) else None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``slow`` runs only when the ``-m`` expression names it (``-m slow``): not in CI."""
+    if "slow" in config.getoption("markexpr"):
+        return
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if not item.get_closest_marker("slow")]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def trace_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The session's trace cache directory, shared by the xdist workers (their base temp
+    directories are ``popen-gwN`` under the session's). Concurrent writers are safe: an entry
+    is written to a temporary file and renamed into place (probes/trace_cache.py)."""
+    from probes.trace_cache import ENV
+
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    path = base / "trace-cache"
+    before = os.environ.get(ENV)
+    os.environ[ENV] = str(path)
+    yield path
+    if before is None:
+        os.environ.pop(ENV, None)
+    else:
+        os.environ[ENV] = before

@@ -280,7 +280,7 @@ PLAN = ("--gpu", "h100-80", "--n", "8", "--seq", "256", "--strategy", "ddp,full_
 
 
 def test_from_trace_plan_json_cache_and_table(tiny_dirs, tmp_path) -> None:
-    cache = str(tmp_path / "cache")
+    cache = str(tmp_path / "cache")  # its own, empty: the first plan traces, the next reads
     r = _fitcheck("--config", tiny_dirs["opt"], *PLAN, "--from-trace", "--json",
                   cache=cache)
     assert r.returncode == 0, r.stderr
@@ -306,8 +306,8 @@ def test_from_trace_plan_json_cache_and_table(tiny_dirs, tmp_path) -> None:
     assert "trace time" in table.stdout and "recommendation:" in table.stdout
 
 
-def test_from_trace_refuses_in_one_line(tiny_dirs, tmp_path) -> None:
-    cache = str(tmp_path / "cache")
+def test_from_trace_refuses_in_one_line(tiny_dirs, trace_cache) -> None:
+    cache = str(trace_cache)
     # nothing traceable: ZeRO only
     r = _fitcheck("--config", tiny_dirs["llama"], *PLAN[:-2], "--strategy", "zero3",
                   "--from-trace", cache=cache)
@@ -325,8 +325,8 @@ def test_from_trace_refuses_in_one_line(tiny_dirs, tmp_path) -> None:
     assert r.returncode == 4 and "local Hugging Face cache" in r.stderr
 
 
-def test_trace_command_real_class(tiny_dirs, tmp_path) -> None:
-    cache = str(tmp_path / "cache")
+def test_trace_command_real_class(tiny_dirs, trace_cache) -> None:
+    cache = str(trace_cache)
     args = ("--n", "4", "--seq", "128", "--strategy", "full_shard", "--json")
     r = _fitcheck("trace", "--config", tiny_dirs["llama"], *args, cache=cache)
     assert r.returncode == 0, r.stderr
@@ -357,7 +357,7 @@ def test_trace_command_real_class(tiny_dirs, tmp_path) -> None:
     assert r.returncode == 0 and "scaled from 4 and 5 layers" in r.stdout
 
 
-def test_hub_id_from_the_local_cache(tiny_dirs, tmp_path) -> None:
+def test_hub_id_from_the_local_cache(tiny_dirs, tmp_path, trace_cache) -> None:
     """org/name resolves to a config.json already in the Hugging Face cache (nothing is
     downloaded): the cache's layout is models--org--name/{refs/main, snapshots/<rev>/}."""
     hub = tmp_path / "hub"
@@ -367,7 +367,7 @@ def test_hub_id_from_the_local_cache(tiny_dirs, tmp_path) -> None:
     (hub / "models--tiny-org--tiny-llama" / "refs").mkdir()
     (hub / "models--tiny-org--tiny-llama" / "refs" / "main").write_text("abc123")
     r = _fitcheck("trace", "--config", "tiny-org/tiny-llama", "--n", "2", "--seq", "64",
-                  "--strategy", "ddp", cache="off", HF_HUB_CACHE=str(hub),
+                  "--strategy", "ddp", cache=str(trace_cache), HF_HUB_CACHE=str(hub),
                   HF_HUB_OFFLINE="1")
     assert r.returncode == 0, r.stderr
     assert "LlamaForCausalLM" in r.stdout

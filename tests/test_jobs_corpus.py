@@ -681,8 +681,11 @@ def test_write_back_never_crashes(tmp_path, name):
     src = DATA / name
     dst = tmp_path / src.name
     shutil.copy(src, dst)
+    text = src.read_text(errors="replace")
     for sibling in src.parent.iterdir():  # the files it names, as upstream places them
-        if sibling.is_file() and sibling != src:
+        # (by name: every corpus file reads the same as with the whole folder beside it, and
+        # copying ~200 files per case took half of this test's time)
+        if sibling.is_file() and sibling != src and sibling.name in text:
             shutil.copy(sibling, tmp_path / sibling.name)
     try:
         job = read_job(str(dst))

@@ -1,4 +1,7 @@
-"""`fitcheck serve`: real HTTP(S) against the admission webhook on 127.0.0.1 (port 0)."""
+"""`fitcheck serve`: real HTTP(S) against the admission webhook on 127.0.0.1 (port 0).
+
+A test that starts a server, an evaluation process or openssl is marked ``integration``; the
+counting, the manifest's spec and the CLI's surface are unit tests."""
 
 from __future__ import annotations
 
@@ -155,6 +158,7 @@ def post(port, body: bytes, **kw):
                    {"Content-Type": "application/json", **kw.pop("headers", {})}, **kw)
 
 
+@pytest.mark.integration
 def test_admit_deny_and_gpu_counting_over_http():
     with server() as port:
         assert request(port, "GET", "/healthz") == (200, {"status": "ok"})
@@ -188,6 +192,7 @@ def test_pytorchjob_gpu_counting():
     assert count_gpus({"kind": "Pod", "spec": {"containers": [container(4)]}}) == (4, [4])
 
 
+@pytest.mark.integration
 def test_spec_n_wins_over_pods_with_a_warning():
     s = {**SPEC_8B, "hardware": {"gpu": "h100-80", "n": 8}}
     with server() as port:
@@ -197,6 +202,7 @@ def test_spec_n_wins_over_pods_with_a_warning():
     assert any("request 16 GPUs" in w for w in r["warnings"])
 
 
+@pytest.mark.integration
 def test_no_annotation_allowed_with_warning_or_denied_when_required():
     with server() as port:
         _, doc = post(port, review(pytorchjob(None)))
@@ -208,6 +214,7 @@ def test_no_annotation_allowed_with_warning_or_denied_when_required():
         assert "required" in doc["response"]["status"]["message"]
 
 
+@pytest.mark.integration
 def test_bad_annotation_and_no_gpus_are_denied():
     with server() as port:
         obj = pytorchjob(None)
@@ -230,6 +237,7 @@ def test_bad_annotation_and_no_gpus_are_denied():
         assert doc["response"]["allowed"] is True
 
 
+@pytest.mark.integration
 def test_hostile_requests_get_http_errors_not_crashes():
     with server(max_body_bytes=8192, timeout_s=1.0) as port:
         # too large: refused from Content-Length, before reading
@@ -275,6 +283,7 @@ def post_path(port: int, path: str) -> int:
     return request(port, "POST", path, b"{}", {"Content-Type": "application/json"})[0]
 
 
+@pytest.mark.integration
 def test_keep_alive_connection_serves_several_reviews():
     with server() as port:
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
@@ -284,6 +293,7 @@ def test_keep_alive_connection_serves_several_reviews():
         c.close()
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("on_error, allowed", [("admit", True), ("reject", False)])
 def test_evaluation_past_the_deadline_is_killed_and_follows_on_error(on_error, allowed):
     """The evaluation runs in a process: past --timeout it is killed (not left running) and the
@@ -299,6 +309,7 @@ def test_evaluation_past_the_deadline_is_killed_and_follows_on_error(on_error, a
             assert any("evaluation failed" in w for w in r["warnings"])
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("evaluator, needle", [("crashing_evaluator", "RuntimeError: kaboom"),
                                                ("dying_evaluator", "evaluation process exited"),
                                                ("hungry_evaluator", "MemoryError")])
@@ -311,6 +322,7 @@ def test_evaluation_crash_follows_on_error(evaluator, needle):
             assert r["allowed"] is True and needle in r["status"]["message"], r
 
 
+@pytest.mark.integration
 def test_healthz_answers_while_evaluations_run():
     with server(timeout_s=1.5, evaluator=f"{HERE}:spinning_evaluator") as port:
         t = threading.Thread(target=post, args=(port, review(pytorchjob(SPEC_8B))))
@@ -323,6 +335,7 @@ def test_healthz_answers_while_evaluations_run():
         t.join(10)
 
 
+@pytest.mark.integration
 def test_alias_bomb_annotation_is_denied_at_once():
     """516 bytes of YAML anchors (9**9 items) used to freeze the server, /healthz included,
     for tens of seconds and gigabytes: now a bad spec, answered at once."""
@@ -340,6 +353,7 @@ def test_alias_bomb_annotation_is_denied_at_once():
         assert request(port, "GET", "/healthz")[0] == 200
 
 
+@pytest.mark.integration
 def test_tls(tls_files):
     with server(tls=tls_files) as port:
         # a client that connects and never handshakes must not block the others
@@ -357,6 +371,7 @@ def test_tls(tls_files):
         idle.close()
 
 
+@pytest.mark.integration
 def test_tls_keep_alive_has_no_nagle_floor(tls_files):
     """Head and body go out in one write: no 40 ms delayed-ACK wait per keep-alive request
     (it was ~44 ms each before)."""
@@ -385,6 +400,7 @@ def test_tls_keep_alive_has_no_nagle_floor(tls_files):
         assert statistics.median(times) < 0.030, times
 
 
+@pytest.mark.integration
 def test_client_certificates_required_with_client_ca(tls_files):
     """--client-ca: /validate only for clients with a certificate signed by that CA (the API
     server's); /healthz stays open for the kubelet's probes, which present none."""
@@ -439,6 +455,7 @@ def serve_cli(*args: str):
     return CliRunner().invoke(cli, ["serve", *args])
 
 
+@pytest.mark.integration
 def test_serve_command_starts_answers_and_stops():
     import re
     import signal
@@ -475,6 +492,7 @@ def test_serve_usage_errors(args, needle):
     assert len(err.splitlines()) == 1 and needle in err, err
 
 
+@pytest.mark.integration
 def test_serve_tls_flag_conflicts(tls_files):
     for args, needle in [(["--insecure", "--tls-cert", tls_files["cert"], "--tls-key",
                            tls_files["key"]], "--insecure serves plain HTTP"),
@@ -496,6 +514,7 @@ def test_serve_cli_surface_is_frozen():
             "--max-concurrent", "--max-connections", "--quiet"} <= names
 
 
+@pytest.mark.integration
 def test_kubernetes_manifest_serves_tls_with_accepted_flags(tls_files):
     """integrations/kubernetes/webhook.yaml's args parse, and serve HTTPS (not --insecure)."""
     import yaml
