@@ -78,13 +78,15 @@ def probe_cmd(gpu: str | None, nproc: int, gpus_per_node: int | None,
     candidate is a result), 1 it crashed or timed out, 2 usage error, 4 bad data.
     """
     from planner.fields import FLAGS, cli_values, parse
-    from planner.request import resolve_gpu, resolve_model, training_from
+    from planner.request import job_from, resolve_gpu
     from probes.cuda_launch import ProbeFailed, expand_candidates, launch, srun_command
     from probes.runner import spec_to_dict
 
     values = parse(cli_values(kw), FLAGS)
-    model, _source = resolve_model(values, FLAGS, allow_files=True, base_dir=None)
-    training = training_from(values)
+    job = job_from(values, FLAGS, allow_files=True, base_dir=None)  # as a plan reads it
+    model, training = job.model, job.training
+    for w in job.warnings:
+        click.echo(f"fitcheck probe: warning: {w}", err=True)
     if training.optimizer in (OptimizerKind.LION, OptimizerKind.ADAMW_8BIT):
         raise UsageError(f"--optimizer: {training.optimizer} is not in torch.optim (not probed)")
     profile = resolve_gpu(gpu, FLAGS, allow_files=True, base_dir=None) if gpu else None

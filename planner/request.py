@@ -308,17 +308,25 @@ def resolve_deepspeed(training: TrainingSpec, model: ModelSpec) -> tuple[Trainin
     return dataclasses.replace(training, deepspeed=done), [note]
 
 
-def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
-                  allow_files: bool = True, base_dir: str | None = None,
-                  traced: TracedModel | None = None) -> Request:
-    """{path: raw value} (planner/fields.py) -> the typed Request, or one error naming the
-    field the way the front end calls it (``naming``). With ``allow_files=False`` (the
-    webhook) nothing on disk is read: profile ids, presets and ``auto`` calibration only.
+@dataclass(frozen=True, slots=True)
+class Job:
+    """What a job trains, independent of the hardware it runs on: the model, the training
+    loop (DeepSpeed settings resolved against the model) and the notes of both. The CUDA
+    probe, which measures whatever GPUs it finds, stops here; ``build_request`` goes on."""
 
+    model: ModelSpec
+    training: TrainingSpec
+    source: str
+    """Where the model's shape came from: params, preset, config, explicit, trace."""
+    warnings: tuple[str, ...] = ()
+
+
+def job_from(v: Mapping[str, Any], naming: Naming = FLAGS, *, allow_files: bool = True,
+             base_dir: str | None = None, traced: TracedModel | None = None) -> Job:
+    """{path: value} parsed (planner.fields.parse) -> the Job, or one error naming the field.
     The model is one of: a spec (``model.preset``, ``model.params`` or the shape fields), a
     config.json (``model.config``: a path, or the mapping itself), or ``traced``: a module
     known by its own counts (probes/), given instead of any ``model.*`` value."""
-    v = parse(values, naming)
     model_warnings: list[str] = []
     if traced is not None:
         given = [p for p in v if p.startswith("model.") and v[p] not in (None, False)]
@@ -329,12 +337,6 @@ def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
     else:
         model, source = resolve_model(v, naming, allow_files=allow_files, base_dir=base_dir,
                                       warnings=model_warnings)
-    gpu = resolve_gpu(v["hardware.gpu"], naming, allow_files=allow_files, base_dir=base_dir)
-    # a traced module has no architecture family: no activation scale applies
-    runtime, gpu = resolve_runtime(v["calibration"], gpu, None if traced else model, naming,
-                                   allow_files=allow_files)
-    cluster = resolve_cluster(gpu, v["hardware.n"], v["hardware.gpus_per_node"],
-                              v["hardware.host_ram_gib"], naming)
     try:
         training = training_from(v)
     except ValueError as exc:  # a combination FineTune refuses (a quantized base without LoRA)
@@ -346,6 +348,27 @@ def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
     except ValueError as exc:  # targets the model does not have (gate on a GELU MLP)
         raise naming.fail("finetune.lora_targets", str(exc)) from None
     training, ds_notes = resolve_deepspeed(training, model)
+    return Job(model=model, training=training, source=source,
+               warnings=tuple(model_warnings) + tuple(ds_notes))
+
+
+def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
+                  allow_files: bool = True, base_dir: str | None = None,
+                  traced: TracedModel | None = None) -> Request:
+    """{path: raw value} (planner/fields.py) -> the typed Request, or one error naming the
+    field the way the front end calls it (``naming``). With ``allow_files=False`` (the
+    webhook) nothing on disk is read: profile ids, presets and ``auto`` calibration only.
+    What is trained comes from ``job_from`` (the model: a spec, a config.json or
+    ``traced``), then the hardware, the calibration and the search options."""
+    v = parse(values, naming)
+    job = job_from(v, naming, allow_files=allow_files, base_dir=base_dir, traced=traced)
+    model, training, source = job.model, job.training, job.source
+    gpu = resolve_gpu(v["hardware.gpu"], naming, allow_files=allow_files, base_dir=base_dir)
+    # a traced module has no architecture family: no activation scale applies
+    runtime, gpu = resolve_runtime(v["calibration"], gpu, None if traced else model, naming,
+                                   allow_files=allow_files)
+    cluster = resolve_cluster(gpu, v["hardware.n"], v["hardware.gpus_per_node"],
+                              v["hardware.host_ram_gib"], naming)
     tp = v["parallel.tp"]
     if tp != "auto":
         problem = tp_problem(model, tp, cluster.n_gpus, cluster.gpus_per_node)
@@ -357,7 +380,7 @@ def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
         offloads=None if offload == "auto" else (offload,),
         checkpointing=v["checkpointing"], margin=v["margin"],
         global_batch=v["training.global_batch"], tp=None if tp == "auto" else tp)
-    warnings = list(model_warnings) + ds_notes
+    warnings = list(job.warnings)
     if model.shape_assumed:
         warnings.append(Notice(f"model shape assumed from {naming.name('model.params')}; give "
                                f"{naming.name('model.preset')} or a shape for an exact "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -154,3 +155,19 @@ def test_expand_candidates_defaults():
     assert {c.checkpointing for c in cands} == {Checkpointing.NONE, Checkpointing.FULL}
     cands, skipped = expand_candidates(("ddp,full_shard",), "params_and_optimizer", "none", 8)
     assert [c.strategy for c in cands] == [Strategy.FULL_SHARD] and len(skipped) == 1
+
+
+def test_cli_reads_the_job_as_a_plan_does(tmp_path):
+    """The probe builds what it trains with the plan's own reader (planner.request.job_from):
+    a config.json that needs --approximate is refused without it, with the plan's message,
+    and with it the probe states the approximation (it used to drop it without a word)."""
+    path = str(Path(__file__).parent / "data" / "configs" / "archs" / "qwen2.5-vl-7b.json")
+    base = ["probe", "--config", path, "--out", str(tmp_path / "rec.jsonl"), "--print-srun"]
+    r = CliRunner().invoke(cli, base)
+    assert r.exit_code == 4, r.output
+    assert "does not model the vision encoder" in r.stderr
+    r = CliRunner().invoke(cli, [*base, "--approximate"])
+    assert r.exit_code == 0, r.output
+    assert "fitcheck probe: warning: " in r.stderr
+    assert "approximate reading: the vision encoder" in r.stderr
+    assert r.stdout.startswith("srun ")
