@@ -127,23 +127,7 @@ def answer_json(answer: Answer, found: Found | None = None) -> dict[str, Any]:
         "inputs": {
             "model": (q.traced.as_json() if q.traced is not None
                       else model_json(q.model, q.model_source)),
-            "training": {
-                "seq": t.seq,
-                "micro_batch": t.micro_batch,
-                "grad_accum": t.grad_accum,
-                "precision": str(t.precision),
-                "optimizer": str(t.optimizer),
-                "optimizer_impl": str(t.optimizer_impl),
-                "attention": str(t.attention),
-                "grad_sync": str(t.grad_sync),
-                "loss": str(t.loss),
-                "loss_chunks": t.loss_chunks,
-                "keep_logits": t.keep_logits,
-                "compile": str(t.compile),
-                "allocator": str(t.allocator),
-                "fsdp_version": t.fsdp_version,
-                "init": str(t.init),
-            },
+            "training": training_json(t),
             "finetune": finetune_json(q),
             "deepspeed": deepspeed_json(t),
             "hardware": {
@@ -178,6 +162,22 @@ def answer_json(answer: Answer, found: Found | None = None) -> dict[str, Any]:
         "skipped": list(answer.skipped),
         "assumptions": assumptions(answer),
     }
+
+
+def training_json(t) -> dict[str, Any]:
+    """The training loop planned, one key per ``training.*`` registry field that is an
+    attribute of the run (planner.request.TRAINING_ATTRS: --global-batch is a search option,
+    echoed beside the others), and the loss's chunk count after the loss."""
+    from planner.fields import FIELDS
+    from planner.request import TRAINING_ATTRS
+
+    out: dict[str, Any] = {}
+    for f in FIELDS:
+        if f.section == "training" and f.key in TRAINING_ATTRS:
+            out[f.key] = _plain(getattr(t, f.key))
+            if f.key == "loss":
+                out["loss_chunks"] = t.loss_chunks
+    return out
 
 
 def deepspeed_json(t) -> dict[str, Any]:

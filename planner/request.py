@@ -267,7 +267,10 @@ def resolve_runtime(choice: str, gpu: GpuProfile, model: ModelSpec | None, namin
 
 
 def training_from(v: Mapping[str, Any]) -> TrainingSpec:
-    """The training run from parsed fields (``fields.parse``)."""
+    """The training run from parsed fields (``fields.parse``): every ``training.*`` field
+    whose key is a ``TrainingSpec`` attribute is passed as it is (a new training input is a
+    field and an attribute, nothing here), the loss splits into kind and chunks, fine-tuning
+    and DeepSpeed are built from their sections."""
     loss, chunks = v["training.loss"]
     emb, first, last = v["finetune.freeze"]
     rank = v["finetune.lora_rank"] or 0
@@ -276,15 +279,14 @@ def training_from(v: Mapping[str, Any]) -> TrainingSpec:
         lora_fp32=v["finetune.lora_dtype"], lora_dropout=bool(v["finetune.lora_dropout"]),
         quantize_base=v["finetune.quantize_base"], double_quant=bool(v["finetune.double_quant"]),
         freeze_embeddings=emb, freeze_layers=first, train_last_layers=last)
-    return TrainingSpec(
-        seq=v["training.seq"], micro_batch=v["training.micro_batch"],
-        grad_accum=v["training.grad_accum"], precision=v["training.precision"],
-        optimizer=v["training.optimizer"], optimizer_impl=v["training.optimizer_impl"],
-        attention=v["training.attention"], grad_sync=v["training.grad_sync"], loss=loss,
-        loss_chunks=chunks, keep_logits=bool(v["training.keep_logits"]),
-        compile=v["training.compile"], allocator=v["training.allocator"],
-        fsdp_version=v["training.fsdp_version"], init=v["training.init"], finetune=finetune,
-        deepspeed=deepspeed_from(v))
+    given = {f.key: bool(v[f.path]) if f.is_flag else v[f.path] for f in FIELDS
+             if f.section == "training" and f.key in TRAINING_ATTRS and f.key != "loss"}
+    return TrainingSpec(**given, loss=loss, loss_chunks=chunks, finetune=finetune,
+                        deepspeed=deepspeed_from(v))
+
+
+TRAINING_ATTRS = frozenset(f.name for f in dataclasses.fields(TrainingSpec))
+"""The attributes of a training run: a ``training.*`` field of one of these names sets it."""
 
 
 def deepspeed_from(v: Mapping[str, Any]) -> DeepSpeedConfig:
