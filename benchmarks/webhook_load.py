@@ -21,6 +21,8 @@ package first (to measure an older version). Phases, each bounded in time:
    thread count.
 5. alias bomb: a 516-byte YAML spec whose anchors expand to 9**9 list items: the answer, its
    time, /healthz beside it, and the peak memory (RSS) of the server and its children.
+6. big bodies: 8 connections sending reviews of just under 1 MiB (the default body cap)
+   back to back, /healthz timed every 50 ms beside them: whether the event loop parses.
 
 Prints one line per figure; nothing is written. The server is killed if its processes'
 memory passes --max-server-gib.
@@ -471,7 +473,51 @@ async def bomb(c: Client, srv: Server, wait: float) -> None:
           + ("; KILLED for memory" if srv.killed_for_memory else ""))
 
 
-PHASES = ("keep-alive", "concurrent", "slowloris", "held", "bomb")
+async def big_bodies(c: Client, clients: int, seconds: float, size: int) -> None:
+    """``clients`` connections each sending reviews of ``size`` bytes for ``seconds``, while
+    /healthz is timed every 50 ms: whether parsing large bodies holds the event loop."""
+    # the spec, and labels of many small keys up to the size: costly to parse, as real
+    # objects are (a body of blanks parses in no time)
+    base = json.loads(review(json.dumps(SPEC_8B), "UID-XXXXXXXXXXXX"))
+    n = max(0, size - 4000) // 16  # '"k00000001":"v",' is 16 bytes
+    base["request"]["object"]["metadata"]["labels"] = {f"k{i:08d}": "v" for i in range(n)}
+    template = json.dumps(base, separators=(",", ":")).encode()  # made once: the client's
+    # own CPU time must not be what is measured
+
+    def body(uid: str) -> bytes:
+        return template.replace(b"UID-XXXXXXXXXXXX", uid.encode())
+
+    stop = asyncio.Event()
+    health = asyncio.create_task(probe_health(c, stop, every=0.05))
+    done: Counter[str] = Counter()
+
+    async def one(i: int) -> None:
+        conn = await c.connect()
+        try:
+            j = 0
+            while not stop.is_set():
+                status, _, closes = await c.send(conn, "POST", "/validate", body(f"b{i}-{j}"))
+                done[str(status)] += 1
+                j += 1
+                if closes:
+                    conn[1].close()
+                    conn = await c.connect()
+        except (TimeoutError, OSError, asyncio.IncompleteReadError, ssl.SSLError) as exc:
+            done[f"failed {type(exc).__name__}"] += 1
+        finally:
+            conn[1].close()
+
+    tasks = [asyncio.create_task(one(i)) for i in range(clients)]
+    await asyncio.sleep(seconds)
+    stop.set()
+    await asyncio.gather(*tasks)
+    hl, hf = await health
+    print(f"big bodies: {clients} clients sending {size / 2**20:.2f} MiB reviews for "
+          f"{seconds:.0f} s: {dict(sorted(done.items()))}; /healthz beside them p50 "
+          f"{ms(pct(hl, 50))}, p99 {ms(pct(hl, 99))}, max {ms(max(hl))}, failed {hf} of {len(hl)}")
+
+
+PHASES = ("keep-alive", "concurrent", "slowloris", "held", "bomb", "big-bodies")
 
 
 async def run(args: argparse.Namespace, srv: Server) -> None:
@@ -489,6 +535,8 @@ async def run(args: argparse.Namespace, srv: Server) -> None:
         await held(c, srv, 200 if args.quick else args.held, 10.0)
     if "bomb" in phases:
         await bomb(c, srv, 20.0 if args.quick else 60.0)
+    if "big-bodies" in phases:
+        await big_bodies(c, 8, 5.0 if args.quick else 15.0, (1 << 20) - 4096)
     if srv.pid is not None:
         print(f"server CPU seconds by process: "
               f"{', '.join(f'{v:.1f}' for v in cpu_seconds(srv.pid))}; "

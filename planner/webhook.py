@@ -282,12 +282,20 @@ def error_response(uid: str, err: str, cfg: WebhookConfig) -> dict[str, Any]:
 #
 # Each is `python -c "from planner.webhook import _worker_main; _worker_main()"`, talking in
 # frames (a 4-byte big-endian length, then the bytes) on its stdin and stdout: first the
-# configuration in, "ready" out; then a raw AdmissionReview body in, ["ok", review] or
-# ["err", message] out (JSON), until its stdin closes. A plain subprocess rather than
-# multiprocessing: no pickling, and no re-import of the parent's __main__ in the child.
+# configuration in, "ready" out; then a raw AdmissionReview body in and, out (JSON): ["bad",
+# message] for a body that is not an AdmissionReview (HTTP 400), or ["uid", uid] as soon as
+# the body parsed, then ["ok", review] or ["err", message]; until its stdin closes. The
+# bytes are parsed here, never on the server's event loop (a large body would stall every
+# connection while it parses). A plain subprocess rather than multiprocessing: no pickling,
+# and no re-import of the parent's __main__ in the child.
 
 WORKER_START_S = 60.0
 """How long an evaluation process may take to start (imports and a warm-up evaluation)."""
+
+
+MAX_LOOP_PARSE_BYTES = 256 << 10
+"""The largest body the event loop parses itself, and only to answer a review no evaluation
+process read in time (~1 ms of the loop's time; a larger one is answered 503)."""
 
 
 def _write_frame(f: Any, data: bytes) -> None:
@@ -371,11 +379,19 @@ def _worker_main() -> None:
     _write_frame(out, b'"ready"')
     while (body := _read_frame(inp)) is not None:
         try:
-            uid, req = parse_review(json.loads(body))
-            answer = json.dumps(["ok", fn(uid, req, cfg)]).encode()
-        except BaseException as exc:  # noqa: BLE001 - reported as the on-error verdict
-            answer = json.dumps(["err", f"{type(exc).__name__}: {exc}"[:1000]]).encode()
-        try:
+            try:
+                uid, req = parse_review(json.loads(body))
+            except (ValueError, RecursionError) as exc:  # bytes not UTF-8 are ValueError too
+                answer = json.dumps(["bad", f"invalid JSON: {str(exc)[:200]}"]).encode()
+            except BadRequest as exc:
+                answer = json.dumps(["bad", str(exc)]).encode()
+            else:
+                del body
+                _write_frame(out, json.dumps(["uid", uid]).encode())
+                try:
+                    answer = json.dumps(["ok", fn(uid, req, cfg)]).encode()
+                except BaseException as exc:  # noqa: BLE001 - reported as the on-error verdict
+                    answer = json.dumps(["err", f"{type(exc).__name__}: {exc}"[:1000]]).encode()
             _write_frame(out, answer)
         except (OSError, ValueError):
             return
@@ -410,10 +426,15 @@ class _Worker:
             raise _WorkerDied(f"an evaluation process did not start (exit code "
                               f"{self.proc.poll()}; its error is on stderr above)")
 
-    def call(self, body: bytes) -> bytes:
+    def call(self, body: bytes, seen: dict[str, str]) -> bytes:
+        """The final answer frame; the review's uid goes into ``seen`` as soon as the process
+        has parsed the body (a review that then runs past its deadline is answered with it)."""
         try:
             _write_frame(self.proc.stdin, body)
             out = _read_frame(self.proc.stdout)
+            if out is not None and out.startswith(b'["uid"'):
+                seen["uid"] = json.loads(out)[1]
+                out = _read_frame(self.proc.stdout)
         except (OSError, ValueError) as exc:
             raise _WorkerDied(str(exc)) from None
         if out is None:
@@ -510,14 +531,16 @@ class EvaluatorPool:
 
         self._threads.submit(work)
 
-    async def review(self, body: bytes, deadline: float) -> tuple[str, Any]:
-        """("ok", AdmissionReview) or ("err", message); TimeoutError past the deadline
-        (event-loop time)."""
+    async def review(self, body: bytes, deadline: float,
+                     seen: dict[str, str]) -> tuple[str, Any]:
+        """("ok", AdmissionReview), ("bad", why it is not one) or ("err", message);
+        TimeoutError past the deadline (event-loop time). ``seen["uid"]``: the review's uid,
+        once the evaluation process has parsed the body."""
         loop = asyncio.get_running_loop()
         w = await self._take(deadline)
         try:
             async with asyncio.timeout_at(deadline):
-                raw = await loop.run_in_executor(self._threads, w.call, body)
+                raw = await loop.run_in_executor(self._threads, w.call, body, seen)
         except _WorkerDied as exc:
             self._replace(w)
             return "err", f"the evaluation process exited ({exc})"
@@ -866,20 +889,26 @@ class WebhookServer:
             left -= len(chunk)
 
     async def _validate(self, body: bytes, deadline: float) -> tuple[int, dict[str, Any]]:
-        """(HTTP status, document) for a POST /validate body."""
+        """(HTTP status, document) for a POST /validate body. The body is parsed in the
+        evaluation process, never here: the event loop only moves bytes."""
+        seen: dict[str, str] = {}
         try:
-            doc = json.loads(body)
-        except (ValueError, RecursionError) as exc:
-            return 400, {"error": f"invalid JSON: {str(exc)[:200]}"}
-        try:
-            uid, _ = parse_review(doc)
-        except BadRequest as exc:
-            return 400, {"error": str(exc)}
-        del doc  # the evaluation process parses its own copy; hold only the bytes meanwhile
-        try:
-            status, payload = await self.pool.review(body, deadline)
+            status, payload = await self.pool.review(body, deadline, seen)
         except TimeoutError:
             status, payload = "err", f"timed out after {self.cfg.timeout_s:g} s"
+        if status == "bad":
+            return 400, {"error": payload}
+        uid = seen.get("uid")
+        if uid is None:  # no process read it in time (all busy), or it died reading it
+            if len(body) > MAX_LOOP_PARSE_BYTES:  # no uid to answer to, short of stalling
+                # every connection here while it parses
+                return 503, {"error": f"the review was not read: {_short(str(payload))}"}
+            try:
+                uid = parse_review(json.loads(body))[0]
+            except (ValueError, RecursionError) as exc:
+                return 400, {"error": f"invalid JSON: {str(exc)[:200]}"}
+            except BadRequest as exc:
+                return 400, {"error": str(exc)}
         out = payload if status == "ok" else error_response(uid, payload, self.cfg)
         if not self.cfg.quiet:
             r = out["response"]

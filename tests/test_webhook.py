@@ -530,3 +530,33 @@ def test_kubernetes_manifest_serves_tls_with_accepted_flags(tls_files):
     params = serve_cmd.make_context("serve", args).params
     assert params["tls_cert"] and params["tls_key"] and not params["insecure"]
     assert params["host"] is None  # 0.0.0.0 with TLS: the pod is reached through its Service
+
+
+@pytest.mark.integration
+def test_the_event_loop_never_parses_a_large_body(monkeypatch):
+    """A review body is parsed in the evaluation process, never on the server's event loop
+    (issue 22, item 7: a 1 MiB body parsed there held every connection, /healthz included).
+    Every json.loads of this process is recorded while a 900 KiB review is answered: the
+    largest is the evaluation process's small answer, not the body; a bad body is still a
+    400 that the evaluation process wrote."""
+    import planner.webhook as wh
+
+    sizes: list[int] = []
+    real = wh.json.loads
+
+    def loads(s, *a, **kw):
+        sizes.append(len(s))
+        return real(s, *a, **kw)
+
+    monkeypatch.setattr(wh.json, "loads", loads)
+    obj = pytorchjob(SPEC_8B)
+    obj["metadata"]["labels"] = {"padding": "x" * (900 << 10)}
+    body = review(obj, uid="big-1")
+    assert len(body) > 900 << 10
+    with server() as port:
+        status, doc = post(port, body)
+        assert status == 200 and doc["response"]["uid"] == "big-1"
+        assert doc["response"]["allowed"] is True, doc
+        status, doc = post(port, b'{"kind": "AdmissionReview", ')
+        assert status == 400 and doc["error"].startswith("invalid JSON:")
+    assert sizes and max(sizes) < 64 << 10, max(sizes)
