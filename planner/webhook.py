@@ -602,6 +602,28 @@ class _Request:
         return "close" not in conn
 
 
+async def _read_head(reader: asyncio.StreamReader, first: bytes) -> bytes | None:
+    """One request head, up to and with its blank line (None: the client went away), or
+    _HTTPError. Read line by line, so that a line ended by a bare LF is answered 400 at once
+    (RFC 9112 section 2.2 lets a server refuse it) instead of waiting for a CRLF CRLF that
+    never comes; ``first`` is the request's first byte, already read."""
+    head = bytearray(first)
+    while True:
+        try:
+            head += await reader.readuntil(b"\n")
+        except asyncio.LimitOverrunError:
+            raise _HTTPError(431, f"request head over {MAX_HEAD_BYTES} bytes") from None
+        except asyncio.IncompleteReadError:
+            return None
+        if len(head) > MAX_HEAD_BYTES:
+            raise _HTTPError(431, f"request head over {MAX_HEAD_BYTES} bytes")
+        if not head.endswith(b"\r\n"):
+            raise _HTTPError(400, "a line of the request head ends in a bare LF; end lines "
+                             "with CRLF")
+        if head.endswith(b"\r\n\r\n") or head == b"\r\n":
+            return bytes(head)
+
+
 def _parse_head(head: bytes) -> _Request:
     """The request line and headers (lower-case names) of one request head, or _HTTPError."""
     lines = head.decode("latin-1").split("\r\n")
@@ -791,11 +813,8 @@ class WebhookServer:
         head_read = False
         try:
             async with asyncio.timeout_at(deadline):
-                try:
-                    head = first + await reader.readuntil(b"\r\n\r\n")
-                except asyncio.LimitOverrunError:
-                    raise _HTTPError(431, f"request head over {MAX_HEAD_BYTES} bytes") from None
-                except asyncio.IncompleteReadError:
+                head = await _read_head(reader, first)
+                if head is None:
                     return False  # the client went away
                 head_read = True
                 req = _parse_head(head)
@@ -860,7 +879,7 @@ class WebhookServer:
         length_text = req.headers.get("content-length")
         if length_text is None:
             raise _HTTPError(411, "Content-Length required")
-        if not length_text.isdigit() or len(length_text) > 18:
+        if not (length_text.isascii() and length_text.isdigit()) or len(length_text) > 18:
             raise _HTTPError(400, f"bad Content-Length: {length_text[:40]!r}")
         length = int(length_text)
         if length > self.cfg.max_body_bytes:

@@ -560,3 +560,30 @@ def test_the_event_loop_never_parses_a_large_body(monkeypatch):
         status, doc = post(port, b'{"kind": "AdmissionReview", ')
         assert status == 400 and doc["error"].startswith("invalid JSON:")
     assert sizes and max(sizes) < 64 << 10, max(sizes)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("raw, needle", [
+    # issue 22, item 8: each of these got no answer at all (the connection hung, or its
+    # task died on int("²"), which str.isdigit() accepts)
+    (b"POST /validate HTTP/1.1\nHost: x\nContent-Length: 2\n\n{}", b"bare LF"),
+    (b"GET /healthz HTTP/1.1\r\nHost: x\n\r\n", b"bare LF"),
+    (b"POST /validate HTTP/1.1\r\nHost: x\r\nContent-Length: \xb2\r\n\r\n{}",
+     b"bad Content-Length"),
+    (b"POST /validate HTTP/1.1\r\nHost: x\r\nContent-Length: \xd9\xa3\r\n\r\n{}",
+     b"bad Content-Length"),
+])
+def test_malformed_heads_are_answered_400(raw, needle):
+    with server(timeout_s=5.0) as port:
+        s = socket.create_connection(("127.0.0.1", port))
+        s.sendall(raw)
+        s.settimeout(10)
+        t0 = time.monotonic()
+        reply = b""
+        while chunk := s.recv(4096):
+            reply += chunk
+        s.close()
+        assert time.monotonic() - t0 < 2.0  # answered at once, not at the deadline
+        assert reply.split(b"\r\n", 1)[0] == b"HTTP/1.1 400 Bad Request", reply[:200]
+        assert needle in reply, reply
+        assert request(port, "GET", "/healthz")[0] == 200
