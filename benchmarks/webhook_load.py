@@ -21,7 +21,9 @@ package first (to measure an older version). Phases, each bounded in time:
    thread count.
 5. alias bomb: a 516-byte YAML spec whose anchors expand to 9**9 list items: the answer, its
    time, /healthz beside it, and the peak memory (RSS) of the server and its children.
-6. big bodies: 8 connections sending reviews of just under 1 MiB (the default body cap)
+6. tls floods: floods of 1,000 connections that complete the TLS handshake and send nothing:
+   the server's RSS with them open and after each flood is closed.
+7. big bodies: 8 connections sending reviews of just under 1 MiB (the default body cap)
    back to back, /healthz timed every 50 ms beside them: whether the event loop parses.
 
 Prints one line per figure; nothing is written. The server is killed if its processes'
@@ -44,6 +46,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from typing import Any
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -517,7 +520,31 @@ async def big_bodies(c: Client, clients: int, seconds: float, size: int) -> None
           f"{ms(pct(hl, 50))}, p99 {ms(pct(hl, 99))}, max {ms(max(hl))}, failed {hf} of {len(hl)}")
 
 
-PHASES = ("keep-alive", "concurrent", "slowloris", "held", "bomb", "big-bodies")
+async def tls_floods(c: Client, srv: Server, n: int, rounds: int) -> None:
+    """``rounds`` floods of ``n`` connections that complete the TLS handshake and send
+    nothing, each closed after a second and measured 6 s later: the server process's RSS (its evaluation processes apart) after each flood and after the
+    last is closed (memory must come back, not ratchet up)."""
+    before = proc_status(srv.pid, "VmRSS")
+    seen = []
+    for _ in range(rounds):
+        async def one() -> Any:
+            try:
+                return await c.connect(timeout=10)
+            except (TimeoutError, OSError, ssl.SSLError):
+                return None
+        conns = [x for x in await asyncio.gather(*(one() for _ in range(n))) if x]
+        await asyncio.sleep(1.0)
+        peak = proc_status(srv.pid, "VmRSS")
+        for _, w in conns:
+            w.close()
+        await asyncio.sleep(6.0)  # past the server's next malloc_trim (TRIM_EVERY_S)
+        seen.append((len(conns), peak, proc_status(srv.pid, "VmRSS")))
+    print(f"tls floods: server RSS before {before / 1024:.0f} MiB; "
+          + "; ".join(f"{k} connected: {a / 1024:.0f} MiB held, {b / 1024:.0f} MiB after closing"
+                      for k, a, b in seen))
+
+
+PHASES = ("keep-alive", "concurrent", "slowloris", "held", "bomb", "big-bodies", "tls-floods")
 
 
 async def run(args: argparse.Namespace, srv: Server) -> None:
@@ -535,6 +562,8 @@ async def run(args: argparse.Namespace, srv: Server) -> None:
         await held(c, srv, 200 if args.quick else args.held, 10.0)
     if "bomb" in phases:
         await bomb(c, srv, 20.0 if args.quick else 60.0)
+    if "tls-floods" in phases:
+        await tls_floods(c, srv, 300 if args.quick else 1000, 3 if args.quick else 5)
     if "big-bodies" in phases:
         await big_bodies(c, 8, 5.0 if args.quick else 15.0, (1 << 20) - 4096)
     if srv.pid is not None:
