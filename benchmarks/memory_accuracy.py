@@ -30,6 +30,8 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import math
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -38,14 +40,31 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.rowspec import request_for, update_bands  # noqa: E402
-from planner.error_bands import DATA_PATH, MIN_ROWS, family, margin_from, summarize  # noqa: E402
-from planner.memory import DEFAULT_MARGIN, Estimate  # noqa: E402
+from planner.error_bands import (  # noqa: E402
+    AT_RISK,
+    DATA_PATH,
+    DOES_NOT_FIT,
+    FITS,
+    MIN_ROWS,
+    RISK_COVERAGE,
+    RISK_MIN_ROWS,
+    RiskBand,
+    family,
+    fit_log_ratios,
+    is_finetune,
+    margin_from,
+    outcome,
+    risk_kinds,
+    summarize,
+)
+from planner.memory import Estimate  # noqa: E402
 from planner.plan import _estimate as plan_estimate  # noqa: E402  (the estimate plan() makes)
 from planner.request import Request  # noqa: E402
 from planner.spec import Candidate  # noqa: E402
 
 GIB = 2**30
-MARGIN = DEFAULT_MARGIN  # the CLI's default --margin (recomputed from the errors in main)
+MARGIN = 0.0  # the CLI's default --margin: none, the risk of each kind of job decides
+ACC_BEGIN, ACC_END = "<!-- risk-acceptance:begin -->", "<!-- risk-acceptance:end -->"
 PREDICTED = {
     "max_allocated": lambda e: e.peak_allocated_bytes,
     "max_reserved": lambda e: e.peak_reserved_bytes,
@@ -110,8 +129,108 @@ def evaluate(rows: list[dict[str, str]], margin: float = MARGIN) -> list[dict]:
         out.append(dict(row=row, est=est, oom=oom, metric=metric, measured=measured,
                         predicted=predicted, err=err,
                         family=family(est.candidate.strategy, req.training.compile),
+                        kinds=risk_kinds(est.candidate.strategy, req.training.compile,
+                                         is_finetune(req.training)),
                         unmodelled=(row.get("unmodelled") or "").strip()))
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Risk: fitted on one half of the rows, checked on the other
+
+
+SPLIT_RULE = ("the modelled rows, grouped by their finest kind (strategy family, eager or "
+              "compiled, full training or fine-tuning) and by what they report (a measured "
+              "peak, OOM, or 'it ran'), each group in id order, alternate: the 1st, 3rd, ... "
+              "row of a group is fitted on, the 2nd, 4th, ... is held out")
+
+
+def split(results: list[dict]) -> None:
+    """Mark each modelled row's half (r['half'] = 'fit' or 'check'); SPLIT_RULE says how."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in modelled(results):
+        what = "oom" if r["oom"] else "measured" if r["err"] is not None else "ran"
+        groups.setdefault((r["kinds"][0], what), []).append(r)
+    for rows in groups.values():
+        for i, r in enumerate(sorted(rows, key=lambda r: r["row"]["id"])):
+            r["half"] = "fit" if i % 2 == 0 else "check"
+
+
+def log_ratio(r: dict) -> float:
+    """log(measured / predicted) of a measured row: the error the interval is about."""
+    return math.log(r["measured"] / r["predicted"])
+
+
+def fit_risk(results: list[dict]) -> dict[str, dict]:
+    """{kind: {n, mean_log, sd_log}} over the fit half's measured rows, for every kind (and
+    coarser kind) a row belongs to."""
+    xs: dict[str, list[float]] = {}
+    for r in modelled(results):
+        if r.get("half") == "fit" and r["err"] is not None:
+            for k in r["kinds"]:
+                xs.setdefault(k, []).append(log_ratio(r))
+    return {k: fit_log_ratios(v) for k, v in sorted(xs.items())}
+
+
+def band_for(kinds: tuple[str, ...], fitted: dict[str, dict]) -> RiskBand | None:
+    """As planner.error_bands.risk_band, on the fit just made (not the shipped file)."""
+    for name in kinds:
+        e = fitted.get(name)
+        if e and e["n"] >= RISK_MIN_ROWS and "sd_log" in e:
+            return RiskBand(kind=kinds[0], measured_kind=name, n=e["n"], mean_log=e["mean_log"],
+                            sd_log=e["sd_log"], coverage=RISK_COVERAGE)
+    return None
+
+
+def judge(results: list[dict], fitted: dict[str, dict], margin: float) -> None:
+    """Each row's verdict with the risk (r['outcome'], r['p_oom'], r['band']) and with the
+    single margin it replaces (r['fits_at_margin'])."""
+    for r in results:
+        e = r["est"]
+        band = band_for(r["kinds"], fitted)
+        r["band"] = band
+        r["outcome"], r["p_oom"] = outcome(int(e.required_bytes), int(e.usable_bytes), band)
+        r["fits_at_margin"] = (e.required_bytes <= int(e.capacity_bytes * (1 - margin))
+                               and bool(e.fits_host))
+        if not e.fits_host:
+            r["outcome"] = DOES_NOT_FIT
+
+
+def acceptance(rows: list[dict]) -> dict:
+    """The figures the risk is accepted on, over ``rows``."""
+    measured = [r for r in rows if r["err"] is not None and r["band"] is not None]
+    inside = [r for r in measured
+              if math.log(r["band"].low) <= log_ratio(r) <= math.log(r["band"].high)]
+    above = [r for r in measured if log_ratio(r) > math.log(r["band"].high)]
+    done = [r for r in rows if not r["oom"]]
+    oom = [r for r in rows if r["oom"]]
+    count = lambda rs, o: sum(r["outcome"] == o for r in rs)  # noqa: E731
+    return {
+        "measured": len(measured), "inside": len(inside), "above": len(above),
+        "coverage": round(len(inside) / len(measured), 4) if measured else None,
+        "completed": len(done), "completed_fits": count(done, FITS),
+        "completed_at_risk": count(done, AT_RISK),
+        "completed_does_not_fit": count(done, DOES_NOT_FIT),
+        "completed_not_fit_at_margin": sum(not r["fits_at_margin"] for r in done),
+        "oom": len(oom), "oom_fits": count(oom, FITS), "oom_at_risk": count(oom, AT_RISK),
+        "oom_does_not_fit": count(oom, DOES_NOT_FIT),
+        "oom_fit_at_margin": sum(r["fits_at_margin"] for r in oom),
+    }
+
+
+def risk_section(results: list[dict], fitted: dict[str, dict], margin: float) -> dict:
+    """The memory.risk section of error_bands.json."""
+    return {
+        "coverage": RISK_COVERAGE,
+        "model": "x = log(measured / predicted) per public run; a kind's interval is its "
+                 "fitted runs' mean of x +- t(n-1, (1 + coverage) / 2) x sd x sqrt(1 + 1/n) "
+                 "(planner.error_bands.RiskBand)",
+        "split": SPLIT_RULE,
+        "min_rows": RISK_MIN_ROWS,
+        "kinds": fitted,
+        "held_out": acceptance([r for r in results if r.get("half") == "check"]),
+        "replaced_margin": margin,
+    }
 
 
 def modelled(results: list[dict]) -> list[dict]:
@@ -123,9 +242,10 @@ def modelled(results: list[dict]) -> list[dict]:
     return [r for r in results if not r["unmodelled"]]
 
 
-def bands(results: list[dict], margin: float) -> dict:
-    """The memory section of error_bands.json: all modelled rows, each family, the margin."""
-    results = modelled(results)
+def bands(results: list[dict], fitted: dict[str, dict], margin: float) -> dict:
+    """The memory section of error_bands.json: all modelled rows, each family, the risk fit
+    and its held-out check (``margin``: the single margin the risk replaced, for comparison)."""
+    every, results = results, modelled(results)
     errs = [r["err"] for r in results if r["err"] is not None]
     fams: dict[str, dict] = {}
     for name in sorted({r["family"] for r in results}):
@@ -133,18 +253,15 @@ def bands(results: list[dict], margin: float) -> dict:
         es = [r["err"] for r in mine if r["err"] is not None]
         fams[name] = {**(summarize(es) if es else {"n": 0}),
                       "oom_rows": sum(r["oom"] for r in mine),
-                      "oom_predicted_fit": sum(r["oom"] and r["est"].fits_gpu for r in mine)}
+                      "oom_predicted_fit": sum(r["oom"] and r["outcome"] == FITS for r in mine)}
     return {
         "source": "benchmarks/memory_measurements.csv",
         "metric": "relative error of the peak the source measured (max allocated, max reserved "
                   "or nvidia-smi used): (predicted - measured) / measured",
         "all": {**summarize(errs), "oom_rows": sum(r["oom"] for r in results),
-                "oom_predicted_fit": sum(r["oom"] and r["est"].fits_gpu for r in results)},
+                "oom_predicted_fit": sum(r["oom"] and r["outcome"] == FITS for r in results)},
         "families": fams,
-        "margin": {"value": margin, "rule": "nearest-rank p90 of the under-predictions "
-                   "max(0, -error) over all measured rows whose inputs are modelled, rounded up to a "
-                   "whole percent "
-                   "(planner.error_bands.margin_from)"},
+        "risk": risk_section(every, fitted, margin),
     }
 
 
@@ -159,28 +276,122 @@ def config_label(row: dict[str, str]) -> str:
     return " ".join(parts)
 
 
-def report(results: list[dict], csv_path: str, margin: float = MARGIN) -> tuple[str, str]:
-    """(plain text, markdown)."""
+VERDICT = {FITS: "fits", AT_RISK: "at risk", DOES_NOT_FIT: "does not fit"}
+
+
+def _verdict(r: dict) -> str:
+    p = "" if r["p_oom"] is None or r["outcome"] == DOES_NOT_FIT and r["p_oom"] > 0.995 \
+        else f" ({r['p_oom']:.0%})"
+    return VERDICT[r["outcome"]] + (p if r["outcome"] == AT_RISK else "")
+
+
+def _pct(k: int, n: int) -> str:
+    return f"{k} of {n}" + (f" ({k / n:.0%})" if n else "")
+
+
+def acceptance_lines(results: list[dict], fitted: dict[str, dict], margin: float) -> list[str]:
+    """The risk's acceptance, as Markdown (the section of docs/accuracy.md and of
+    memory_accuracy.md)."""
+    held = acceptance([r for r in results if r.get("half") == "check"])
+    fit_half = acceptance([r for r in results if r.get("half") == "fit"])
+    never = acceptance([r for r in results if r.get("half") and r["err"] is None])
+    # the same check with the halves swapped (fitted on the held-out half, checked on the other)
+    swapped = [{**r, "half": {"fit": "check", "check": "fit"}[r["half"]]} if r.get("half")
+               else dict(r) for r in results]
+    judge(swapped, fit_risk(swapped), margin)
+    rev = acceptance([r for r in swapped if r.get("half") == "check"])
+    cov = RISK_COVERAGE
+    lines = [
+        f"Made by `python benchmarks/memory_accuracy.py` from benchmarks/memory_measurements.csv "
+        f"({len(modelled(results))} modelled rows; the {len(results) - len(modelled(results))} "
+        "rows using what fitcheck does not model are left out). Do not edit by hand.",
+        "",
+        f"Split: {SPLIT_RULE}. Fitted on {sum(1 for r in results if r.get('half') == 'fit')} "
+        f"rows ({sum(1 for r in results if r.get('half') == 'fit' and r['err'] is not None)} "
+        "with a measured peak: only these enter the fit), held out "
+        f"{sum(1 for r in results if r.get('half') == 'check')}.",
+        "",
+        "Intervals fitted (x = log(measured / predicted); a kind with fewer than "
+        f"{RISK_MIN_ROWS} fitted runs uses the next coarser kind):",
+        "",
+        f"| kind | fitted runs | mean x | sd x | {cov:.0%} interval of the need (x predicted) | "
+        "used for |",
+        "|---|---:|---:|---:|---|---|",
+    ]
+    users: dict[str, set[str]] = {}
+    for r in modelled(results):
+        if r["band"] is not None:
+            users.setdefault(r["band"].measured_kind, set()).add(r["kinds"][0])
+    for name, e in fitted.items():
+        if e["n"] >= RISK_MIN_ROWS and "sd_log" in e:
+            b = band_for((name,), fitted)
+            lines.append(f"| {name} | {e['n']} | {e['mean_log']:+.3f} | {e['sd_log']:.3f} | "
+                         f"{b.low:.2f} .. {b.high:.2f} | "
+                         f"{', '.join(sorted(users.get(name, ()))) or '-'} |")
+        else:
+            lines.append(f"| {name} | {e['n']} | - | - | too few: a coarser kind | - |")
+    lines += [
+        "",
+        "| held-out rows | result | target |",
+        "|---|---|---|",
+        f"| out-of-memory runs called \"fits\" | {_pct(held['oom_fits'], held['oom'])} "
+        f"(at risk {held['oom_at_risk']}, does not fit {held['oom_does_not_fit']}) | 0 |",
+        f"| completed runs called \"does not fit\" | "
+        f"{_pct(held['completed_does_not_fit'], held['completed'])} (fits "
+        f"{held['completed_fits']}, at risk {held['completed_at_risk']}) | <= 5 % |",
+        f"| measured peaks inside the {cov:.0%} interval | "
+        f"{_pct(held['inside'], held['measured'])}; above it {held['above']} | "
+        f"{cov:.0%} +- 5 points |",
+        f"| the single margin it replaces ({margin:.2f}): completed runs called \"does not "
+        f"fit\" / OOM runs called \"fits\" | "
+        f"{_pct(held['completed_not_fit_at_margin'], held['completed'])} / "
+        f"{held['oom_fit_at_margin']} of {held['oom']} | |",
+        "",
+        f"For comparison, the fitted half (in-sample): {_pct(fit_half['inside'], fit_half['measured'])} "
+        f"measured peaks inside the interval; out-of-memory runs called \"fits\" "
+        f"{fit_half['oom_fits']} of {fit_half['oom']}, completed runs called \"does not fit\" "
+        f"{_pct(fit_half['completed_does_not_fit'], fit_half['completed'])}. Rows without a "
+        "measured peak (OOM and 'it ran') never enter a fit; over all of them: OOM called "
+        f"\"fits\" {never['oom_fits']} of {never['oom']}, completed called \"does not fit\" "
+        f"{_pct(never['completed_does_not_fit'], never['completed'])}. With the halves swapped "
+        "(fitted on the held-out half, checked on the fitted one): "
+        f"{_pct(rev['inside'], rev['measured'])} measured peaks inside the interval (above it "
+        f"{rev['above']}); OOM runs called \"fits\" {rev['oom_fits']} of {rev['oom']}; "
+        f"completed runs called \"does not fit\" "
+        f"{_pct(rev['completed_does_not_fit'], rev['completed'])}.",
+    ]
+    return lines
+
+
+def report(results: list[dict], csv_path: str, fitted: dict[str, dict],
+           margin: float) -> tuple[str, str]:
+    """(plain text, markdown). ``margin``: the single margin the risk replaced (compared)."""
     txt: list[str] = []
     md: list[str] = []
     head = (f"{'id':44} {'metric':13} {'meas GiB':>9} {'pred GiB':>9} {'err':>8} "
-            f"{'pred used':>9} {'usable':>7} {'fits':>5} {'oom':>4} {'peak at':>9}")
+            f"{'need GiB':>9} {'cap GiB':>7} {'half':>5} {'verdict':>18} {'oom':>4} {'peak at':>9}")
     txt += [head, "-" * len(head)]
     md += ["| id | model | config | metric | measured GiB | predicted GiB | rel. error | "
-           "predicted device used GiB | usable GiB | planner: fits | source: OOM | peak phase |",
-           "|---|---|---|---|---:|---:|---:|---:|---:|:-:|:-:|---|"]
+           f"predicted need GiB ({RISK_COVERAGE:.0%} interval) | capacity GiB | half | "
+           "planner: verdict (P(OOM)) | source: OOM | peak phase |",
+           "|---|---|---|---|---:|---:|---:|---:|---:|:-:|---|:-:|---|"]
     for r in results:
         row, est = r["row"], r["est"]
         err = "-" if r["err"] is None else f"{r['err']:+.1%}" + ("†" if r["unmodelled"] else "")
         meas = _gib(r["measured"]) + ("*" if r["oom"] and r["measured"] is not None else "")
-        fits = "yes" if est.fits_gpu else "no"
+        need = _gib(est.required_bytes)
+        if r["band"] is not None:
+            need += (f" ({_gib(est.required_bytes * r['band'].low)}-"
+                     f"{_gib(est.required_bytes * r['band'].high)})")
+        half = r.get("half") or "-"
         txt.append(f"{row['id']:44} {r['metric'] or '-':13} {meas:>9} {_gib(r['predicted']):>9} "
-                   f"{err:>8} {_gib(est.device_used_bytes):>9} {_gib(est.usable_bytes):>7} "
-                   f"{fits:>5} {'yes' if r['oom'] else 'no':>4} {est.peak_phase:>9}")
+                   f"{err:>8} {_gib(est.required_bytes):>9} {_gib(est.usable_bytes):>7} "
+                   f"{half:>5} {_verdict(r):>18} {'yes' if r['oom'] else 'no':>4} "
+                   f"{est.peak_phase:>9}")
         md.append(f"| {row['id']} | {row['model']} | {config_label(row)} | {r['metric'] or '-'} | "
-                  f"{meas} | {_gib(r['predicted'])} | {err} | {_gib(est.device_used_bytes)} | "
-                  f"{_gib(est.usable_bytes)} | {fits} | {'yes' if r['oom'] else 'no'} | "
-                  f"{est.peak_phase} |")
+                  f"{meas} | {_gib(r['predicted'])} | {err} | {need} | "
+                  f"{_gib(est.usable_bytes)} | {half} | {_verdict(r)} | "
+                  f"{'yes' if r['oom'] else 'no'} | {est.peak_phase} |")
 
     every = results
     results = modelled(results)
@@ -192,10 +403,11 @@ def report(results: list[dict], csv_path: str, margin: float = MARGIN) -> tuple[
     for r in results:
         if r["err"] is not None:
             by_metric.setdefault(r["metric"], []).append(r["err"])
-    oom_fits = [r for r in every if r["oom"] and r["est"].fits_gpu]  # every row: never
+    oom_fits = [r for r in every if r["oom"] and r["outcome"] == FITS]  # every row: never
     oom_below = [r for r in results if r["oom"] and r["measured"] is not None
                  and r["predicted"] is not None and r["predicted"] < r["measured"]]
-    ok_nofit = [r for r in results if not r["oom"] and not r["est"].fits_gpu]
+    ok_nofit = [r for r in results if not r["oom"] and r["outcome"] == DOES_NOT_FIT]
+    ok_risk = [r for r in results if not r["oom"] and r["outcome"] == AT_RISK]
 
     summary = [
         f"rows: {len(results)} ({len(errs)} with a measured value, "
@@ -204,8 +416,8 @@ def report(results: list[dict], csv_path: str, margin: float = MARGIN) -> tuple[
         f"median absolute relative error: {med:.1%} (median signed error {signed:+.1%}; "
         "positive = planner predicts more than measured)",
         f"p90 absolute relative error: {band['p90_abs']:.1%}; p90 under-prediction "
-        f"{band['p90_under']:.1%} (largest {band['max_under']:.1%}) -> default margin "
-        f"{margin:.2f}" if band else "no measured rows",
+        f"{band['p90_under']:.1%} (largest {band['max_under']:.1%}): the single margin the "
+        f"risk replaced would be {margin:.2f}" if band else "no measured rows",
         f"OOM rows predicted to fit: {len(oom_fits)} of {sum(r['oom'] for r in results)}",
     ]
     for m, es in sorted(by_metric.items()):
@@ -217,13 +429,16 @@ def report(results: list[dict], csv_path: str, margin: float = MARGIN) -> tuple[
                    f"{', '.join(r['row']['id'] for r in oom_below) or 'none'}")
     summary.append(f"non-OOM rows the planner says do not fit: "
                    f"{', '.join(r['row']['id'] for r in ok_nofit) or 'none'}")
+    summary.append(f"non-OOM rows the planner calls at risk: "
+                   + (", ".join(f"{r['row']['id']} ({r['p_oom']:.0%})" for r in ok_risk)
+                      or "none"))
     left = [r for r in every if r["unmodelled"]]
     summary.append("rows using what fitcheck does not model (†; scored, not in the figures above, "
-                   "the bands or the margin): " + ("; ".join(
+                   "the bands or the risk): " + ("; ".join(
                        f"{r['row']['id']} {'-' if r['err'] is None else format(r['err'], '+.1%')} "
                        f"({r['unmodelled']})" for r in left) or "none"))
     txt += [""] + summary
-    fam_rows = bands(results, margin)["families"]
+    fam_rows = bands(every, fitted, margin)["families"]
     fam_md = ["| kind of job | measured rows | median abs. error | p90 abs. error | "
               "median signed | p90 under-prediction | OOM rows | OOM rows predicted to fit |",
               "|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -239,6 +454,8 @@ def report(results: list[dict], csv_path: str, margin: float = MARGIN) -> tuple[
         txt.append(f"  {name:15} n={b['n']:3}  median |err| {cells[0]:>6}  p90 {cells[1]:>6}  "
                    f"signed {cells[2]:>7}  p90 under {cells[3]:>6}  OOM {b['oom_rows']} "
                    f"(predicted fit {b['oom_predicted_fit']})")
+    risk_md = acceptance_lines(every, fitted, margin)
+    txt += ["", "risk (fits / at risk / does not fit):"] + [f"  {x}" for x in risk_md if x]
 
     doc = [
         "# Memory planner vs published measurements",
@@ -251,15 +468,22 @@ def report(results: list[dict], csv_path: str, margin: float = MARGIN) -> tuple[
         "exact quote are in the CSV). The planner's figure compared is the one matching what the",
         "source measured: `max_allocated` ↔ `peak_allocated_bytes`, `max_reserved` ↔",
         "`peak_reserved_bytes`, `nvidia_smi` ↔ `device_used_bytes` (adds CUDA context and NCCL).",
-        f"The fit verdict uses the default margin ({margin:.2f}, derived from these errors: the",
-        "nearest-rank p90 of the under-predictions, rounded up to a whole percent; docs/accuracy.md).",
-        "Relative error = (predicted − measured) / measured. `*`: an OOM row's value is the",
-        "allocation at the failure, a lower bound. Inputs beyond the columns are in the CSV's",
-        "`extra` column (spec fields).",
+        "The verdict is the planner's with the risk (docs/accuracy.md §5): the predicted need",
+        f"(what must fit on the device at the peak) with the {RISK_COVERAGE:.0%} interval of its "
+        "kind of job,",
+        "fitted on the rows marked `fit` below; *fits* when the whole interval is within the",
+        "capacity, *does not fit* when all of it is above, else *at risk* with the probability",
+        "of running out of memory. No margin is kept (the default). Relative error = (predicted",
+        "− measured) / measured. `*`: an OOM row's value is the allocation at the failure, a",
+        "lower bound. Inputs beyond the columns are in the CSV's `extra` column (spec fields).",
         "",
         "## Summary",
         "",
         *[f"- {s.strip()}" for s in summary],
+        "",
+        "## Risk: fitted on half the rows, checked on the other half",
+        "",
+        *risk_md,
         "",
         "## Per kind of job",
         "",
@@ -297,28 +521,54 @@ def report(results: list[dict], csv_path: str, margin: float = MARGIN) -> tuple[
     return "\n".join(txt), "\n".join(doc)
 
 
+def write_section(path: str, body: str) -> None:
+    """Replace the risk-acceptance section of ``path`` (markers appended if absent),
+    atomically."""
+    try:
+        old = Path(path).read_text()
+    except FileNotFoundError:
+        old = ""
+    block = f"{ACC_BEGIN}\n{body}\n{ACC_END}"
+    if ACC_BEGIN in old and ACC_END in old:
+        head, rest = old.split(ACC_BEGIN, 1)
+        text = head + block + rest.split(ACC_END, 1)[1]
+    else:
+        text = old + ("\n" if old and not old.endswith("\n") else "") + block + "\n"
+    tmp = f"{path}.tmp{os.getpid()}"
+    Path(tmp).write_text(text)
+    os.replace(tmp, path)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--csv", default=str(ROOT / "benchmarks" / "memory_measurements.csv"))
     ap.add_argument("--md", default=str(ROOT / "docs" / "memory_accuracy.md"))
+    ap.add_argument("--accuracy-md", default=str(ROOT / "docs" / "accuracy.md"),
+                    help="docs/accuracy.md, whose risk-acceptance section is rewritten; '' to skip")
     ap.add_argument("--bands", default=DATA_PATH,
                     help="error_bands.json to update (its memory section); '' to skip")
     args = ap.parse_args(argv)
     with open(args.csv, newline="") as f:
         rows = list(csv.DictReader(f))
-    # The errors do not depend on the margin (checkpointing is fixed per row); the fit
-    # verdicts do: score once, derive the margin, then judge the fits with it.
-    errs = [r["err"] for r in modelled(evaluate(rows)) if r["err"] is not None]
-    margin = margin_from(errs)
-    results = evaluate(rows, margin)
-    text, doc = report(results, args.csv, margin)
+    # The errors do not depend on the margin (checkpointing is fixed per row) and the plan is
+    # made without one (the default); the verdicts use the risk fitted on the fit half.
+    results = evaluate(rows)
+    errs = [r["err"] for r in modelled(results) if r["err"] is not None]
+    margin = margin_from(errs)  # the single margin the risk replaced, for comparison
+    split(results)
+    fitted = fit_risk(results)
+    judge(results, fitted, margin)
+    text, doc = report(results, args.csv, fitted, margin)
     print(text)
     if args.md:
         Path(args.md).write_text(doc)
         print(f"\nwrote {args.md}")
     if args.bands:
-        update_bands(args.bands, "memory", bands(results, margin))
+        update_bands(args.bands, "memory", bands(results, fitted, margin))
         print(f"wrote {args.bands} (memory)")
+    if args.accuracy_md:
+        write_section(args.accuracy_md, "\n".join(acceptance_lines(results, fitted, margin)))
+        print(f"wrote {args.accuracy_md} (risk-acceptance)")
     return 0
 
 

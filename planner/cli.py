@@ -33,6 +33,7 @@ from planner.cli_options import (  # noqa: F401  (JOB_FORMATS, request_from_opti
     MODEL,
     JobFile,
     TRAINING,
+    VERDICT,
     field_options,
     given_values,
     request_from_options,
@@ -184,7 +185,7 @@ def cli() -> None:
 
 
 @cli.command("plan")
-@field_options(MODEL + TRAINING + FINETUNE + HARDWARE + CANDIDATES + DEEPSPEED)
+@field_options(MODEL + TRAINING + FINETUNE + HARDWARE + CANDIDATES + VERDICT + DEEPSPEED)
 @click.option("--find", type=click.Choice(["min-gpus", "max-micro-batch", "max-seq"]),
               help="Inverse question: the fewest GPUs of the type, or the largest micro-batch or "
               "sequence length that fits with the given strategies, offload and checkpointing; "
@@ -221,8 +222,9 @@ def plan_cmd(as_json: bool, wide: bool, find: str | None, job_paths: tuple[str, 
              job_diff: bool, **kw: Any) -> int:
     """Predict per-GPU memory for every strategy and recommend one.
 
-    Exit codes: 0 a candidate fits, 3 nothing fits, 2 usage error, 4 bad input data
-    (profile, config, job file), 1 crash.
+    Exit codes: 0 a candidate fits (or, when none fits for sure, one is at risk and
+    --at-risk is admit or warn), 3 nothing fits, 2 usage error, 4 bad input data (profile,
+    config, job file), 1 crash.
     """
     if kw.pop("from_trace", False):  # memory from traces of the real module (probes/)
         from planner.trace_cli import plan_command
@@ -302,7 +304,11 @@ def plan_cmd(as_json: bool, wide: bool, find: str | None, job_paths: tuple[str, 
         return EXIT_FITS
     if found is not None and found.value is None:
         return EXIT_NOTHING_FITS
-    return EXIT_FITS if answer.any_fits else EXIT_NOTHING_FITS
+    if answer.any_fits:
+        return EXIT_FITS
+    # nothing fits for sure: a candidate at risk counts as a fit unless --at-risk reject
+    at_risk = answer.least_risk()[0] is not None and request.options.at_risk != "reject"
+    return EXIT_FITS if at_risk else EXIT_NOTHING_FITS
 
 
 def job_notes(job, resolved) -> list[str]:

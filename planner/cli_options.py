@@ -79,6 +79,8 @@ TRAINING = ("training",)
 FINETUNE = ("finetune",)
 HARDWARE = ("hardware",)
 CANDIDATES = ("strategy", "offload", "checkpointing", "parallel", "margin", "calibration")
+VERDICT = ("at_risk",)
+"""What a verdict does with a job at risk: the plan's exit code (the gate has its own flag)."""
 DEEPSPEED = ("deepspeed",)
 
 

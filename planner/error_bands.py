@@ -8,8 +8,13 @@ stale). This module reads it (no torch, no numpy) and answers two questions:
 - ``band(strategy, compile)``: the measured peak-memory and step-time error of that kind of job
   (``family``: DDP / FSDP / ZeRO, eager or compiled), with the number of runs behind it; a kind
   with fewer than ``MIN_ROWS`` measured runs gets the all-runs band, and says so.
-- ``default_margin()``: the default ``--margin``, derived from the measured error (the rule is
-  in docs/accuracy.md and below), never a fixed guess.
+- ``risk_band(strategy, compile, finetune)``: the interval of the peak a job of that kind needs,
+  from the measured error of that kind (``RiskBand``: a Student-t prediction interval of the log
+  of measured / predicted, fitted on half of the public runs, its coverage checked on the other
+  half by benchmarks/memory_accuracy.py), and its probability of running out of memory. A kind
+  with fewer than ``RISK_MIN_ROWS`` fitted runs falls back to a coarser one, and says so.
+- ``default_margin()``: the default ``--margin``: 0 since the risk replaced the single margin
+  (docs/accuracy.md §5); a margin given explicitly is the user's own headroom.
 
 Error conventions: ``err = (predicted - measured) / measured``; an *under-prediction* is
 ``max(0, -err)``: the fraction by which the planner said less than the run needed. Medians are
@@ -33,10 +38,15 @@ DATA_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "er
 SCHEMA_VERSION = 1
 MIN_ROWS = 3
 """A family with fewer measured runs than this reports the all-runs band instead."""
-FALLBACK_MARGIN = 0.05
-"""Only when error_bands.json is missing or unreadable (a broken install): the old default."""
 MARGIN_QUANTILE = 0.9
-"""The default margin covers this fraction of the measured under-predictions."""
+"""``margin_from`` covers this fraction of the measured under-predictions (the single margin
+the risk replaced; still printed by benchmarks/memory_accuracy.py for comparison)."""
+RISK_COVERAGE = 0.9
+"""The stated coverage of a verdict's interval: the need falls inside it 90 % of the time, below
+its low end 5 % and above its high end 5 %."""
+RISK_MIN_ROWS = 10
+"""A kind needs this many fitted runs for its own interval, else a coarser kind is used (chosen
+before fitting, as a common minimum for estimating a spread; not tuned)."""
 
 
 def family(strategy: Strategy, compile: CompileMode = CompileMode.NONE) -> str:
@@ -91,14 +101,195 @@ def _table() -> dict[str, Any]:
 
 
 def default_margin() -> float:
-    """The default --margin: the measured one (error_bands.json), else FALLBACK_MARGIN."""
-    value = _table().get("memory", {}).get("margin", {}).get("value")
-    return float(value) if isinstance(value, (int, float)) and 0 <= value < 1 else FALLBACK_MARGIN
+    """The default --margin: 0. The verdict's risk (``risk_band``) is what covers the planner's
+    measured error now; a margin given explicitly is headroom the user keeps on top of it."""
+    return 0.0
 
 
 DEFAULT_MARGIN = default_margin()
-"""Fraction of device memory kept free by default (--margin): derived from the planner's
-measured under-prediction on public runs (docs/accuracy.md)."""
+"""Fraction of device memory kept free by default (--margin): none; the measured error of the
+kind of job decides the verdict instead (fits / at risk / does not fit, docs/accuracy.md §5)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Risk: an interval for the peak a job needs, from the measured error of its kind
+
+
+AT_RISK_POLICIES = ("admit", "reject", "warn")
+DEFAULT_AT_RISK = "warn"
+"""What the gate does with a job whose interval straddles the usable memory: admit it with a
+warning that gives the probability of running out of memory (docs/gating.md)."""
+FITS, AT_RISK, DOES_NOT_FIT = "fits", "at_risk", "does_not_fit"
+
+
+def t_cdf(x: float, df: int) -> float:
+    """Student's t distribution function with an integer number of degrees of freedom (the
+    closed forms of Abramowitz & Stegun 26.7.3 / 26.7.4; no scipy on the planning path)."""
+    if df < 1:
+        raise ValueError("df must be >= 1")
+    theta = math.atan(abs(x) / math.sqrt(df))
+    s, c2 = math.sin(theta), math.cos(theta) ** 2
+    if df % 2:  # odd: (2/pi) (theta + sin cos (1 + 2/3 cos^2 + 2.4/3.5 cos^4 + ...))
+        total, term = 0.0, math.cos(theta)
+        for j in range(1, (df - 1) // 2 + 1):
+            total += term
+            term *= (2 * j) / (2 * j + 1) * c2
+        a = 2 / math.pi * (theta + s * total)
+    else:  # even: sin (1 + 1/2 cos^2 + 1.3/2.4 cos^4 + ...)
+        total, term = 0.0, 1.0
+        for j in range(1, df // 2 + 1):
+            total += term
+            term *= (2 * j - 1) / (2 * j) * c2
+        a = s * total
+    a = min(1.0, max(0.0, a))
+    return 0.5 + (a / 2 if x >= 0 else -a / 2)
+
+
+def t_ppf(p: float, df: int) -> float:
+    """The p-quantile of Student's t (0 < p < 1), by bisection of ``t_cdf``."""
+    if not 0 < p < 1:
+        raise ValueError("p must be in (0, 1)")
+    if p < 0.5:
+        return -t_ppf(1 - p, df)
+    lo, hi = 0.0, 1.0
+    while t_cdf(hi, df) < p:
+        hi *= 2
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if t_cdf(mid, df) < p:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 1e-12:
+            break
+    return (lo + hi) / 2
+
+
+def risk_kinds(strategy: Strategy, compile: CompileMode = CompileMode.NONE,
+               finetune: bool = False) -> tuple[str, ...]:
+    """The kinds a job belongs to, finest first: 'fsdp-eager-finetune', 'fsdp-eager', 'fsdp',
+    'all'. finetune: LoRA / QLoRA or frozen parameters."""
+    base = family(strategy, compile)
+    return (f"{base}-{'finetune' if finetune else 'full'}", base, base.split("-")[0], "all")
+
+
+def is_finetune(training: Any) -> bool:
+    """Whether a training run trains only part of the model (LoRA, QLoRA, frozen parts)."""
+    ft = getattr(training, "finetune", None)
+    return ft is not None and bool(ft.lora or ft.freeze_embeddings or ft.freeze_layers
+                                   or ft.train_last_layers)
+
+
+def fit_log_ratios(log_ratios: Sequence[float]) -> dict[str, Any]:
+    """The stored fit of one kind: n, the mean and sample standard deviation of
+    log(measured / predicted) (n >= 2)."""
+    import statistics  # the benchmarks' path only
+
+    if len(log_ratios) < 2:
+        return {"n": len(log_ratios)}
+    return {"n": len(log_ratios), "mean_log": round(statistics.fmean(log_ratios), 6),
+            "sd_log": round(statistics.stdev(log_ratios), 6)}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RiskBand:
+    """The interval of the peak a job needs, from the measured error of its kind.
+
+    x = log(measured / predicted) over the kind's fitted public runs has mean m and standard
+    deviation s (n runs); a new job's x is taken as Student-t with n - 1 degrees of freedom
+    around m, scale s * sqrt(1 + 1/n) (the prediction interval of one more draw from a normal
+    sample). The need is predicted x exp(x)."""
+
+    kind: str
+    """The finest kind of the job asked for ('fsdp-eager-finetune')."""
+    measured_kind: str
+    """The kind whose runs the interval is from: the job's own, or a coarser one."""
+    n: int
+    mean_log: float
+    sd_log: float
+    coverage: float = RISK_COVERAGE
+
+    @property
+    def scale(self) -> float:
+        return self.sd_log * math.sqrt(1 + 1 / self.n)
+
+    @property
+    def quantile(self) -> float:
+        return _two_sided(self.coverage, self.n - 1)
+
+    @property
+    def low(self) -> float:
+        """The need at the interval's low end, as a multiple of the predicted need."""
+        return math.exp(self.mean_log - self.quantile * self.scale)
+
+    @property
+    def high(self) -> float:
+        """The need at the interval's high end, as a multiple of the predicted need."""
+        return math.exp(self.mean_log + self.quantile * self.scale)
+
+    def p_oom(self, required: int, usable: int) -> float:
+        """The probability that the job needs more than ``usable`` bytes when ``required`` is
+        predicted: the share of the kind's error distribution that would push it past."""
+        if usable <= 0:
+            return 1.0
+        if required <= 0:
+            return 0.0
+        if self.scale <= 0:
+            return float(required * math.exp(self.mean_log) > usable)
+        z = (math.log(usable / required) - self.mean_log) / self.scale
+        return 1.0 - t_cdf(z, self.n - 1)
+
+    @property
+    def fallback(self) -> bool:
+        return self.measured_kind != self.kind
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "measured_kind": self.measured_kind, "n": self.n,
+                "mean_log": self.mean_log, "sd_log": self.sd_log, "coverage": self.coverage,
+                "low_factor": round(self.low, 4), "high_factor": round(self.high, 4)}
+
+    def text(self) -> str:
+        """'90% interval -9% .. +31% of the predicted need, from 14 public runs of fsdp-eager
+        jobs (too few fsdp-eager-finetune runs)'."""
+        who = (f"{self.measured_kind} jobs" if self.measured_kind != "all" else "jobs of all kinds")
+        few = (f" (fewer than {RISK_MIN_ROWS} {self.kind} runs)" if self.fallback else "")
+        return (f"{self.coverage:.0%} interval {self.low - 1:+.0%} .. {self.high - 1:+.0%} of "
+                f"the predicted need, from {self.n} public runs of {who}{few}")
+
+
+@functools.lru_cache(maxsize=64)
+def _two_sided(coverage: float, df: int) -> float:
+    return t_ppf((1 + coverage) / 2, df)
+
+
+def risk_band(strategy: Strategy, compile: CompileMode = CompileMode.NONE,
+              finetune: bool = False) -> RiskBand | None:
+    """The risk interval of this kind of job: the finest of ``risk_kinds`` with at least
+    RISK_MIN_ROWS fitted runs; None when error_bands.json has none."""
+    risk = _table().get("memory", {}).get("risk", {})
+    fitted = risk.get("kinds", {})
+    kinds = risk_kinds(strategy, compile, finetune)
+    coverage = risk.get("coverage", RISK_COVERAGE)
+    for name in kinds:
+        entry = fitted.get(name)
+        if entry and entry.get("n", 0) >= max(RISK_MIN_ROWS, 2) and "sd_log" in entry:
+            return RiskBand(kind=kinds[0], measured_kind=name, n=int(entry["n"]),
+                            mean_log=float(entry["mean_log"]), sd_log=float(entry["sd_log"]),
+                            coverage=float(coverage))
+    return None
+
+
+def outcome(required: int, usable: int, band: RiskBand | None) -> tuple[str, float | None]:
+    """(fits / at_risk / does_not_fit, probability of OOM) of a predicted need against the
+    usable bytes. Without a band: the point verdict, no probability."""
+    if band is None:
+        return (FITS if required <= usable else DOES_NOT_FIT), None
+    p = band.p_oom(required, usable)
+    if math.ceil(required * band.high) <= usable:
+        return FITS, p
+    if math.floor(required * band.low) > usable:
+        return DOES_NOT_FIT, p
+    return AT_RISK, p
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 EXIT_FITS = 0
+"""A candidate fits (the gate: admit). Also a job at risk when the at_risk policy is admit or
+warn (planner.error_bands.AT_RISK_POLICIES; warn adds a warning with the probability of
+running out of memory)."""
 EXIT_CRASH = 1
 EXIT_USAGE = 2
 EXIT_NOTHING_FITS = 3
+"""Nothing fits (the gate: reject), or only candidates at risk under at_risk reject."""
 EXIT_BAD_DATA = 4
 EXIT_TRACE_REFUSED = 5
 """A traced answer cannot be given (the model cannot be traced), or a probe failed

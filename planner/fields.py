@@ -17,7 +17,7 @@ from typing import Any
 
 from planner import validate
 from planner.errors import FitcheckError, InputDataError, UsageError
-from planner.error_bands import DEFAULT_MARGIN
+from planner.error_bands import AT_RISK_POLICIES, DEFAULT_AT_RISK, DEFAULT_MARGIN
 from planner.spec import (
     Allocator,
     Attention,
@@ -144,6 +144,15 @@ def parse_freeze(raw: Any) -> tuple[bool, int, int]:
         raise ValueError(f"all-but-N-layers already freezes the embeddings and first layers, "
                          f"got {raw!r}")
     return emb, first, last
+
+
+def _at_risk(raw: Any) -> str:
+    """admit, reject or warn (case-insensitive)."""
+    text = validate.text(raw, limit=20).strip().lower()
+    if text not in AT_RISK_POLICIES:
+        raise ValueError(f"must be one of {', '.join(AT_RISK_POLICIES)}, got "
+                         f"{validate._show(raw)}")
+    return text
 
 
 def parse_tp(raw: Any) -> int | str:
@@ -437,8 +446,15 @@ FIELDS: tuple[Field, ...] = (
           help="Activation checkpointing; auto: the lightest that fits, per strategy."),
     Field(path="margin", flag="--margin",
           check=lambda raw: validate.number(raw, low=0, high=1, high_open=True),
-          default=DEFAULT_MARGIN, help="Fraction of GPU memory kept free. Default: the p90 "
-          "of the planner's measured under-prediction on public runs (docs/accuracy.md)."),
+          default=DEFAULT_MARGIN, help="Fraction of GPU memory kept free, your own headroom "
+          "(default 0: the verdict's interval already covers the planner's measured error, "
+          "docs/accuracy.md)."),
+    Field(path="at_risk", flag="--at-risk", check=lambda raw: _at_risk(raw),
+          choices=AT_RISK_POLICIES, default=DEFAULT_AT_RISK,
+          help="A job at risk (the interval of its need straddles the usable memory; the "
+          "probability of running out of memory is printed): admit it, reject it, or warn "
+          "(admit with a warning). Decides the gate's verdict and, when nothing fits for "
+          "sure, the exit code (0 or 3)."),
     Field(path="calibration", flag="--calibration", metavar="FILE|auto|none",
           check=validate.text, default="auto", files=True,
           help="Fitted runtime terms (docs/calibration.md): a calibration file, auto (the one "

@@ -84,6 +84,9 @@ def _predicted(e, step=None) -> dict[str, Any]:
     }
     if step is not None:
         out["step_time_s"] = step.step_time_s
+    from planner.render import risk_json
+
+    out["risk"] = risk_json(e)
     return out
 
 
@@ -101,17 +104,52 @@ def _closest(answer):
 
 
 def _why(e) -> str:
-    if not e.fits_gpu:
-        return (f"needs {_gib(e.required_bytes)} per GPU, "
-                f"{_gib(e.required_bytes - e.usable_bytes)} over the usable "
-                f"{_gib(e.usable_bytes)}")
-    return (f"needs {_gib(e.host_bytes_per_node)} of host RAM per node, more than the "
-            f"{_gib(e.host_capacity_bytes)} there")
+    from planner.plan import interval
+
+    if not e.fits_host:
+        return (f"needs {_gib(e.host_bytes_per_node)} of host RAM per node, more than the "
+                f"{_gib(e.host_capacity_bytes)} there")
+    over = e.required_bytes - e.usable_bytes
+    return (f"needs {_gib(e.required_bytes)}{interval(e)} per GPU, "
+            + (f"{_gib(over)} over the usable {_gib(e.usable_bytes)}" if over > 0 else
+               f"more than the usable {_gib(e.usable_bytes)} even at the interval's low end"))
 
 
 def _fits_text(e) -> str:
-    return (f"needs {_gib(e.required_bytes)} of {_gib(e.usable_bytes)} usable per GPU, "
-            f"{_gib(e.headroom_bytes)} headroom")
+    from planner.plan import interval
+
+    return (f"needs {_gib(e.required_bytes)}{interval(e)} of {_gib(e.usable_bytes)} usable "
+            f"per GPU, {_gib(e.headroom_bytes)} headroom")
+
+
+def _risk_text(e) -> str:
+    from planner.plan import interval
+
+    return (f"needs {_gib(e.required_bytes)}{interval(e)} of {_gib(e.usable_bytes)} usable per "
+            f"GPU: {e.oom_probability:.0%} probability of running out of memory")
+
+
+def _at_risk(request, e, st, policy: str, what: str, warnings: list[str], *,
+             pinned: bool, strategy=None) -> dict[str, Any]:
+    """The verdict for a job whose best candidate is at risk, per the at_risk policy."""
+    from planner.candidates import label
+
+    pred = _predicted(e, st)
+    rec = _cand(e)
+    if strategy is not None:
+        pred["strategy"] = rec["strategy"] = str(strategy)
+    shown = e.candidate if strategy is None else dataclasses.replace(e.candidate,
+                                                                      strategy=strategy)
+    text = f"{what}{label(shown)} is at risk on {_hw(request)}: {_risk_text(e)}"
+    if policy == "reject":
+        return verdict_doc(REJECT, f"{text}; rejected (at_risk: reject).",
+                           recommendation=None if pinned else rec, predicted=pred,
+                           pinned=pinned, warnings=warnings)
+    if policy == "warn":
+        warnings = [*warnings, f"at risk: {e.oom_probability:.0%} probability of running out "
+                    f"of memory ({e.risk.text() if e.risk is not None else 'no measured band'})"]
+    return verdict_doc(ADMIT, f"{text}; admitted (at_risk: {policy}).", recommendation=rec,
+                       predicted=pred, pinned=pinned, warnings=warnings)
 
 
 def verdict_doc(verdict: str, reason: str, *, recommendation=None, predicted=None,
@@ -150,26 +188,35 @@ def _hw(r) -> str:
 
 
 def gate(spec: Mapping[str, Any], *, base_dir: str | None = None,
-         allow_files: bool = True) -> dict[str, Any]:
-    """The verdict for a spec (SpecError for a bad one). See docs/gating.md."""
+         allow_files: bool = True, at_risk: str | None = None) -> dict[str, Any]:
+    """The verdict for a spec (SpecError for a bad one). See docs/gating.md. ``at_risk``
+    (admit / reject / warn), when given, overrides the spec's ``at_risk``."""
     request = request_from_spec(spec, base_dir=base_dir, allow_files=allow_files)
     pinned = len(request.options.strategies) == 1 and spec.get("strategy") is not None
-    return verdict_for(request, pinned=pinned, warnings=list(request.warnings))
+    return verdict_for(request, pinned=pinned, warnings=list(request.warnings),
+                       at_risk=at_risk)
 
 
-def verdict_for(request, *, pinned: bool, warnings: list[str]) -> dict[str, Any]:
+def verdict_for(request, *, pinned: bool, warnings: list[str],
+                at_risk: str | None = None) -> dict[str, Any]:
     """The verdict for a built request: any candidate, or the pinned strategy; with the
-    planner's measured error band for the kind of job it judged (planner/error_bands.py)."""
+    planner's measured error band for the kind of job it judged (planner/error_bands.py),
+    its outcome (fits / at_risk / does_not_fit) and the at_risk policy applied."""
     from planner.error_bands import bands_json
 
-    doc = _verdict_for(request, pinned=pinned, warnings=warnings)
+    policy = at_risk or request.options.at_risk
+    doc = _verdict_for(request, pinned=pinned, warnings=warnings, policy=policy)
     judged = doc.get("predicted") or doc.get("recommendation")
     doc["error_band"] = (None if not judged else
                          bands_json(Strategy(judged["strategy"]), request.training.compile))
+    pred = doc.get("predicted")
+    doc["outcome"] = pred["risk"]["outcome"] if pred else None
+    doc["at_risk_policy"] = policy
     return doc
 
 
-def _verdict_for(request, *, pinned: bool, warnings: list[str]) -> dict[str, Any]:
+def _verdict_for(request, *, pinned: bool, warnings: list[str],
+                 policy: str) -> dict[str, Any]:
     from planner.candidates import label
     from planner.plan import plan
 
@@ -180,6 +227,10 @@ def _verdict_for(request, *, pinned: bool, warnings: list[str]) -> dict[str, Any
             return verdict_doc(ADMIT, f"{label(e.candidate)} fits on {_hw(request)}: "
                                f"{_fits_text(e)}.", recommendation=_cand(e),
                                predicted=_predicted(e, st), warnings=warnings)
+        e, st = answer.least_risk()
+        if e is not None:
+            return _at_risk(request, e, st, policy, "nothing fits for sure: ", warnings,
+                            pinned=False)
         e, st = _closest(answer)
         need = answer.min_gpus
         tail = (f"; at least {need} GPUs of this type are needed" if need is not None
@@ -211,6 +262,10 @@ def _verdict_for(request, *, pinned: bool, warnings: list[str]) -> dict[str, Any
                            f"{_fits_text(e)}.", recommendation=rec,
                            predicted={**_predicted(e, st), "strategy": str(strategy)},
                            pinned=True, warnings=warnings)
+    e, st = answer.least_risk()
+    if e is not None:
+        return _at_risk(request, e, st, policy, "pinned ", warnings, pinned=True,
+                        strategy=strategy)
     # rejected: what it would take, and what fits instead
     e, st = _closest(answer)
     alt = plan(request.with_options(strategies=tuple(Strategy)))
@@ -256,7 +311,8 @@ def _is_plain_spec(doc: Any) -> bool:
 
 
 def gate_path(path: str, *, fmt: str | None = None,
-              overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+              overrides: Mapping[str, Any] | None = None,
+              at_risk: str | None = None) -> dict[str, Any]:
     """The verdict for the job in ``path`` ('-': stdin): a fitcheck spec, or any job config
     planner.jobs reads (by content, or ``fmt``). ``overrides`` ({path: raw}: the gate's --gpu,
     --n, --gpus-per-node, --model) win over the file. A plain spec without overrides never
@@ -268,7 +324,7 @@ def gate_path(path: str, *, fmt: str | None = None,
     if sep and head.endswith(".py") and tail.isidentifier():  # a torchtitan registry entry
         from planner.jobs import read_job
 
-        return gate_job(read_job(path, fmt), overrides)
+        return gate_job(read_job(path, fmt), overrides, at_risk=at_risk)
     if path != "-" and os.path.exists(path) and not os.path.isfile(path):
         raise SpecError(f"{path}: not a regular file (a directory, FIFO or device is not a "
                         "job spec)")
@@ -290,14 +346,14 @@ def gate_path(path: str, *, fmt: str | None = None,
                 raise
             doc = None
         if _is_plain_spec(doc):
-            return gate(doc, base_dir=base)
+            return gate(doc, base_dir=base, at_risk=at_risk)
     from planner.jobs import read_job
 
-    return gate_job(read_job(path, fmt, text=text), overrides)
+    return gate_job(read_job(path, fmt, text=text), overrides, at_risk=at_risk)
 
 
 def gate_job(job, overrides: Mapping[str, Any] | None = None, *,
-             allow_files: bool = True) -> dict[str, Any]:
+             allow_files: bool = True, at_risk: str | None = None) -> dict[str, Any]:
     """The verdict for a planner.jobs Job. What it sets that fitcheck does not model is a
     reject naming each setting: the memory of such a job cannot be checked."""
     from planner.errors import UsageError
@@ -317,4 +373,4 @@ def gate_job(job, overrides: Mapping[str, Any] | None = None, *,
         return doc
     strategy = resolved.values.get("strategy")
     pinned = strategy is not None and len(request.options.strategies) == 1
-    return verdict_for(request, pinned=pinned, warnings=warnings)
+    return verdict_for(request, pinned=pinned, warnings=warnings, at_risk=at_risk)

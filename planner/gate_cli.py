@@ -1,8 +1,8 @@
 """`fitcheck gate SPEC` and `fitcheck serve`: scheduler gating (docs/gating.md).
 
 Loaded only when one of the two is named (planner.cli.LAZY_COMMANDS). `gate` prints one JSON
-verdict and exits 0 admit, 3 reject, 4 bad spec, 2 usage; `serve` runs the Kubernetes
-validating admission webhook of planner.webhook.
+verdict and exits 0 admit (a job at risk: per --at-risk), 3 reject, 4 bad spec, 2 usage;
+`serve` runs the Kubernetes validating admission webhook of planner.webhook.
 """
 
 from __future__ import annotations
@@ -17,6 +17,11 @@ from planner.cli_options import JOB_FORMATS
 from planner.errors import FitcheckError, UsageError
 
 ON_ERROR = click.Choice(["admit", "reject"], case_sensitive=False)
+AT_RISK = click.Choice(["admit", "reject", "warn"], case_sensitive=False)
+"""planner.error_bands.AT_RISK_POLICIES (not imported: the gate's --help stays light)."""
+AT_RISK_HELP = ("A job at risk (the interval of its need straddles the usable memory): admit, "
+                "reject, or warn (admit with a warning giving the probability of running out "
+                "of memory). Overrides the spec's at_risk [default: the spec's, else warn].")
 
 
 GATE_TIMEOUT_S = (0.1, 3600.0)
@@ -90,6 +95,7 @@ def _time_limit(seconds: float) -> Iterator[None]:
 @click.option("--timeout", type=Seconds(*GATE_TIMEOUT_S, zero_ok=True), default=10.0,
               show_default=True, help="Seconds before reading and evaluating the spec counts "
               f"as an internal error: 0 (none) or {GATE_TIMEOUT_S[0]:g} to {GATE_TIMEOUT_S[1]:g}.")
+@click.option("--at-risk", "at_risk", type=AT_RISK, default=None, help=AT_RISK_HELP)
 @click.option("--compact", is_flag=True, help="The verdict on one line.")
 @click.option("--format", "job_format", type=click.Choice(JOB_FORMATS, case_sensitive=False),
               help="The format of SPEC when it is a job config (default: told by its content; "
@@ -99,15 +105,16 @@ def _time_limit(seconds: float) -> Iterator[None]:
 @click.option("--gpus-per-node", metavar="N", help="GPUs per node (overrides SPEC's).")
 @click.option("--model", metavar="PRESET", help="The model, when SPEC does not name one "
               "fitcheck knows (a preset or hub-style id).")
-def gate_cmd(spec: str, on_error: str, timeout: float, compact: bool, job_format: str | None,
-             gpu: str | None, n: str | None, gpus_per_node: str | None,
-             model: str | None) -> int:
+def gate_cmd(spec: str, on_error: str, timeout: float, at_risk: str | None, compact: bool,
+             job_format: str | None, gpu: str | None, n: str | None,
+             gpus_per_node: str | None, model: str | None) -> int:
     """Admit or reject the job described by SPEC (- for stdin): a fitcheck spec (JSON or
     YAML) or a job config (torchtitan TOML or config registry entry FILE.py:NAME, DeepSpeed
     JSON, accelerate / HF / TRL / LLaMA-Factory / axolotl / litgpt / torchtune YAML, Kubeflow
     manifest; docs/jobs.md).
 
-    Prints one JSON verdict. Exit codes: 0 admit, 3 reject, 4 bad spec, 2 usage.
+    Prints one JSON verdict. Exit codes: 0 admit (a job that fits, or one at risk under
+    --at-risk admit or warn), 3 reject, 4 bad spec, 2 usage.
     """
     import json
 
@@ -124,7 +131,7 @@ def gate_cmd(spec: str, on_error: str, timeout: float, compact: bool, job_format
         with _time_limit(timeout):
             verdict = gate_path(spec, fmt=job_format and job_format.lower(), overrides={
                 "hardware.gpu": gpu, "hardware.n": n, "hardware.gpus_per_node": gpus_per_node,
-                "model.preset": model})
+                "model.preset": model}, at_risk=at_risk and at_risk.lower())
     except (FitcheckError, click.ClickException, KeyboardInterrupt):
         raise  # a bad spec (exit 4) or usage (2) is not an internal error
     except (GateTimeout, Exception) as exc:  # internal error: fail open or closed, as asked
@@ -176,11 +183,12 @@ LOOPBACK = "127.0.0.1"
 @click.option("--max-connections", type=click.IntRange(1, 1 << 20), default=256,
               show_default=True, help="Open connections at most (about 0.3 MiB each with TLS); "
               "past it the oldest idle or unfinished one is closed.")
+@click.option("--at-risk", "at_risk", type=AT_RISK, default=None, help=AT_RISK_HELP)
 @click.option("--quiet", is_flag=True, help="No per-request log lines on stderr.")
 def serve_cmd(host: str | None, port: int, tls_cert: str | None, tls_key: str | None,
               client_ca: str | None, insecure: bool, require_annotation: bool, on_error: str,
               timeout: float, max_body_bytes: int, workers: int, max_connections: int,
-              quiet: bool) -> int:
+              at_risk: str | None, quiet: bool) -> int:
     """Kubernetes validating admission webhook: POST /validate, GET /healthz (HTTPS)."""
     from planner.webhook import WebhookConfig, make_server
 
@@ -196,7 +204,8 @@ def serve_cmd(host: str | None, port: int, tls_cert: str | None, tls_key: str | 
     host = host or (LOOPBACK if insecure else "0.0.0.0")
     cfg = WebhookConfig(require_annotation=require_annotation, on_error=on_error.lower(),
                         timeout_s=timeout, max_body_bytes=max_body_bytes, workers=workers,
-                        max_connections=max_connections, quiet=quiet)
+                        max_connections=max_connections, quiet=quiet,
+                        at_risk=at_risk and at_risk.lower())
     try:
         server = make_server(host, port, cfg, tls_cert=tls_cert, tls_key=tls_key,
                              client_ca=client_ca)

@@ -74,6 +74,15 @@ class Answer:
     def any_fits(self) -> bool:
         return any(e.fits for e in self.estimates)
 
+    def least_risk(self) -> tuple[Estimate, StepEstimate] | tuple[None, None]:
+        """When nothing fits: the candidate at risk with the least probability of running out
+        of memory (then the fastest), and its step; (None, None) if none is at risk."""
+        pairs = [(e, st) for e, st in zip(self.estimates, self.steps)
+                 if e.outcome == "at_risk"]
+        if not pairs:
+            return None, None
+        return min(pairs, key=lambda p: (p[0].oom_probability, per_token(p[1])))
+
     def chosen(self) -> tuple[Estimate, StepEstimate] | tuple[None, None]:
         """The recommended candidate's estimate and step."""
         rec = self.recommendation
@@ -327,13 +336,26 @@ def _gib(x: int) -> str:
     return f"{x / 2**30:.1f} GiB"
 
 
+def interval(e: Estimate) -> str:
+    """' (90% interval 67.3-101.8 GiB)' after a need, or '' without a risk band."""
+    if e.risk is None:
+        return ""
+    return (f" ({e.risk.coverage:.0%} interval {e.required_low_bytes / 2**30:.1f}-"
+            f"{_gib(e.required_high_bytes)})")
+
+
 def why_not(e: Estimate) -> str:
-    if not e.fits_gpu:
-        return (f"does not fit, needs {_gib(e.required_bytes)} per GPU, "
-                f"{_gib(e.required_bytes - e.usable_bytes)} over the usable "
-                f"{_gib(e.usable_bytes)}")
-    return (f"does not fit, host RAM {_gib(e.host_bytes_per_node)} per node exceeds "
-            f"{_gib(e.host_capacity_bytes)}")
+    if not e.fits_host:
+        return (f"does not fit, host RAM {_gib(e.host_bytes_per_node)} per node exceeds "
+                f"{_gib(e.host_capacity_bytes)}")
+    if e.outcome == "at_risk":
+        return (f"at risk, needs {_gib(e.required_bytes)}{interval(e)} per GPU of the usable "
+                f"{_gib(e.usable_bytes)}: {e.oom_probability:.0%} probability of running out "
+                "of memory")
+    over = e.required_bytes - e.usable_bytes
+    return (f"does not fit, needs {_gib(e.required_bytes)}{interval(e)} per GPU, "
+            + (f"{_gib(over)} over the usable {_gib(e.usable_bytes)}" if over > 0 else
+               f"more than the usable {_gib(e.usable_bytes)} at the interval's low end"))
 
 
 def best_index(candidates: Sequence[Candidate], fits: Sequence[Any], per_token: Sequence[Any],
@@ -381,8 +403,9 @@ def recommend(estimates: Sequence[Estimate], steps: Sequence[StepEstimate], mult
 
     c = best.candidate
     reasons = [
-        f"{label(c)} fits: needs {_gib(best.required_bytes)} of {_gib(best.usable_bytes)} usable "
-        f"per GPU ({_gib(best.headroom_bytes)} headroom); step {best_step.step_time_s:.3g} s, "
+        f"{label(c)} fits: needs {_gib(best.required_bytes)}{interval(best)} of "
+        f"{_gib(best.usable_bytes)} usable per GPU ({_gib(best.headroom_bytes)} headroom); "
+        f"step {best_step.step_time_s:.3g} s, "
         f"{best_step.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, MFU {best_step.mfu:.0%}",
         "ranked by the memory-only order (least sharding, checkpointing, offload)"
         if rank == "memory" else

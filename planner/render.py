@@ -11,7 +11,8 @@ from typing import Any
 from planner.error_bands import bands_json, bands_line
 from planner.memory import DEFAULT_MARGIN, Estimate
 from planner.params import active_params, total_params, trainable
-from planner.plan import Answer, Found
+from planner.candidates import label
+from planner.plan import Answer, Found, interval
 from planner.spec import (Checkpointing, CompileMode, GradSync, LossKind, ModelSpec, Offload,
                           Quantize, Strategy)
 from planner.throughput import StepEstimate
@@ -98,6 +99,7 @@ def candidate_json(e: Estimate, st: StepEstimate | None = None,
         "host_capacity_bytes": e.host_capacity_bytes,
         "notes": list(e.notes),
         "error_band": bands_json(c.strategy, compile),
+        "risk": risk_json(e),
         **speed,
     }
 
@@ -143,6 +145,7 @@ def answer_json(answer: Answer, found: Found | None = None) -> dict[str, Any]:
             "offload": "auto" if q.options.offloads is None else [str(o) for o in q.options.offloads],
             "checkpointing": str(q.options.checkpointing),
             "margin": q.options.margin,
+            "at_risk": q.options.at_risk,
             "global_batch": q.options.global_batch,
             "tp": "auto" if q.options.tp is None else q.options.tp,
         },
@@ -155,6 +158,7 @@ def answer_json(answer: Answer, found: Found | None = None) -> dict[str, Any]:
             "tp": rec.candidate.tp,
             "reasons": list(rec.reasons),
             "error_band": bands_json(rec.candidate.strategy, t.compile),
+            "risk": risk_json(answer.chosen()[0]),
         },
         "calibration": q.runtime.calibration,
         "min_gpus": answer.min_gpus,
@@ -250,11 +254,14 @@ def assumptions(answer: Answer) -> list[str]:
         f"{gib(ov.nccl_bytes_per_communicator)} GiB per communicator, cuBLAS workspace "
         f"{ov.cublas_workspace_bytes // 2**20} MiB, allocator reserved/allocated "
         f"{1 + ov.allocator_fragmentation:.2f} (not releasable)",
-        f"fits = needed <= capacity x (1 - margin {q.options.margin:g}); the allocator's cache "
-        "of freed segments is not counted: it is released before an out-of-memory"
+        "fits = the 90% interval of the needed memory, from the planner's measured error on "
+        "public runs of that kind of job (docs/accuracy.md §5), is within capacity x (1 - "
+        f"margin {q.options.margin:g}); at risk = the interval straddles it (the probability "
+        "of running out of memory is shown); does not fit = all of it is above. The "
+        "allocator's cache of freed segments is not counted: it is released before an "
+        "out-of-memory"
         + ("" if q.options.margin != DEFAULT_MARGIN else
-           "; the default margin is the p90 of the planner's measured under-prediction on "
-           "public runs (docs/accuracy.md)"),
+           "; no margin by default: the interval covers the measured error"),
     ]
     t = q.training
     loss = f"chunked:{t.loss_chunks}" if t.loss is LossKind.CHUNKED else str(t.loss)
@@ -314,7 +321,24 @@ def _runtime(e: Estimate) -> int:
 
 
 def _fits(e: Estimate) -> str:
-    return "✓" if e.fits else ("✗ host" if e.fits_gpu else "✗")
+    """✓ fits; 'risk 43%' at risk (the probability of running out of memory); ✗ does not."""
+    if not e.fits_host:
+        return "✗ host"
+    if e.fits_gpu:
+        return "✓"
+    if e.may_fit_gpu:
+        return f"risk {e.oom_probability:.0%}"
+    return "✗"
+
+
+def risk_json(e: Estimate) -> dict[str, Any]:
+    """The verdict with the risk (docs/cli.md): outcome, oom_probability, the need's interval
+    and the band it is from."""
+    return {"outcome": e.outcome,
+            "oom_probability": None if e.risk is None else round(e.oom_probability, 4),
+            "required_low_bytes": e.required_low_bytes,
+            "required_high_bytes": e.required_high_bytes,
+            "band": None if e.risk is None else e.risk.as_dict()}
 
 
 # (header, cell) per column. One format per column: GiB with one decimal, seconds with three,
@@ -447,6 +471,19 @@ def table(answer: Answer, found: Found | None = None, *, width: int = 100,
         band = bands_line(c.strategy, t.compile)
         if band:
             lines += _wrap(f"  - {band}", wrap_width, "    ")
+        e, _ = answer.chosen()
+        if e is not None and e.risk is not None:
+            lines += _wrap(f"  - risk: {e.oom_probability:.1%} probability of running out of "
+                           f"memory; {e.risk.text()}", wrap_width, "    ")
+    if rec is None:
+        e, st = answer.least_risk()
+        if e is not None:
+            lines += _wrap(f"at risk: {label(e.candidate)} needs {gib(e.required_bytes)} GiB"
+                           f"{interval(e)} of {gib(e.usable_bytes)} GiB usable per GPU, "
+                           f"{e.oom_probability:.0%} probability of running out of memory "
+                           f"({e.risk.text()}); nothing fits for sure", wrap_width, "  ")
+    if rec is not None:
+        pass  # the recommendation's lines are above
     elif answer.min_gpus is not None:
         lines += _wrap(f"does not fit: needs {answer.min_gpus} GPUs of this type "
                        f"({cl.gpu.id}) with the best of these candidates", wrap_width, "  ")

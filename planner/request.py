@@ -18,7 +18,7 @@ from planner.errors import InputDataError
 from planner.notices import Kind, Notice
 from planner.fields import FIELDS, FLAGS, Naming, parse
 from planner.memory.breakdown import Overheads
-from planner.error_bands import DEFAULT_MARGIN
+from planner.error_bands import DEFAULT_AT_RISK, DEFAULT_MARGIN
 from planner.spec import (
     Checkpointing,
     Cluster,
@@ -46,7 +46,9 @@ class Options:
     """None: no offload, and offload candidates only when nothing else fits."""
     checkpointing: Checkpointing = Checkpointing.AUTO
     margin: float = DEFAULT_MARGIN
-    """Fraction of device memory kept free."""
+    """Fraction of device memory kept free (the user's own headroom; default none)."""
+    at_risk: str = DEFAULT_AT_RISK
+    """What a verdict does with a job at risk: admit, reject or warn (planner/gate.py)."""
     global_batch: int | None = None
     """Sequences per optimizer step over all GPUs; sets grad_accum (pure data parallel)."""
     tp: int | None = 1
@@ -380,7 +382,7 @@ def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
     options = Options(
         strategies=v["strategy"] or tuple(Strategy),
         offloads=None if offload == "auto" else (offload,),
-        checkpointing=v["checkpointing"], margin=v["margin"],
+        checkpointing=v["checkpointing"], margin=v["margin"], at_risk=v["at_risk"],
         global_batch=v["training.global_batch"], tp=None if tp == "auto" else tp)
     warnings = list(job.warnings)
     if model.shape_assumed:

@@ -57,6 +57,13 @@ def ceil(x: Num) -> Num:
     return _np().ceil(x)
 
 
+def ceil_int(x: Num) -> Num:
+    """ceil(x) as an integer (array: int64)."""
+    if _scalar(x):
+        return int(math.ceil(x))
+    return _np().ceil(x).astype("int64")
+
+
 def floor_int(x: Num) -> Num:
     """int(x) for non-negative x: floor, as an integer (array: int64)."""
     if _scalar(x):

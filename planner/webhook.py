@@ -51,6 +51,8 @@ class WebhookConfig:
     """Deny objects without the annotation (default: allow them with a warning)."""
     on_error: str = REJECT
     """admit or reject: the answer when evaluation fails or times out."""
+    at_risk: str | None = None
+    """admit, reject or warn: a job at risk (serve --at-risk); None: the spec's at_risk."""
     timeout_s: float = 5.0
     """Whole-request deadline: TLS handshake, reading, waiting for a worker, evaluating."""
     idle_timeout_s: float = 120.0
@@ -192,6 +194,12 @@ def _response(uid: str, allowed: bool, message: str, warnings: list[str],
             "verdict": verdict["verdict"],
             "recommendation": f"{r['strategy']}/{r['offload']}/{r['checkpointing']}",
         }
+    risk = ((verdict or {}).get("predicted") or {}).get("risk") or {}
+    if risk.get("outcome"):  # fits / at_risk / does_not_fit, and the probability of an OOM
+        notes = resp.setdefault("auditAnnotations", {"verdict": verdict["verdict"]})
+        notes["outcome"] = risk["outcome"]
+        if risk.get("oom_probability") is not None:
+            notes["oom_probability"] = f"{risk['oom_probability']:.4f}"
     return {"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": resp}
 
 
@@ -255,7 +263,7 @@ def evaluate(uid: str, req: dict[str, Any], cfg: WebhookConfig) -> dict[str, Any
             warnings.append(f"fitcheck: spec says hardware.n={hw.get('n')!r} but the pods "
                             f"request {total} GPUs; checked with the spec's")
         try:
-            verdict = gate(spec, allow_files=False)
+            verdict = gate(spec, allow_files=False, at_risk=cfg.at_risk)
         except SpecError as exc:
             raise Denied(str(exc)) from None
     except Denied as exc:

@@ -452,6 +452,7 @@ def estimate_from_trace(traced: Traced, facts: TracedModel, cluster: Cluster, *,
                         margin: float, ov: Overheads) -> Estimate:
     """The candidate's Estimate from its trace (``planner.memory.from_phases``)."""
     from planner.candidates import degree_of
+    from planner.error_bands import is_finetune, risk_band
 
     job = traced.job
     c, training = job.candidate, job.training
@@ -474,7 +475,10 @@ def estimate_from_trace(traced: Traced, facts: TracedModel, cluster: Cluster, *,
                        capacity=cluster.gpu.memory_bytes, context=cluster.gpu.cuda_context_bytes,
                        host_capacity=cluster.host_ram_bytes_per_node, margin=margin, ov=ov,
                        cached=releasable_cache(phases, training), notes=notes,
-                       allocator=training.allocator, init_host=init_host)
+                       allocator=training.allocator, init_host=init_host,
+                       # the analytic planner's measured error for this kind of job: none is
+                       # measured for trace-backed plans yet, and the runtime terms are the same
+                       risk=risk_band(c.strategy, training.compile, is_finetune(training)))
 
 
 def step_from_facts(r: Request, facts: TracedModel, candidate: Candidate) -> StepEstimate:

@@ -81,8 +81,9 @@ def test_min_gpus_answers_with_the_requests_own_options():
         assert at["recommendation"] is not None, extra
         # and one GPU fewer (a whole node fewer past one node) does not fit
         below = n - 1 if n <= 8 else n - 8
-        if below >= 1:
-            assert run(*base, *extra, "--n", str(below)).exit_code == 3, (extra, below)
+        if below >= 1:  # (nothing fits for sure; one at risk would exit 0 without reject)
+            assert run(*base, *extra, "--n", str(below), "--at-risk",
+                       "reject").exit_code == 3, (extra, below)
     # nothing fits on 8: the count offered is above 8, and the plan there fits
     r = run("--model", "llama3-70b", "--gpu", "h100-80", "--n", "8", "--strategy", "full_shard",
             "--offload", "none", "--json")

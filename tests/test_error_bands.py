@@ -75,17 +75,128 @@ def test_band_falls_back_to_all_rows_when_a_family_has_few(monkeypatch):
     b = eb.band("memory", Strategy.FULL_SHARD)
     assert b.measured_family == "fsdp-eager" and b.p90_abs == 0.12
     assert eb.band("step_time", Strategy.DDP) is None  # no throughput section
-    assert eb.default_margin() == 0.08
+    assert eb.default_margin() == 0.0  # the risk replaced the single margin
     doc = eb.bands_json(Strategy.ZERO2)
     assert doc["kind"] == "zero-eager" and doc["memory"]["family"] == "all"
     assert doc["step_time"] is None
 
 
-def test_default_margin_without_the_file(monkeypatch):
+def test_without_the_file_there_is_no_band_and_no_risk(monkeypatch):
     monkeypatch.setattr(eb, "_table", dict)
-    assert eb.default_margin() == eb.FALLBACK_MARGIN
+    assert eb.default_margin() == 0.0
     assert eb.band("memory", Strategy.DDP) is None
     assert eb.bands_line(Strategy.DDP) is None
+    assert eb.risk_band(Strategy.DDP) is None
+    # without a band the verdict is the point one: needed <= usable
+    assert eb.outcome(100, 100, None) == (eb.FITS, None)
+    assert eb.outcome(101, 100, None) == (eb.DOES_NOT_FIT, None)
+
+
+# ---- the risk: Student-t interval of log(measured / predicted) --------------------------------
+
+
+@pytest.mark.parametrize("p, df, table", [
+    # two-sided 90 % / 95 % critical values from any t table
+    (0.95, 1, 6.314), (0.95, 2, 2.920), (0.95, 9, 1.833), (0.95, 10, 1.812),
+    (0.95, 29, 1.699), (0.975, 5, 2.571), (0.975, 30, 2.042)])
+def test_t_quantiles_match_the_tables(p, df, table):
+    assert eb.t_ppf(p, df) == pytest.approx(table, abs=6e-4)
+    assert eb.t_ppf(1 - p, df) == pytest.approx(-table, abs=6e-4)
+
+
+def test_t_cdf_by_hand():
+    assert eb.t_cdf(0.0, 7) == 0.5
+    # df 2 has the closed form 1/2 + t / (2 sqrt(2 + t^2)): t = 1 -> 1/2 + 1/(2 sqrt 3)
+    assert eb.t_cdf(1.0, 2) == pytest.approx(0.5 + 1 / (2 * 3 ** 0.5), abs=1e-12)
+    # df 1 is Cauchy: 1/2 + atan(t) / pi; t = 1 -> 3/4
+    assert eb.t_cdf(1.0, 1) == pytest.approx(0.75, abs=1e-12)
+    assert eb.t_cdf(-1.0, 1) == pytest.approx(0.25, abs=1e-12)
+    with pytest.raises(ValueError):
+        eb.t_cdf(1.0, 0)
+
+
+def band10() -> eb.RiskBand:
+    """n 10, mean 0.1, sd 0.1: scale 0.1 x sqrt(1.1) = 0.104881, t(9, 0.95) = 1.833."""
+    return eb.RiskBand(kind="fsdp-eager-full", measured_kind="fsdp-eager", n=10,
+                       mean_log=0.1, sd_log=0.1)
+
+
+def test_risk_band_interval_by_hand():
+    b = band10()
+    half = 1.833 * 0.1 * 1.1 ** 0.5  # 0.19225
+    assert b.high == pytest.approx(2.718281828 ** (0.1 + half), rel=1e-3)  # 1.3394
+    assert b.low == pytest.approx(2.718281828 ** (0.1 - half), rel=1e-3)  # 0.9119
+    assert b.fallback and "fewer than 10 fsdp-eager-full runs" in b.text()
+    assert "from 10 public runs of fsdp-eager jobs" in b.text()
+
+
+def test_p_oom_by_hand():
+    b = band10()
+    # the need's median is predicted x e^0.1: a device of exactly that size is a coin toss
+    assert b.p_oom(1000, int(1000 * 2.718281828 ** 0.1)) == pytest.approx(0.5, abs=1e-3)
+    # at the interval's high end 5 % is left above it, at the low end 95 %
+    assert b.p_oom(10**9, int(10**9 * b.high)) == pytest.approx(0.05, abs=1e-6)
+    assert b.p_oom(10**9, int(10**9 * b.low)) == pytest.approx(0.95, abs=1e-6)
+    # usable = predicted: z = -0.1 / 0.104881 = -0.953; t(9) tables put 0.883 at 0.80 and
+    # 1.100 at 0.85, so P(OOM) = T9(0.953) lies between
+    assert 0.80 < b.p_oom(100, 100) < 0.85
+    assert b.p_oom(100, 0) == 1.0 and b.p_oom(0, 100) == 0.0
+
+
+def test_outcome_three_ways():
+    b = band10()
+    req = 10**10
+    high, low = req * b.high, req * b.low
+    assert eb.outcome(req, int(high) + 1, b)[0] == eb.FITS
+    assert eb.outcome(req, int(high) - 1, b)[0] == eb.AT_RISK
+    assert eb.outcome(req, int(low) + 1, b)[0] == eb.AT_RISK
+    assert eb.outcome(req, int(low) - 1, b)[0] == eb.DOES_NOT_FIT
+    verdict, p = eb.outcome(req, req, b)
+    assert verdict == eb.AT_RISK and 0.80 < p < 0.85
+
+
+def test_risk_band_falls_back_to_a_coarser_kind(monkeypatch):
+    kinds = {"fsdp-eager-finetune": {"n": 9, "mean_log": 0.5, "sd_log": 0.5},
+             "fsdp-eager": {"n": 12, "mean_log": 0.05, "sd_log": 0.1},
+             "all": {"n": 30, "mean_log": 0.0, "sd_log": 0.2},
+             "ddp": {"n": 10, "mean_log": -0.01, "sd_log": 0.05}}
+    table = {"schema_version": eb.SCHEMA_VERSION,
+             "memory": {"risk": {"coverage": 0.9, "kinds": kinds}}}
+    monkeypatch.setattr(eb, "_table", lambda: table)
+    b = eb.risk_band(Strategy.FULL_SHARD, CompileMode.NONE, finetune=True)
+    assert (b.kind, b.measured_kind, b.n) == ("fsdp-eager-finetune", "fsdp-eager", 12)
+    b = eb.risk_band(Strategy.DDP, CompileMode.BLOCKS)  # ddp-compiled-full, ddp-compiled: none
+    assert (b.kind, b.measured_kind, b.n) == ("ddp-compiled-full", "ddp", 10)
+    b = eb.risk_band(Strategy.ZERO3)
+    assert (b.measured_kind, b.n) == ("all", 30)
+    assert eb.risk_kinds(Strategy.ZERO2, CompileMode.MODEL, True) == (
+        "zero-compiled-finetune", "zero-compiled", "zero", "all")
+
+
+def test_estimate_verdict_with_a_band():
+    """An estimate's fits / at risk / does not fit and its probability, from its band."""
+    import dataclasses
+
+    from planner.hardware import load_gpu
+    from planner.memory import estimate
+    from planner.presets import get_preset
+    from planner.spec import Candidate, Checkpointing, Cluster, Offload, TrainingSpec
+
+    e = estimate(get_preset("llama3-8b"), TrainingSpec(), Cluster(gpu=load_gpu("h100-80"),
+                 n_gpus=8, gpus_per_node=8, host_ram_bytes_per_node=2**40),
+                 Candidate(strategy=Strategy.FULL_SHARD, offload=Offload.NONE,
+                           checkpointing=Checkpointing.FULL), margin=0.0)
+    b = band10()
+    req = e.required_bytes
+    at = lambda usable: dataclasses.replace(e, risk=b, usable_bytes=usable)  # noqa: E731
+    assert at(int(req * b.high) + 1).outcome == eb.FITS
+    x = at(req)
+    assert x.outcome == eb.AT_RISK and not x.fits_gpu and x.may_fit_gpu
+    assert 0.80 < x.oom_probability < 0.85
+    assert x.required_high_bytes == -(-req * b.high // 1)
+    assert at(int(req * b.low) - 1).outcome == eb.DOES_NOT_FIT
+    no_band = dataclasses.replace(e, risk=None, usable_bytes=req)
+    assert no_band.fits_gpu and no_band.oom_probability is None
 
 
 # ---- the shipped file ------------------------------------------------------------------------
@@ -95,16 +206,49 @@ def shipped() -> dict:
     return json.loads(Path(eb.DATA_PATH).read_text())
 
 
-def test_the_default_margin_is_the_measured_one():
+def test_the_default_margin_is_none_and_the_risk_is_shipped():
     from planner.fields import BY_PATH
     from planner.memory import DEFAULT_MARGIN
     from planner.request import Options
 
-    value = shipped()["memory"]["margin"]["value"]
-    assert 0 < value < 1
-    assert DEFAULT_MARGIN == value == eb.default_margin()
-    assert BY_PATH["margin"].default == value
-    assert Options().margin == value
+    assert DEFAULT_MARGIN == 0.0 == eb.default_margin() == BY_PATH["margin"].default
+    assert Options().margin == 0.0 and Options().at_risk == "warn" == BY_PATH["at_risk"].default
+    risk = shipped()["memory"]["risk"]
+    assert risk["coverage"] == eb.RISK_COVERAGE and risk["min_rows"] == eb.RISK_MIN_ROWS
+    # every kind the planner can ask for resolves to a fitted band of at least 10 runs
+    for s in Strategy:
+        for c in CompileMode:
+            for ft in (False, True):
+                b = eb.risk_band(s, c, ft)
+                assert b is not None and b.n >= eb.RISK_MIN_ROWS and b.low < 1 < b.high
+
+
+def test_shipped_risk_meets_the_acceptance_on_the_held_out_half():
+    """Issue 24's acceptance on the rows not fitted on: no out-of-memory run called "fits",
+    at most 5 % of completed runs called "does not fit", and the interval does not under-cover
+    (90 % coverage minus 5 points). Over-coverage is reported in docs/accuracy.md §5."""
+    held = shipped()["memory"]["risk"]["held_out"]
+    assert held["oom"] >= 1 and held["oom_fits"] == 0
+    assert held["completed"] >= 20
+    assert held["completed_does_not_fit"] <= 0.05 * held["completed"]
+    assert held["measured"] >= 20 and held["coverage"] >= eb.RISK_COVERAGE - 0.05
+
+
+def test_the_split_alternates_within_each_kind():
+    from benchmarks.memory_accuracy import split
+
+    def row(i, kind, oom=False, err=None):
+        return {"row": {"id": i}, "kinds": (kind,), "oom": oom, "err": err, "unmodelled": ""}
+
+    rows = [row("b", "k1", err=0.1), row("a", "k1", err=0.2), row("c", "k1", err=0.0),
+            row("z", "k2", err=0.1), row("o1", "k1", oom=True), row("o2", "k1", oom=True),
+            {**row("u", "k1", err=0.3), "unmodelled": "Float8"}]
+    split(rows)
+    halves = {r["row"]["id"]: r.get("half") for r in rows}
+    # k1 measured in id order a, b, c -> fit, check, fit; k2's only row fit; OOM rows alike;
+    # a row using what fitcheck does not model is in neither half
+    assert halves == {"a": "fit", "b": "check", "c": "fit", "z": "fit", "o1": "fit",
+                      "o2": "check", "u": None}
 
 
 def test_profiles_carry_the_fitted_efficiencies():

@@ -140,6 +140,9 @@ class Estimate:
     """Host RAM of the busiest node: the larger of loading (--init) and training."""
     host_capacity_bytes: Any
     notes: tuple[str, ...] = field(default=())
+    risk: Any = None
+    """The measured error of this kind of job (planner.error_bands.RiskBand), or None: then
+    the verdict is the point one (needed <= usable)."""
 
     @property
     def required_bytes(self) -> Any:
@@ -158,8 +161,45 @@ class Estimate:
         return self.usable_bytes - self.required_bytes
 
     @property
+    def required_low_bytes(self) -> Any:
+        """The low end of the need's interval (``risk``): required x its low factor."""
+        return self.required_bytes if self.risk is None else \
+            vec.floor_int(self.required_bytes * self.risk.low)
+
+    @property
+    def required_high_bytes(self) -> Any:
+        """The high end of the need's interval (``risk``): required x its high factor."""
+        return self.required_bytes if self.risk is None else \
+            vec.ceil_int(self.required_bytes * self.risk.high)
+
+    @property
     def fits_gpu(self) -> Any:
-        return self.required_bytes <= self.usable_bytes
+        """Fits: the whole interval of the need is within the usable bytes (the probability of
+        running out of memory is at most half of 1 - the interval's coverage)."""
+        return self.required_high_bytes <= self.usable_bytes
+
+    @property
+    def may_fit_gpu(self) -> Any:
+        """Fits or at risk: the interval's low end is within the usable bytes."""
+        return self.required_low_bytes <= self.usable_bytes
+
+    @property
+    def outcome(self) -> str:
+        """fits, at_risk or does_not_fit (one configuration; host RAM included: a job whose
+        host RAM does not suffice does not fit)."""
+        from planner.error_bands import AT_RISK, DOES_NOT_FIT, FITS
+
+        if not self.fits_host or not self.may_fit_gpu:
+            return DOES_NOT_FIT
+        return FITS if self.fits_gpu else AT_RISK
+
+    @property
+    def oom_probability(self) -> float | None:
+        """The probability of running out of device memory (one configuration), from the
+        measured error of this kind of job; None without a risk band."""
+        if self.risk is None:
+            return None
+        return self.risk.p_oom(int(self.required_bytes), int(self.usable_bytes))
 
     @property
     def fits_host(self) -> Any:

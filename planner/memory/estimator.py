@@ -13,7 +13,7 @@ from typing import Any
 from planner.activations import plan_activations
 from planner.candidates import check_supported, degree_of
 from planner import vec
-from planner.error_bands import DEFAULT_MARGIN
+from planner.error_bands import DEFAULT_MARGIN, is_finetune, risk_band
 from planner.memory.breakdown import PHASES, Breakdown, Estimate, Overheads, Phase, pick
 from planner.memory.moments import MOMENTS, Activations, Step
 from planner.memory.states import FP32, dtypes, resident, shards, train_dtypes
@@ -253,6 +253,7 @@ def evaluate(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, 
     step = step_for(model, training, candidate, n_gpus=n_gpus, degree=S, tokens=tokens,
                     acts=acts, ov=ov)
     phases = moments(step)
+    risk = risk_band(candidate.strategy, training.compile, is_finetune(training))
     notes = []
     if candidate.strategy is Strategy.DDP and ov.ddp_bucket_view:
         notes.append("gradient_as_bucket_view=True: grads are views into the buckets")
@@ -265,17 +266,21 @@ def evaluate(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, 
                        host_per_rank=step.states.host_per_rank, notes=tuple(notes),
                        allocator=training.allocator,
                        init_host=init_host_bytes(model, training, candidate,
-                                                 vec.minimum(n_gpus, gpus_per_node)))
+                                                 vec.minimum(n_gpus, gpus_per_node)),
+                       risk=risk)
 
 
 def from_phases(candidate: Candidate, phases: dict[Phase, Breakdown], *, degree: Any,
                 n_gpus: Any, gpus_per_node: Any, capacity: Any, context: Any,
                 host_capacity: Any, margin: float, ov: Overheads, cached: list[Any],
                 host_per_rank: Any = 0, notes: tuple[str, ...] = (),
-                allocator: Allocator = Allocator.DEFAULT, init_host: Any = 0) -> Estimate:
+                allocator: Allocator = Allocator.DEFAULT, init_host: Any = 0,
+                risk: Any = None) -> Estimate:
     """The estimate from the allocated bytes of each moment, however they were obtained (the
     analytic moments above, or a trace of the real model: probes/): the allocator's terms, the
-    CUDA context, NCCL, host RAM and the fit. ``cached`` is each moment's releasable cache."""
+    CUDA context, NCCL, host RAM and the fit. ``cached`` is each moment's releasable cache;
+    ``risk`` the measured error of the kind of job (planner.error_bands.risk_band: the fit
+    is then judged on the interval of the need), None for the point verdict."""
     totals = [b.total for b in phases.values()]
     needed = [t + fragmentation(t, ov, allocator) for t in totals]
     i = vec.argmax(needed)
@@ -303,6 +308,7 @@ def from_phases(candidate: Candidate, phases: dict[Phase, Breakdown], *, degree:
         + vec.maximum(vec.minimum(n_gpus, gpus_per_node) * host_per_rank, init_host),
         host_capacity_bytes=host_capacity,
         notes=notes,
+        risk=risk,
     )
 
 

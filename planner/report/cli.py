@@ -76,6 +76,7 @@ def report_cmd(models: str, gpus: str, ns: str, seqs: str, micro_batches: str,
     total = sum(written.timings.values())
     for note in written.report.notes:
         click.echo(f"note: {note}", err=True)
-    click.echo(f"{len(rows)} configurations ({int(rows.fits.sum())} fit) in {total:.2f} s; "
+    click.echo(f"{len(rows)} configurations ({int(rows.fits.sum())} fit, "
+               f"{int((rows.outcome == 'at_risk').sum())} at risk) in {total:.2f} s; "
                f"wrote {', '.join(written.paths)}")
     return 0

@@ -34,7 +34,8 @@ def html_page(report: Report, pngs: dict[str, bytes]) -> str:
            "<title>fitcheck capacity report</title>", f"<style>{_CSS}</style></head><body>",
            "<h1>fitcheck capacity report</h1>",
            f"<p>fitcheck {e(__version__)}: {len(rows)} configurations, {int(rows.fits.sum())} "
-           "fit. Every number is the planner's own; report.csv has one row per "
+           f"fit, {int((rows.outcome == 'at_risk').sum())} at risk (the interval of the need "
+           "straddles the usable memory; oom_probability in report.csv). Every number is the planner's own; report.csv has one row per "
            "configuration.</p>", "<ul>"]
     out += [f"<li>{e(d)}</li>" for d in describe(req)]
     out += [f'<li class="note">note: {e(n)}</li>' for n in report.notes]

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from planner.candidates import OFFLOAD_ORDER, label, tp_problem
+from planner.error_bands import RiskBand
 from planner.memory import PHASES, Estimate, Phase
 from planner.memory.estimator import (
     activation_plan,
@@ -51,13 +52,15 @@ from planner.throughput import Rates, StepEstimate, step_core, step_inputs_at
 COLUMNS = (
     "model", "gpu", "n", "nodes", "seq", "micro_batch", "grad_accum", "precision",
     "strategy", "checkpointing", "offload", "tp", "fits", "fits_gpu", "fits_host",
-    "required_bytes", "device_used_bytes", "peak_allocated_bytes", "capacity_bytes",
+    "outcome", "oom_probability", "required_bytes", "device_used_bytes", "peak_allocated_bytes", "capacity_bytes",
     "usable_bytes",
     "host_bytes_per_node", "peak_phase", "step_time_s", "tokens_per_s_per_gpu", "tokens_per_s",
     "mfu", "train_days", "gpu_hours", "cost_usd", "best",
 )  # fmt: skip
 """report.csv's columns, one row per configuration. ``best``: the planner's recommendation for
-that (model, gpu, n, seq, micro_batch). train_days / gpu_hours / cost_usd: to train
+that (model, gpu, n, seq, micro_batch). outcome: fits / at_risk / does_not_fit, with
+oom_probability (the interval of the need from the kind's measured error, docs/accuracy.md §5;
+empty without a band). train_days / gpu_hours / cost_usd: to train
 ``tokens`` at this configuration's throughput (cost empty without a price)."""
 
 
@@ -321,7 +324,7 @@ def assemble(parts: list[tuple[np.ndarray, Any]], size: int) -> Any:
     """One value of ``size`` elements from values of some of them (``(index, value)``): an
     Estimate, a Breakdown, a dict of them, or numbers (a moment as its index in PHASES)."""
     first = parts[0][1]
-    if isinstance(first, (Candidate, str, tuple)):
+    if isinstance(first, (Candidate, str, tuple, RiskBand)):  # one candidate: one risk band
         return first
     if isinstance(first, dict):
         return {k: assemble([(i, v[k]) for i, v in parts], size) for k in first}
@@ -425,6 +428,22 @@ def _grid(req: ReportRequest, mi: int, setup: Setup, counts: dict[int, list[int]
     return Grid(setup, setup.request, a[:, 0], a[:, 2], a[:, 1]), notes
 
 
+def _outcome(e: Estimate) -> np.ndarray:
+    """fits / at_risk / does_not_fit at every element (Estimate.outcome on arrays)."""
+    host = np.asarray(e.fits_host)
+    return np.where(host & np.asarray(e.fits_gpu), "fits",
+                    np.where(host & np.asarray(e.may_fit_gpu), "at_risk",
+                             "does_not_fit")).astype(object)
+
+
+def _p_oom(e: Estimate) -> np.ndarray:
+    """The probability of running out of memory at every element (nan without a band)."""
+    req, usable = np.broadcast_arrays(np.asarray(e.required_bytes), np.asarray(e.usable_bytes))
+    if e.risk is None:
+        return np.full(req.shape, np.nan)
+    return np.vectorize(lambda r, u: e.risk.p_oom(int(r), int(u)), otypes=[float])(req, usable)
+
+
 def _rows(req: ReportRequest, mi: int, g: Grid, planned: Planned) -> dict[str, np.ndarray]:
     gi, ci = np.nonzero(planned.shown.T)  # element-major, entries in order: report row order
     size = len(g)
@@ -455,6 +474,8 @@ def _rows(req: ReportRequest, mi: int, g: Grid, planned: Planned) -> dict[str, n
         "offload": names("offload"), "tp": np.array([c.tp for c in cands])[ci],
         "fits": pick([e.fits for e in mem]),
         "fits_gpu": pick([e.fits_gpu for e in mem]), "fits_host": pick([e.fits_host for e in mem]),
+        "outcome": pick([_outcome(e) for e in mem]),
+        "oom_probability": pick([_p_oom(e) for e in mem]),
         "required_bytes": pick([e.required_bytes for e in mem]),
         "device_used_bytes": pick([e.device_used_bytes for e in mem]),
         "peak_allocated_bytes": pick([e.peak_allocated_bytes for e in mem]),

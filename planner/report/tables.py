@@ -34,7 +34,8 @@ def describe(req: ReportRequest) -> list[str]:
         f"(gradient sync {t.grad_sync})",
         f"precision: {t.precision}; optimizer: {t.optimizer} ({t.optimizer_impl}); "
         f"attention: {t.attention}; loss: {t.loss}; compile: {t.compile}; allocator: "
-        f"{t.allocator}; margin: {req.margin:g}",
+        f"{t.allocator}; margin: {req.margin:g} (fits: the 90% interval of the need, from the "
+        "measured error of its kind of job, is within capacity x (1 - margin); docs/accuracy.md)",
         f"strategies: {', '.join(map(str, req.strategies))}; checkpointing: "
         f"{', '.join(map(str, req.checkpointings))}; offload: {req.offload}; tensor parallel: "
         f"{'auto' if req.options.tp is None else req.options.tp}",
@@ -108,7 +109,9 @@ def markdown(report: Report) -> str:
     req = report.request
     rows = report.rows
     lines = ["# fitcheck capacity report", "",
-             f"fitcheck {__version__}: {len(rows)} configurations, {int(rows.fits.sum())} fit. "
+             f"fitcheck {__version__}: {len(rows)} configurations, {int(rows.fits.sum())} fit, "
+             f"{int((rows.outcome == 'at_risk').sum())} at risk (the interval of the need "
+             "straddles the usable memory; `oom_probability` in report.csv). "
              "Every number is the planner's own (`planner.memory.estimate`, "
              "`planner.throughput.estimate_step`); `report.csv` has one row per configuration.",
              ""]
