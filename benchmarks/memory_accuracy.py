@@ -315,7 +315,7 @@ def acceptance_lines(results: list[dict], fitted: dict[str, dict], margin: float
         f"{RISK_MIN_ROWS} fitted runs uses the next coarser kind):",
         "",
         f"| kind | fitted runs | mean x | sd x | {cov:.0%} interval of the need (x predicted) | "
-        "used for |",
+        "the CSV's rows it is used for (their finest kind) |",
         "|---|---:|---:|---:|---|---|",
     ]
     users: dict[str, set[str]] = {}
@@ -521,6 +521,30 @@ def report(results: list[dict], csv_path: str, fitted: dict[str, dict],
     return "\n".join(txt), "\n".join(doc)
 
 
+def gpu_run_ooms(fitted: dict[str, dict]) -> list[str]:
+    """The verdicts with the risk just fitted on the runs of benchmarks/gpu_runs/ that ran out
+    of memory (not in the CSV, so out-of-sample; needs torch for the reference module's spec:
+    benchmarks/gpu_calibration.py)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_calibration as g
+
+    from planner.hardware import load_gpu
+
+    out = []
+    for r in g.rows_of(g.read_runs(g.RUNS), "case", load_gpu("h200")):
+        if r.rec["ok"]:
+            continue
+        e = r.est(g.Overheads())
+        band = band_for(risk_kinds(r.cand.strategy, r.training.compile,
+                                   is_finetune(r.training)), fitted)
+        verdict, p = outcome(int(e.required_bytes), int(e.usable_bytes), band)
+        out.append(f"{r.id}: ran out of memory ({r.rec['oom_moment']}); planner needs "
+                   f"{e.required_bytes / GIB:.1f} GiB of {e.usable_bytes / GIB:.1f} GiB "
+                   f"({band.measured_kind} interval x {band.low:.2f} .. {band.high:.2f}): "
+                   f"{VERDICT[verdict]}" + ("" if p is None else f", P(OOM) {p:.0%}"))
+    return out
+
+
 def write_section(path: str, body: str) -> None:
     """Replace the risk-acceptance section of ``path`` (markers appended if absent),
     atomically."""
@@ -545,6 +569,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--md", default=str(ROOT / "docs" / "memory_accuracy.md"))
     ap.add_argument("--accuracy-md", default=str(ROOT / "docs" / "accuracy.md"),
                     help="docs/accuracy.md, whose risk-acceptance section is rewritten; '' to skip")
+    ap.add_argument("--gpu-runs", action="store_true",
+                    help="also print the risk verdicts of the out-of-memory runs in "
+                    "benchmarks/gpu_runs/ (imports torch)")
     ap.add_argument("--bands", default=DATA_PATH,
                     help="error_bands.json to update (its memory section); '' to skip")
     args = ap.parse_args(argv)
@@ -566,6 +593,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.bands:
         update_bands(args.bands, "memory", bands(results, fitted, margin))
         print(f"wrote {args.bands} (memory)")
+    if args.gpu_runs:
+        print("\nthe H200 runs of benchmarks/gpu_runs/ that ran out of memory (not fitted on):")
+        for line in gpu_run_ooms(fitted):
+            print(f"  {line}")
     if args.accuracy_md:
         write_section(args.accuracy_md, "\n".join(acceptance_lines(results, fitted, margin)))
         print(f"wrote {args.accuracy_md} (risk-acceptance)")

@@ -219,7 +219,9 @@ class Outcome:
         e = self.est
         return (f"peak at `{e.peak_phase}`: {self.terms} → device used **{gb(self.used)} "
                 f"({self.used / GiB:,.1f} GiB)** of {gb(e.capacity_bytes)} "
-                f"({gb(e.usable_bytes)} usable at {MARGIN_PCT} margin): **fits {mark(e.fits_gpu)}**")
+                f"({gb(e.usable_bytes)} usable at {MARGIN_PCT} margin): **fits {mark(e.fits_gpu)}**"
+                + ("" if e.fits_gpu or not e.may_fit_gpu else
+                   f" (at risk: P(OOM) {e.oom_probability:.0%})"))
 
     @property
     def describe_host(self) -> str:
@@ -1124,8 +1126,9 @@ INTRO = [
      "`planner.memory.estimate` called in-process. Units: **GB = 1e9 bytes, GiB = 2³⁰ bytes**; "
      "the articles' \"GB\" is read as 1e9. \"80 GB\" cards are larger than 80e9 bytes: H100 SXM "
      "85.5 GB (81559 MiB, 79.6 GiB), A100 80GB 85.9 GB (81920 MiB); fitcheck keeps a "
-     f"{MARGIN_PCT} margin (its default: the p90 of its measured under-prediction on public "
-     "runs, docs/accuracy.md)."),
+     f"{MARGIN_PCT} margin (its default) and marks a figure ✓ when the whole 90 % interval of "
+     "the need, from its measured error on public runs of that kind of job, is within the "
+     "device, ✗ otherwise (at risk or does not fit; docs/accuracy.md §5)."),
     (f"fitcheck settings unless a claim says otherwise: seq {SEQ}, micro-batch {MICRO_BATCH}, "
      f"{PRECISION} (torch AMP: fp32 parameters and master state; fp16-amp is byte-identical), "
      "AdamW with PyTorch's default foreach implementation, flash-style SDPA, one 8-GPU node. "

@@ -15,6 +15,7 @@ from planner.request import build_request
 from planner.runs.evidence import Moment
 from planner.runs.explain import evidence_findings, explain
 from planner.runs.read import read_run
+from planner.spec import Strategy
 
 ROOT = Path(__file__).parent.parent
 DATA = ROOT / "tests" / "data"
@@ -192,7 +193,13 @@ def test_llamafactory1221_zero2_oom_fits_with_zero3():
                     "fp16-amp", "training.seq": 1024, "training.optimizer_impl": "for-loop",
                     "training.attention": "eager", "deepspeed.fused_adam": False})
     assert x.broke_moment is Moment.OPTIMIZER and not x.estimate.fits
-    assert any(f.fits and "--strategy zero3" in f.change for f in x.fixes)
+    # since the risk (issue 24) ZeRO-3 (25.7 GiB of the OOM message's 31.7 GiB) is at risk,
+    # not a sure fit: no ZeRO run has a measured peak, so its interval is all kinds' (up to
+    # x 1.30, past 31.7 GiB); its probability of running out of memory is small, and it ran
+    z3 = next(e for e in x.answer.estimates if e.candidate.strategy is Strategy.ZERO3)
+    assert z3.outcome == "at_risk" and z3.oom_probability < 0.5
+    assert x.estimate.outcome == "at_risk" and x.estimate.oom_probability > 0.5  # it OOMed
+    assert any(f.fits and "--strategy full_shard" in f.change for f in x.fixes)
 
 
 # --------------------------------------------------------------------------- the command

@@ -93,6 +93,9 @@ class Fix:
     tokens_per_s_per_gpu: float | None = None
     fits_device: bool | None = None
     """Whether it fits the whole device without the margin (needed <= capacity)."""
+    oom_probability: float | None = None
+    """Levers: the probability of running out of memory (the risk, docs/accuracy.md §5);
+    ``fits`` is False and this is set when the change leaves the job at risk."""
     kind: str = "candidate"
     """'candidate' (plan's ranking on these GPUs), 'lever' (one setting of the job changed),
     'gpus' (the fewest GPUs of the type that fit)."""
@@ -377,7 +380,9 @@ def explain(r: Request, run: Run, *, rank: str = "throughput") -> Explanation:
                         f"more than the {size(limit)} the allocator could reach: removing the "
                         "fragmentation would move the out-of-memory, not remove it")
     # the planner's verdict on the job as it ran
-    verdict = ("predicts it does not fit" if not e.fits else "predicts it fits")
+    verdict = ("predicts it fits" if e.fits else
+               f"predicts it is at risk ({e.oom_probability:.0%} probability of running out of "
+               "memory)" if e.outcome == "at_risk" else "predicts it does not fit")
     findings.append(f"the planner {verdict} as it ran: needs {size(e.required_bytes)} at "
                     f"{e.peak_phase} of {size(e.usable_bytes)} usable "
                     f"({r.options.margin:.0%} margin) on a {size(e.capacity_bytes)} device")
@@ -418,6 +423,8 @@ def explain(r: Request, run: Run, *, rank: str = "throughput") -> Explanation:
         fixes.append(Fix(change=change, label=f"{label(job)} with {change.split(' (')[0]}",
                          fits=bool(le.fits), needed_bytes=int(le.required_bytes),
                          fits_device=bool(le.required_bytes <= le.capacity_bytes),
+                         oom_probability=(le.oom_probability if le.outcome == "at_risk"
+                                          else None),
                          usable_bytes=int(le.usable_bytes), step_time_s=float(st.step_time_s),
                          tokens_per_s_per_gpu=float(st.tokens_per_s_per_gpu), kind="lever"))
     from planner.plan import min_gpus

@@ -115,9 +115,16 @@ def explanation_text(x: Explanation, width: int = 100) -> str:
                                + (f", needs {size(f.needed_bytes)} of {size(f.usable_bytes)} "
                                   "usable" if f.needed_bytes else ""), width)
                 continue
-            verdict = "fits" if f.fits else "does not fit" + (
-                f" at the {r.options.margin:.0%} margin (fits the {size(x.estimate.capacity_bytes)}"
-                " device without it)" if f.fits_device else "")
+            if f.fits:
+                verdict = "fits"
+            elif f.oom_probability is not None:
+                verdict = (f"at risk ({f.oom_probability:.0%} probability of running out of "
+                           "memory, from the planner's measured error)")
+            else:
+                verdict = "does not fit" + (
+                    f" at the {r.options.margin:.0%} margin (fits the "
+                    f"{size(x.estimate.capacity_bytes)} device without it)"
+                    if f.fits_device and r.options.margin else "")
             lines += _wrap(f"{f.change}: {verdict}, needs {size(f.needed_bytes)} of "
                            f"{size(f.usable_bytes)} usable", width)
     notes = [*x.assumptions, *x.run.notes,
@@ -221,6 +228,7 @@ def explanation_json(x: Explanation) -> dict[str, Any]:
             "findings": list(x.findings)},
         "fixes": [{"kind": f.kind, "change": f.change, "label": f.label, "fits": f.fits,
                    "fits_device_without_margin": f.fits_device,
+                   "oom_probability": f.oom_probability,
                    "needed_bytes": f.needed_bytes, "usable_bytes": f.usable_bytes,
                    "step_time_s": f.step_time_s,
                    "tokens_per_s_per_gpu": f.tokens_per_s_per_gpu} for f in x.fixes],
