@@ -2,6 +2,7 @@
 
     python benchmarks/memory_accuracy.py [--csv PATH] [--md docs/memory_accuracy.md]
                                          [--bands planner/data/error_bands.json]
+                                         [--accuracy-md docs/accuracy.md] [--gpu-runs]
 
 Every row of ``memory_measurements.csv`` is one run a public source reports (quote and URL in
 the row). For each, the planner's estimate (the one ``planner.plan`` makes, default overheads, no
@@ -21,8 +22,14 @@ facts the source states. The printed table and the Markdown file carry the same 
 
 The errors are summarized per kind of job (``planner.error_bands.family``: DDP / FSDP / ZeRO,
 eager or compiled) into the ``memory`` section of ``planner/data/error_bands.json``, with the
-default margin they imply (``planner.error_bands.margin_from``); the fit verdicts here use that
-margin, so the file and the table agree in one run.
+risk (issue 24): the rows are split in two halves (``split``), each kind's interval of
+log(measured / predicted) is fitted on the first (``fit_risk``), and the verdicts (fits / at
+risk / does not fit, ``judge``) and the interval's coverage are checked on the second
+(``acceptance``), also with the halves swapped. The fit verdicts here use that fit, so the file
+and the table agree in one run; the single margin the risk replaced
+(``planner.error_bands.margin_from``) is computed for comparison only. ``--accuracy-md`` writes
+the acceptance into docs/accuracy.md §5; ``--gpu-runs`` adds the H200 out-of-memory runs of
+benchmarks/gpu_runs/ (imports torch).
 """
 
 from __future__ import annotations

@@ -286,8 +286,8 @@ def why_never(q) -> str:
         return (f"{' and '.join(map(str, unsharded))} {verb} every parameter, gradient and "
                 "optimizer state on every GPU, so more GPUs do not shrink them (try a sharded "
                 "strategy)")
-    return ("per-GPU activations or working set alone exceed capacity (try a shorter --seq or "
-            "--micro-batch, or checkpointing)")
+    return ("per-GPU activations or working set alone exceed capacity, or the high end of "
+            "their interval does (try a shorter --seq or --micro-batch, or checkpointing)")
 
 
 def _label(e: Estimate) -> list[str]:
@@ -475,21 +475,24 @@ def table(answer: Answer, found: Found | None = None, *, width: int = 100,
         if e is not None and e.risk is not None:
             lines += _wrap(f"  - risk: {e.oom_probability:.1%} probability of running out of "
                            f"memory; {e.risk.text()}", wrap_width, "    ")
+    risky = False
     if rec is None:
         e, st = answer.least_risk()
+        risky = e is not None
         if e is not None:
             lines += _wrap(f"at risk: {label(e.candidate)} needs {gib(e.required_bytes)} GiB"
                            f"{interval(e)} of {gib(e.usable_bytes)} GiB usable per GPU, "
                            f"{e.oom_probability:.0%} probability of running out of memory "
-                           f"({e.risk.text()}); nothing fits for sure", wrap_width, "  ")
+                           f"({e.risk.text()})", wrap_width, "  ")
     if rec is not None:
         pass  # the recommendation's lines are above
     elif answer.min_gpus is not None:
-        lines += _wrap(f"does not fit: needs {answer.min_gpus} GPUs of this type "
-                       f"({cl.gpu.id}) with the best of these candidates", wrap_width, "  ")
-    else:
-        lines += _wrap("does not fit on any number of GPUs of this type: " + why_never(q),
+        lines += _wrap(f"does not fit{' for sure' if risky else ''}: needs {answer.min_gpus} "
+                       f"GPUs of this type ({cl.gpu.id}) with the best of these candidates",
                        wrap_width, "  ")
+    else:
+        lines += _wrap(f"does not fit{' for sure' if risky else ''} on any number of GPUs of "
+                       "this type: " + why_never(q), wrap_width, "  ")
     for s in answer.skipped:
         lines += _wrap(f"skipped: {s}", wrap_width, "  ")
     lines.append("")
