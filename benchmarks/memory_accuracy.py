@@ -42,6 +42,7 @@ import os
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -529,26 +530,37 @@ def report(results: list[dict], csv_path: str, fitted: dict[str, dict],
 
 
 def gpu_run_ooms(fitted: dict[str, dict]) -> list[str]:
-    """The verdicts with the risk just fitted on the runs of benchmarks/gpu_runs/ that ran out
-    of memory (not in the CSV, so out-of-sample; needs torch for the reference module's spec:
-    benchmarks/gpu_calibration.py)."""
+    """The verdicts with the risk just fitted on the runs of benchmarks/gpu_runs/ (every GPU of
+    benchmarks/gpu_calibration.py) that ran out of memory: not in the CSV, so out-of-sample;
+    needs torch for the reference module's spec."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import gpu_calibration as g
 
     from planner.hardware import load_gpu
 
     out = []
-    for r in g.rows_of(g.read_runs(g.RUNS), "case", load_gpu("h200")):
-        if r.rec["ok"]:
-            continue
+    for gr in g.GPUS:
+        out += [f"[{gr.label}] {line}" for line in _gpu_ooms(g, gr, fitted, load_gpu)]
+    return out
+
+
+def _gpu_ooms(g: Any, gr: Any, fitted: dict[str, dict], load_gpu: Any) -> list[str]:
+    out = []
+    done: dict[str, int] = {FITS: 0, AT_RISK: 0, DOES_NOT_FIT: 0}
+    for r in g.rows_of(g.read_runs(gr.runs), "case", load_gpu(gr.profile)):
         e = r.est(g.Overheads())
         band = band_for(risk_kinds(r.cand.strategy, r.training.compile,
                                    is_finetune(r.training)), fitted)
         verdict, p = outcome(int(e.required_bytes), int(e.usable_bytes), band)
+        if r.rec["ok"]:
+            done[verdict] += 1
+            continue
         out.append(f"{r.id}: ran out of memory ({r.rec['oom_moment']}); planner needs "
                    f"{e.required_bytes / GIB:.1f} GiB of {e.usable_bytes / GIB:.1f} GiB "
                    f"({band.measured_kind} interval x {band.low:.2f} .. {band.high:.2f}): "
                    f"{VERDICT[verdict]}" + ("" if p is None else f", P(OOM) {p:.0%}"))
+    out.append(f"the {sum(done.values())} cases that completed: fits {done[FITS]}, at risk "
+               f"{done[AT_RISK]}, does not fit {done[DOES_NOT_FIT]}")
     return out
 
 
@@ -601,7 +613,7 @@ def main(argv: list[str] | None = None) -> int:
         update_bands(args.bands, "memory", bands(results, fitted, margin))
         print(f"wrote {args.bands} (memory)")
     if args.gpu_runs:
-        print("\nthe H200 runs of benchmarks/gpu_runs/ that ran out of memory (not fitted on):")
+        print("\nthe GPU runs of benchmarks/gpu_runs/ (not fitted on):")
         for line in gpu_run_ooms(fitted):
             print(f"  {line}")
     if args.accuracy_md:

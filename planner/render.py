@@ -245,7 +245,8 @@ def assumptions(answer: Answer) -> list[str]:
     cal = q.runtime.calibration
     out.append("calibration: none (raw analytic model; defaults below)" if cal is None else
                f"calibration {cal['id']} from {cal['source']}"
-               + (f" (STALE: {cal['stale']})" if cal.get("stale") else ""))
+               + (f" (STALE: {cal['stale'].split(' is stale: ', 1)[-1]})"
+                  if cal.get("stale") else ""))
     out += [
         "bf16/fp16-amp: torch.autocast over fp32 params for DDP and 1 GPU; FSDP2 "
         "MixedPrecisionPolicy(param_dtype=low, reduce_dtype=fp32); DeepSpeed bf16 module + fp32 master for ZeRO",

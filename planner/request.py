@@ -257,11 +257,23 @@ def resolve_runtime(choice: str, gpu: GpuProfile, model: ModelSpec | None, namin
             raise naming.fail("calibration", f"no such file: {choice!r} (or use auto / none)")
         cal = cal_mod.load_calibration(choice)
     overheads, gpu = cal_mod.apply(cal, Overheads(), gpu, model=model)
-    info = {"id": cal.id, "source": cal.path or choice,
-            "stale": cal_mod.is_stale(cal, torch_version)}
+    info = {"id": cal.id, "source": _calibration_source(cal.path or choice, choice),
+            "explicit": choice != "auto", "stale": cal_mod.is_stale(cal, torch_version)}
     return Runtime(overheads=overheads,
                    assumptions=cal_mod.apply_throughput(cal, DEFAULT_ASSUMPTIONS),
                    calibration=info), gpu
+
+
+def _calibration_source(path: str, choice: str) -> str:
+    """Where a calibration came from, as the user can read it: the path given, or for one
+    that ``auto`` found in the package, its place in the source tree (not this machine's
+    install path)."""
+    from hardware_profiles import CALIBRATION_DIR
+
+    if choice == "auto" and os.path.dirname(os.path.abspath(path)) == \
+            os.path.abspath(CALIBRATION_DIR):
+        return "hardware_profiles/calibrations/" + os.path.basename(path)
+    return path
 
 
 # ---------------------------------------------------------------------------------------------
@@ -389,7 +401,8 @@ def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
         warnings.append(Notice(f"model shape assumed from {naming.name('model.params')}; give "
                                f"{naming.name('model.preset')} or a shape for an exact "
                                "estimate", Kind.SHAPE_ASSUMED))
-    if runtime.calibration and runtime.calibration.get("stale"):
+    if runtime.calibration and runtime.calibration.get("stale") and \
+            runtime.calibration["explicit"]:  # one auto found is stated in the assumptions
         warnings.append(Notice(str(runtime.calibration["stale"]), Kind.CALIBRATION_STALE))
     return Request(model=model, training=training, cluster=cluster, options=options,
                    runtime=runtime, model_source=source, traced=traced,

@@ -257,7 +257,9 @@ def test_unreadable_files(tmp_path):
 
 
 def test_find_calibration_prefers_same_torch(tmp_path, monkeypatch):
-    monkeypatch.setattr("planner.calibration.CALIBRATION_DIRS", ())
+    # the directories are read in planner.calibration_paths (the shipped h100-80 file must
+    # not be found)
+    monkeypatch.setattr("planner.calibration_paths.CALIBRATION_DIRS", ())
     monkeypatch.setenv("FITCHECK_CALIBRATION_PATH", str(tmp_path))
     assert find_calibration("h100-80", "2.5.1") is None
     (tmp_path / "a.json").write_text(json.dumps(_minimal(id="old-same", date="2024-01-01")))

@@ -236,7 +236,8 @@ def test_cli_errors(tmp_path):
     one_line_error(run("explain", str(log), *H200_8B), 4, "no memory figure found",
                    "looked for", "torchtitan")
     one_line_error(run("explain", str(PUBLIC / "torchtitan-pr1287.log"), "--model",
-                       "llama3-8b", "--gpu", "h100-80", "--n", "8"), 2, "--strategy")
+                       "llama3-8b", "--gpu", "h100-80", "--n", "8", "--calibration", "none"),
+                   2, "--strategy")
     one_line_error(run("explain", str(tmp_path / "missing.log"), *H200_8B), 4,
                    "no such file")
     one_line_error(run("explain", str(GPU / "oom-h200-mixtral4L-fsdp64-full-backward.txt"),

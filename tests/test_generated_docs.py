@@ -26,11 +26,12 @@ GENERATED = [
     ("docs/seed-claims.md", ["benchmarks/seed_claims.py", "--out", "OUT"]),
     ("docs/calibration.md", ["benchmarks/public_memory_calibration.py", "--md", "OUT",
                              "--write-calibrations", ""]),
-    # the first GPU calibration (issue 28): its sections of calibration.md and accuracy.md
+    # the GPU calibrations (issue 28; H200 and H100): their sections of calibration.md and
+    # accuracy.md
     ("docs/calibration.md", ["benchmarks/gpu_calibration.py", "--write", "--calibration-md",
-                             "OUT", "--accuracy-md", "", "--cal-out", "", "--log-out", ""]),
+                             "OUT", "--accuracy-md", "", "--cal-dir", "", "--log-out", ""]),
     ("docs/accuracy.md", ["benchmarks/gpu_calibration.py", "--write", "--accuracy-md", "OUT",
-                          "--calibration-md", "", "--cal-out", "", "--log-out", ""]),
+                          "--calibration-md", "", "--cal-dir", "", "--log-out", ""]),
     # every framework's key table (issue 21): the section of jobs.md after its own prose
     ("docs/jobs.md", ["-m", "planner.jobs.keydoc", "--md", "OUT"]),
 ]

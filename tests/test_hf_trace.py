@@ -308,9 +308,10 @@ def test_from_trace_plan_json_cache_and_table(tiny_dirs, tmp_path) -> None:
 
 def test_from_trace_refuses_in_one_line(tiny_dirs, trace_cache) -> None:
     cache = str(trace_cache)
-    # nothing traceable: ZeRO only
+    # nothing traceable: ZeRO only (calibration none: under any torch but 2.11 the shipped
+    # h100-80 calibration adds a stale warning line before the error)
     r = _fitcheck("--config", tiny_dirs["llama"], *PLAN[:-2], "--strategy", "zero3",
-                  "--from-trace", cache=cache)
+                  "--from-trace", "--calibration", "none", cache=cache)
     assert r.returncode == 5 and r.stderr.count("\n") == 1, r.stderr
     assert "no traceable candidate" in r.stderr
     # a loop the trace does not run
