@@ -108,11 +108,14 @@ def test_csv_numbers_are_the_planners(tables):
 
 
 def test_best_flag_is_the_planners_recommendation(tables):
-    """`fitcheck --model M --gpu G --n N --seq T` (the default --tp auto among the rest)."""
+    """`fitcheck --model M --gpu G --n N --seq T --calibration none` (the default --tp auto
+    among the rest; calibration none as the report of ``tables``: with the risk of issue 24 a
+    calibrated plan and an uncalibrated report differ at llama3-70b on 16 H100 at seq 4096)."""
     _, df = tables
     for (m, g, n, seq), grp in df.groupby(["model", "gpu", "n", "seq"]):
         answer = plan(plan_request({"model.preset": m, "hardware.gpu": g,
-                                    "hardware.n": int(n), "training.seq": int(seq)}))
+                                    "hardware.n": int(n), "training.seq": int(seq),
+                                    "calibration": "none"}))
         best = grp[grp.best]
         if answer.recommendation is None:
             assert best.empty, (m, g, n, seq)
@@ -125,14 +128,16 @@ def test_best_flag_is_the_planners_recommendation(tables):
 
 
 def test_min_gpus_match_the_planner():
+    # calibration none throughout: ``fits`` below is the raw formulas (estimate on the profile)
     req = request.build_request(models="llama3-8b,llama3-70b,llama3.1-405b",
-                                gpus="h100-80,a100-40", ns="8")
+                                gpus="h100-80,a100-40", ns="8", calibration="none")
     rep = sweep.run_sweep(req)
     mins = rep.min_gpus
     assert len(mins) == 6
     for r in mins.itertuples(index=False):
         model, training = get_preset(r.model), TrainingSpec()
-        q = plan_request({"model.preset": r.model, "hardware.gpu": r.gpu, "hardware.n": 8})
+        q = plan_request({"model.preset": r.model, "hardware.gpu": r.gpu, "hardware.n": 8,
+                          "calibration": "none"})
         # with offload: exactly `fitcheck --find min-gpus`; without: `... --offload none`
         assert r.min_gpus_offload == min_gpus(q)
         assert r.min_gpus == min_gpus(q.with_options(offloads=(Offload.NONE,)))
