@@ -485,13 +485,11 @@ def table(answer: Answer, found: Found | None = None, *, width: int = 100,
                            f"{interval(e)} of {gib(e.usable_bytes)} GiB usable per GPU, "
                            f"{e.oom_probability:.0%} probability of running out of memory "
                            f"({e.risk.text()})", wrap_width, "  ")
-    if rec is not None:
-        pass  # the recommendation's lines are above
-    elif answer.min_gpus is not None:
+    if rec is None and answer.min_gpus is not None:
         lines += _wrap(f"does not fit{' for sure' if risky else ''}: needs {answer.min_gpus} "
                        f"GPUs of this type ({cl.gpu.id}) with the best of these candidates",
                        wrap_width, "  ")
-    else:
+    elif rec is None:
         lines += _wrap(f"does not fit{' for sure' if risky else ''} on any number of GPUs of "
                        "this type: " + why_never(q), wrap_width, "  ")
     for s in answer.skipped:
