@@ -437,7 +437,7 @@ def report(results: list[dict], csv_path: str, fitted: dict[str, dict],
                    f"{', '.join(r['row']['id'] for r in oom_below) or 'none'}")
     summary.append(f"non-OOM rows the planner says do not fit: "
                    f"{', '.join(r['row']['id'] for r in ok_nofit) or 'none'}")
-    summary.append(f"non-OOM rows the planner calls at risk: "
+    summary.append("non-OOM rows the planner calls at risk: "
                    + (", ".join(f"{r['row']['id']} ({r['p_oom']:.0%})" for r in ok_risk)
                       or "none"))
     left = [r for r in every if r["unmodelled"]]

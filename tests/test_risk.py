@@ -22,7 +22,6 @@ from planner.cli import cli
 from planner.gate import gate
 
 BAND = eb.RiskBand(kind="x", measured_kind="x", n=10, mean_log=0.0, sd_log=0.1)
-GiB = 2**30
 
 
 @pytest.fixture(autouse=True)
