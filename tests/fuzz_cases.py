@@ -91,3 +91,38 @@ def plans(draw) -> dict:
         "checkpointing": draw(st.sampled_from(["none", "selective", "full"])),
         "offload": "none",
     }
+
+
+MIN_GPUS_MODELS = ["qwen1.5-moe-a2.7b", "mixtral-8x7b", "deepseek-v2-lite", "qwen3-30b-a3b",
+                   "llama3.2-1b", "llama3-8b", "llama3-70b", "gpt2-xl"]
+"""MoE models with 8 to 128 experts (FSDP2 pads them past that many ranks) and dense ones."""
+
+
+@st.composite
+def min_gpus_requests(draw) -> dict:
+    """A `--find min-gpus` request as spec values, drawn where the fit is not monotone in the
+    GPU count: padded MoE experts, ZeRO-3's persistent parameters under offload, host RAM
+    that one node lacks, node sizes other than 8."""
+    tp = draw(st.sampled_from(["1", "1", "auto", "2", "4"]))
+    v = {
+        "model.preset": draw(st.sampled_from(MIN_GPUS_MODELS)),
+        "hardware.gpu": draw(st.sampled_from(["h100-80", "a100-40", "rtx-4090", "l4"])),
+        "hardware.n": int(tp) if tp.isdigit() else 1,
+        "hardware.gpus_per_node": draw(st.sampled_from([8, 8, 4, 6, 16])),
+        "hardware.host_ram_gib": draw(st.sampled_from([None, 32, 64, 128, 512])),
+        "parallel.tp": tp,
+        "strategy": draw(st.sampled_from([["full_shard"], ["shard_grad_op"], ["hybrid_shard"],
+                                          ["zero3"], ["zero2"], ["ddp"],
+                                          ["full_shard", "zero3"]])),
+        "offload": draw(st.sampled_from(["none", "none", "auto", "optimizer",
+                                         "params_and_optimizer"])),
+        "checkpointing": draw(st.sampled_from(["auto", "none", "full"])),
+        "training.fsdp_version": draw(st.sampled_from([2, 2, 1])),
+        "training.seq": draw(st.sampled_from([512, 2048, 8192])),
+        "training.micro_batch": draw(st.sampled_from([1, 2, 8])),
+        "training.init": draw(st.sampled_from(["meta", "full", "rank0"])),
+        "deepspeed.stage3_param_persistence_threshold": draw(st.sampled_from(
+            [None, None, "1e7", "1e10"])),
+        "margin": draw(st.sampled_from([None, 0.0, 0.1])),
+    }
+    return {k: x for k, x in v.items() if x is not None}
