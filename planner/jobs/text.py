@@ -61,6 +61,9 @@ def parse_toml(text: str, name: str) -> dict[str, Any]:
     return doc
 
 
+MAX_DOCUMENTS = 100
+"""YAML documents in one job file (a Kubernetes manifest's objects): each is parsed on its own,
+so a 1 MiB stream of 110,000 empty ones must be refused, not parsed."""
 _DOC_SEPARATOR = re.compile(r"^(?:---|\.\.\.)(?:[ \t].*)?$", re.MULTILINE)
 
 
@@ -75,6 +78,9 @@ def parse_mapping(text: str, name: str) -> Any:
         return parse_spec_text(text, name)
     if len(parts) == 1:  # one document (the others only comments, after a '---')
         return parse_spec_text(parts[0], name)
+    if len(parts) > MAX_DOCUMENTS:
+        raise JobError(f"{name}: {len(parts)} YAML documents; a job file has at most "
+                       f"{MAX_DOCUMENTS}")
     return [parse_spec_text(p, f"{name} (document {i + 1})") for i, p in enumerate(parts)]
 
 
@@ -88,6 +94,8 @@ _TOML_HEADER = re.compile(r"^\s*\[\[?[A-Za-z0-9_.\-\"' ]+\]\]?\s*(#.*)?$", re.MU
 def parse(text: str, name: str) -> tuple[str, Any]:
     """('json' | 'toml' | 'yaml', document) of a job file's text; ('python', None) for a
     torchtitan config registry (planner/jobs/pyconfig.py reads it)."""
+    if len(text) > MAX_BYTES:  # text read by a caller (the gate) rather than read_text
+        raise JobError(f"{name}: larger than {MAX_BYTES} bytes; not a job config")
     stripped = text.lstrip("\ufeff \t\r\n")
     if not stripped:
         raise JobError(f"{name}: empty file")
