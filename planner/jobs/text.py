@@ -55,6 +55,8 @@ def parse_toml(text: str, name: str) -> dict[str, Any]:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise JobError(f"{name}: invalid TOML: {exc}") from None
+    except ValueError as exc:  # a value tomllib cannot build: an integer past 4,300 digits
+        raise JobError(f"{name}: invalid TOML: {str(exc).split(';')[0][:200]}") from None
     except RecursionError:
         raise JobError(f"{name}: TOML nested too deeply") from None
     _depth(doc, name)

@@ -1,0 +1,65 @@
+"""Crashes that were exit 1 (issue 22, items 9 and 11): each is now one line naming the file
+or the flag, with its documented exit code, and nothing half-written."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from conftest import one_line_error, run
+
+ACCELERATE_FSDP = "compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nnum_processes: {n}\n"
+
+
+@pytest.mark.parametrize("text", [
+    "[training]\nseq = " + "9" * 4400 + "\n",
+    "[job]\nname = \"x\"\n[training]\nlocal_batch_size = " + "9" * 4301 + "\n"])
+def test_a_toml_integer_past_4300_digits_is_bad_data(tmp_path, text):
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    r = run("--model", "llama3-8b", "--gpu", "h100-80", "--job", str(path))
+    one_line_error(r, 4, f"{path}: invalid TOML: Exceeds the limit (4300 digits)")
+
+
+def test_write_job_into_a_missing_folder_is_a_usage_error(tmp_path):
+    job = tmp_path / "acc.yaml"
+    job.write_text(ACCELERATE_FSDP.format(n=8))
+    out = tmp_path / "no" / "such" / "out.yaml"
+    r = run("--model", "llama3-8b", "--gpu", "h100-80", "--job", str(job), "--write-job", str(out))
+    one_line_error(r, 2, f"--write-job: cannot write {str(out)!r}: No such file or directory")
+
+
+def test_a_failed_rename_leaves_nothing_behind(tmp_path, monkeypatch):
+    """The rename into place fails (another file system, a read-only mount): exit 2, the old
+    file untouched, no temporary file left."""
+    import planner.jobs.write as w
+
+    job = tmp_path / "acc.yaml"
+    job.write_text(ACCELERATE_FSDP.format(n=8))
+    out = tmp_path / "out.yaml"
+    out.write_text("old\n")
+
+    def refuse(src, dst):
+        raise OSError(18, "Invalid cross-device link")
+    monkeypatch.setattr(w.os, "replace", refuse)
+    r = run("--model", "llama3-8b", "--gpu", "h100-80", "--job", str(job), "--write-job", str(out))
+    one_line_error(r, 2, f"--write-job: cannot write {str(out)!r}: Invalid cross-device link")
+    assert out.read_text() == "old\n"
+    assert sorted(os.listdir(tmp_path)) == ["acc.yaml", "out.yaml"]
+
+
+def test_write_job_json_when_nothing_fits_prints_the_answer(tmp_path):
+    """It printed no JSON at all (a consumer of --json read nothing); now the answer with
+    job.rewrite null, exit 3, and no file written."""
+    job = tmp_path / "acc.yaml"
+    job.write_text(ACCELERATE_FSDP.format(n=1))
+    out = tmp_path / "out.yaml"
+    r = run("--model", "llama3-70b", "--gpu", "l4", "--job", str(job), "--write-job", str(out),
+            "--json")
+    assert r.exit_code == 3, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["job"]["rewrite"] is None and not any(c["fits"] for c in doc["candidates"])
+    assert "nothing it can say fits on this hardware; not written" in r.stderr
+    assert not out.exists()
