@@ -137,7 +137,7 @@ def test_bad_spec_exit_4_one_line(bad, needle):
 def test_spec_text_errors():
     for text, needle in [("", "empty"), ("{", "invalid JSON"), ("[1, 2]", "must be a mapping"),
                          ('{"a": 1, "a": 2}', "duplicate key 'a'"),
-                         ('{"margin": NaN}', "NaN is not a valid number")]:
+                         ('{"margin": NaN}', "spec: margin: nan is not a finite number")]:
         with pytest.raises(SpecError, match=needle):
             parse_spec_text(text)
 
