@@ -213,12 +213,31 @@ def parse_spec_text(text: str, name: str = "spec") -> dict[str, Any]:
     return doc
 
 
-def read_spec(path: str) -> tuple[dict[str, Any], str | None]:
-    """The spec at path ('-' = stdin) and the folder relative paths inside it resolve against."""
+def read_stdin(limit: int) -> str | None:
+    """Up to ``limit`` + 1 bytes of stdin as UTF-8 text; None when they are not UTF-8. Read as
+    bytes: Python decodes stdin strictly under a UTF-8 locale (en_US.UTF-8) and with
+    surrogateescape under C, so one non-UTF-8 byte was an internal error (admitted by `gate
+    --on-error admit`) on one machine and a YAML error on another."""
     import sys
 
+    raw = getattr(sys.stdin, "buffer", None)
+    if raw is None:  # a text stream without bytes under it
+        return sys.stdin.read(limit + 1)
+    data = raw.read(limit + 1)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        if len(data) > limit:  # perhaps cut inside a character: refused as too large anyway
+            return data.decode("utf-8", "replace")
+        return None
+
+
+def read_spec(path: str) -> tuple[dict[str, Any], str | None]:
+    """The spec at path ('-' = stdin) and the folder relative paths inside it resolve against."""
     if path == "-":
-        text = sys.stdin.read(MAX_SPEC_BYTES + 1)
+        text = read_stdin(MAX_SPEC_BYTES)
+        if text is None:
+            raise SpecError("stdin: not UTF-8 text")
         base = None
         name = "stdin"
     else:

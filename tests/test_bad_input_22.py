@@ -63,3 +63,23 @@ def test_write_job_json_when_nothing_fits_prints_the_answer(tmp_path):
     assert doc["job"]["rewrite"] is None and not any(c["fits"] for c in doc["candidates"])
     assert "nothing it can say fits on this hardware; not written" in r.stderr
     assert not out.exists()
+
+
+SPEC_405B_ON_L4 = b"model:\n  preset: llama3.1-405b\nhardware:\n  gpu: l4\n  n: 1\nstrategy: ddp\xff\n"
+
+
+@pytest.mark.parametrize("encoding", ["utf-8:strict", "utf-8:surrogateescape"])
+def test_a_non_utf8_byte_on_stdin_is_bad_data_in_any_locale(encoding):
+    """Under a UTF-8 locale Python decodes stdin strictly: the byte was an internal error and
+    `gate - --on-error admit` admitted a 405B DDP job onto one L4 (issue 22, item 2); under C
+    it was a YAML error. Now stdin is read as bytes: exit 4, 'stdin: not UTF-8 text'."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONIOENCODING=encoding)
+    for args in (["gate", "-", "--on-error", "admit"],
+                 ["--job", "-", "--model", "llama3-8b", "--gpu", "h100-80"]):
+        p = subprocess.run([sys.executable, "-m", "planner", *args], input=SPEC_405B_ON_L4,
+                           capture_output=True, env=env, timeout=120)
+        assert (p.returncode, p.stdout, p.stderr) == (
+            4, b"", b"fitcheck: error: stdin: not UTF-8 text\n"), args

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 from typing import Any
 
 from planner.jobs.record import JobError
@@ -19,7 +18,11 @@ MAX_DEPTH = 16
 def read_text(path: str) -> str:
     """The text of ``path`` ('-': stdin), refusing more than MAX_BYTES and non-UTF-8."""
     if path == "-":
-        text = sys.stdin.read(MAX_BYTES + 1)
+        from planner.specfile import read_stdin
+
+        text = read_stdin(MAX_BYTES)
+        if text is None:
+            raise JobError("stdin: not UTF-8 text")
     else:
         try:
             with open(path, encoding="utf-8") as f:
