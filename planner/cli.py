@@ -330,4 +330,7 @@ def _nothing_to_write(job, answer) -> int:
 
 
 def main() -> None:
+    from planner.tempfiles import exit_on_terminate
+
+    exit_on_terminate()  # SIGTERM runs the cleanup of temporary files (planner/tempfiles.py)
     cli.main()

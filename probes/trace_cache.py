@@ -197,11 +197,19 @@ class TraceCache:
             return
         inputs = key_inputs(job)
         entry = {"inputs": inputs, "result": result, "created": time.time(), **meta}
+        from planner.tempfiles import sweep
+
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
+            sweep(str(self.directory), lambda n: n.endswith(".tmp"))  # a killed writer's
             fd, tmp = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
-            with os.fdopen(fd, "w") as fh:
-                json.dump(entry, fh)
-            os.replace(tmp, self.directory / f"{key_of(inputs)}.json")
+            try:
+                with os.fdopen(fd, "w") as fh:
+                    json.dump(entry, fh)
+                os.replace(tmp, self.directory / f"{key_of(inputs)}.json")
+            except BaseException:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+                raise
         except OSError:
             pass  # a cache that cannot be written is a cache that misses

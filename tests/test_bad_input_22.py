@@ -83,3 +83,59 @@ def test_a_non_utf8_byte_on_stdin_is_bad_data_in_any_locale(encoding):
                            capture_output=True, env=env, timeout=120)
         assert (p.returncode, p.stdout, p.stderr) == (
             4, b"", b"fitcheck: error: stdin: not UTF-8 text\n"), args
+
+
+def test_sigterm_removes_the_script_copy_fitcheck_sbatch_submits(tmp_path):
+    """SIGTERM's default action ended Python without its finally blocks: the copy of the
+    script stayed in the temp folder. Now SIGTERM is SystemExit(143) and the copy goes."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    slurm = os.path.join(os.path.dirname(__file__), "..", "integrations", "slurm",
+                         "fitcheck-sbatch")
+    data = os.path.join(os.path.dirname(__file__), "data", "gate")
+    # it names a spec file (spec=): the wrapper submits a copy with the spec inlined
+    script = os.path.join(data, "train-2node.sbatch")
+    started = tmp_path / "started"
+    fake = tmp_path / "fake_sbatch.py"  # says which script it was given, then waits
+    fake.write_text(f"import sys, time\nopen({str(started)!r}, 'w').write(sys.argv[-1])\n"
+                    "time.sleep(60)\n")
+    sbatch = f"{sys.executable} {fake}"
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    gate = f"{sys.executable} -c 'from planner.cli import main; main()'"
+    p = subprocess.Popen([sys.executable, slurm, "--fitcheck", gate, "--sbatch", sbatch,
+                          script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         start_new_session=True, cwd=data)
+    deadline = time.monotonic() + 60
+    while not started.exists() and time.monotonic() < deadline and p.poll() is None:
+        time.sleep(0.05)
+    assert started.exists(), p.communicate()
+    copy = started.read_text()
+    assert os.path.basename(copy).startswith("fitcheck-sbatch-") and os.path.exists(copy)
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=30) == 143
+    try:  # subprocess.call kills its child as it unwinds: nothing should be left
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    assert not os.path.exists(copy)
+
+
+def test_a_killed_writers_temporary_files_are_swept_an_hour_later(tmp_path):
+    """SIGKILL runs nothing: the next report written into the folder removes what a killed
+    one left (its own names, an hour old), and nothing else."""
+    import time
+
+    old = time.time() - 2 * 3600
+    for name in (".report.csv.k1ll3d_.tmp", ".report.md.abc.tmp", "notes.tmp",
+                 ".other.csv.abc.tmp"):
+        (tmp_path / name).write_text("x")
+        os.utime(tmp_path / name, (old, old))
+    (tmp_path / ".report.csv.fresh.tmp").write_text("a write in progress")
+    r = run("report", "--models", "llama3-8b", "--gpus", "h100-80", "--n", "8",
+            "--out", str(tmp_path), "--format", "csv")
+    assert r.exit_code == 0, r.stderr
+    assert sorted(os.listdir(tmp_path)) == [".other.csv.abc.tmp", ".report.csv.fresh.tmp",
+                                            ".report.md.abc.tmp", "notes.tmp", "report.csv"]
