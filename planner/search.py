@@ -6,8 +6,9 @@ bisection, written once over ``planner.vec``: on plain numbers for the plan and 
 arrays for the report's sweep, one search per element, so both always give the same answer.
 It finds where a predicate turns true on an interval where it is false, then true;
 planner.plan ``fewest_gpus`` splits the counts into such intervals (fitting is not monotone
-in the GPU count over all of them: host RAM per node grows with the ranks on it, and FSDP2's
-padding of stacked experts grows with the ranks past the experts), ``bisect`` and
+in the GPU count over all of them: host RAM per node grows with the ranks on it, FSDP2's
+padding of stacked experts grows with the ranks past the experts, and so do ZeRO-3's whole
+persistent parameters when the rest is offloaded), ``bisect`` and
 ``smallest_n`` search a predicate that is monotone as it is, ``largest`` a value that fits
 less as it grows (micro-batch, sequence length).
 """

@@ -166,3 +166,22 @@ def test_a_stream_of_110000_documents_is_refused_at_once():
     r = run("gate", "-", "--on-error", "admit", input=text)
     one_line_error(r, 4, "stdin: 110000 YAML documents; a job file has at most 100")
     assert time.perf_counter() - t < 5  # it was a 10 s timeout; here well under 1 s
+
+
+def test_a_manifest_of_120_roles_x_2_20_replicas_is_refused_as_a_job_file(tmp_path):
+    """The same bomb as a job file (`fitcheck gate FILE`, --job): the kubeflow reader built
+    the list too (1 GB, the gate's 10 s timeout, admitted under --on-error admit)."""
+    role = ("    W{i}:\n      replicas: 1048576\n      template:\n        spec:\n"
+            "          containers:\n          - resources:\n              limits:\n"
+            "                nvidia.com/gpu: 8\n")
+    path = tmp_path / "job.yaml"
+    path.write_text("apiVersion: kubeflow.org/v1\nkind: PyTorchJob\nmetadata:\n  name: x\n"
+                    "  annotations:\n    fitcheck.io/spec: '{\"model\": {\"preset\": "
+                    "\"llama3-8b\"}, \"hardware\": {\"gpu\": \"h100-80\"}}'\n"
+                    "spec:\n  pytorchReplicaSpecs:\n" + "".join(role.format(i=i)
+                                                         for i in range(120)))
+    t = time.perf_counter()
+    r = run("gate", str(path), "--on-error", "admit")
+    one_line_error(r, 4, f"{path}: spec.pytorchReplicaSpecs.W0.replicas: too many pods: "
+                   "more than 65536")
+    assert time.perf_counter() - t < 5
