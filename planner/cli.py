@@ -263,12 +263,19 @@ def plan_cmd(as_json: bool, wide: bool, find: str | None, job_paths: tuple[str, 
 
         rw, alt = rewrite(job, request, fixed=resolved.given, given=given_values(kw))
         if rw is None:
-            raise click.exceptions.Exit(_nothing_to_write(job, alt))
+            code = _nothing_to_write(job, alt)
+            if not as_json:
+                raise click.exceptions.Exit(code)
+        if write_job and rw is not None:
+            try:
+                write_atomic(write_job, rw.text, like=job.path)
+            except OSError as exc:  # a missing folder, no permission, a full disk: nothing written
+                raise UsageError(f"--write-job: cannot write {write_job!r}: "
+                                 f"{exc.strerror or type(exc).__name__}") from None
         same = "no change: the job already asks for the recommendation"
-        for line in [*rw.changes, *rw.notes] or [same]:
+        for line in ([*rw.changes, *rw.notes] or [same]) if rw is not None else []:
             click.echo(f"fitcheck: {job.path}: {line}", err=True)
-        if write_job:
-            write_atomic(write_job, rw.text, like=job.path)
+        if write_job and rw is not None:
             click.echo(f"fitcheck: wrote {write_job}", err=True)
     if as_json:
         import json
@@ -302,6 +309,8 @@ def plan_cmd(as_json: bool, wide: bool, find: str | None, job_paths: tuple[str, 
             f"  - {n}", 10**6 if wide else width, "    "))]))
     if rw is not None:
         return EXIT_FITS
+    if write_job or job_diff:  # --json: the answer printed, nothing written
+        return EXIT_NOTHING_FITS
     if found is not None and found.value is None:
         return EXIT_NOTHING_FITS
     if answer.any_fits:
@@ -327,4 +336,7 @@ def _nothing_to_write(job, answer) -> int:
 
 
 def main() -> None:
+    from planner.tempfiles import exit_on_terminate
+
+    exit_on_terminate()  # SIGTERM runs the cleanup of temporary files (planner/tempfiles.py)
     cli.main()

@@ -31,7 +31,7 @@ GiB = 2**30
 # Reading a spec
 
 
-from planner.specfile import MAX_SPEC_BYTES, parse_spec_text, read_spec
+from planner.specfile import MAX_SPEC_BYTES, parse_spec_text, read_spec, read_stdin
 
 
 # ---------------------------------------------------------------------------------------------
@@ -317,8 +317,6 @@ def gate_path(path: str, *, fmt: str | None = None,
     planner.jobs reads (by content, or ``fmt``). ``overrides`` ({path: raw}: the gate's --gpu,
     --n, --gpus-per-node, --model) win over the file. A plain spec without overrides never
     loads planner.jobs."""
-    import sys
-
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     head, sep, tail = path.rpartition(":")
     if sep and head.endswith(".py") and tail.isidentifier():  # a torchtitan registry entry
@@ -329,7 +327,9 @@ def gate_path(path: str, *, fmt: str | None = None,
         raise SpecError(f"{path}: not a regular file (a directory, FIFO or device is not a "
                         "job spec)")
     if path == "-":
-        text = sys.stdin.read(MAX_SPEC_BYTES + 1)
+        text = read_stdin(MAX_SPEC_BYTES)
+        if text is None:
+            raise SpecError("stdin: not UTF-8 text")
         name, base = "stdin", None
     else:
         try:

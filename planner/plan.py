@@ -38,7 +38,7 @@ from planner.candidates import (
 )
 from planner.memory import Estimate, estimate
 from planner.request import Request
-from planner.search import and_not, any_true, bisect, largest
+from planner.search import MAX_GPUS_SEARCHED, Counts, and_not, any_true, first_true, largest
 from planner.spec import Candidate, Checkpointing, Offload, Strategy
 from planner.throughput import StepEstimate, estimate_step
 
@@ -135,11 +135,15 @@ class Points(Protocol):
 class One:
     """The plan's points: one configuration, plain numbers (``--global-batch`` resolved)."""
 
-    def __init__(self, r: Request) -> None:
+    def __init__(self, r: Request, _counts: dict[int, One] | None = None) -> None:
         self.request = r = r.resolved()
         self.modes = checkpointing_modes(r.options.checkpointing)
         self.n_gpus, self.gpus_per_node = r.cluster.n_gpus, r.cluster.gpus_per_node
         self._estimates: dict[Candidate, Estimate] = {}
+        self._counts = {} if _counts is None else _counts
+        """The same request at other GPU counts, shared by all of them (a search asks a
+        count's estimates more than once)."""
+        self._counts[self.n_gpus] = self
 
     def estimate(self, c: Candidate) -> Estimate:
         if c not in self._estimates:
@@ -157,7 +161,10 @@ class One:
         return rule(self.n_gpus, self.gpus_per_node)
 
     def with_gpus(self, n: int) -> One:
-        return One(self.request.with_gpus(n))
+        n = int(n)
+        if n not in self._counts:
+            One(self.request.with_gpus(n), self._counts)
+        return self._counts[n]
 
     levels = 1
     """A search asks one count at a time: each answer is a plan's worth of estimates."""
@@ -289,28 +296,39 @@ def listing(at: Points, skipped: list[str] | None = None) -> list[Listed]:
 # The fewest GPUs
 
 
-def fits_any(at: Points | Request, among: Any = True) -> Any:
-    """Whether some candidate of the request fits, per point of ``among``: every strategy,
-    checkpointing mode and offload mode the request allows (offload 'auto': all of them) and,
-    with `--tp auto`, the TP degrees the model and the node allow, most memory saved first."""
-    if isinstance(at, Request):
-        at = One(at)
+def fit_tries(at: Points) -> list[Candidate]:
+    """Every candidate the request allows a fit with, most memory saved first: its
+    strategies, checkpointing modes and offload modes (offload 'auto': all of them) and, with
+    `--tp auto`, the TP degrees of the strategies that compose with TP."""
     o = at.request.options
     tps = (o.tp,) if o.tp is not None else (1,) + TP_DEGREES
-    tries = sorted((c for group in expand(o.strategies, offload_modes(at.request, for_fit=True),
-                                          at.modes, None, tps=tps, quiet_tp=True)
-                    for c in group), key=fit_first_key)
-    allowed_tp = {tp: tp_allowed(at, tp) for tp in tps if tp > 1}
+    return [c for c in sorted((c for group in expand(o.strategies,
+                                                     offload_modes(at.request, for_fit=True),
+                                                     at.modes, None, tps=tps, quiet_tp=True)
+                               for c in group), key=fit_first_key)
+            if not (c.tp > 1 and o.tp is None and c.strategy not in AUTO_TP_STRATEGIES)]
+
+
+def runs_at(at: Points, c: Candidate) -> Any:
+    """Where ``c`` may run at these points' GPU counts: listed there (one GPU answers FSDP
+    with DDP's row), its TP degree allowed by the model and the node, and, under `--tp auto`,
+    HYBRID_SHARD composed with TP across nodes only."""
+    ok = listed_at(c, at.n_gpus)
+    if c.tp > 1:
+        ok = ok & tp_allowed(at, c.tp)
+        if at.request.options.tp is None and c.strategy is Strategy.HYBRID_SHARD:
+            ok = ok & multi_node(at)
+    return ok
+
+
+def fits_any(at: Points | Request, among: Any = True) -> Any:
+    """Whether some candidate of the request fits (``fit_tries``, where ``runs_at``), per
+    point of ``among``."""
+    if isinstance(at, Request):
+        at = One(at)
     ok: Any = False
-    for c in tries:
-        if c.tp > 1 and o.tp is None and c.strategy not in AUTO_TP_STRATEGIES:
-            continue
-        allowed = among & listed_at(c, at.n_gpus)
-        if c.tp > 1:
-            allowed = allowed & allowed_tp[c.tp]
-            if o.tp is None and c.strategy is Strategy.HYBRID_SHARD:
-                allowed = allowed & multi_node(at)
-        todo = and_not(allowed, ok)
+    for c in fit_tries(at):
+        todo = and_not(among & runs_at(at, c), ok)
         if not any_true(todo):
             continue
         ok = ok | (at.fits(c, todo) & todo)
@@ -320,10 +338,138 @@ def fits_any(at: Points | Request, among: Any = True) -> Any:
 
 
 def fewest_gpus(at: Points, start: int = 1) -> tuple[Any, Any]:
-    """`--find min-gpus` per point: (found, n), the fewest GPUs of the type (>= start) for
-    which a candidate of the request fits (``fits_any``, planner.search.bisect)."""
-    return bisect(lambda queries: at.search(queries, fits_any), at.gpus_per_node, start=start,
-                  levels=at.levels)
+    """`--find min-gpus` per point: (found, n), the fewest GPUs of the type (>= start, up to
+    planner.search.MAX_GPUS_SEARCHED) for which a candidate of the request fits.
+
+    Fitting is not monotone in the GPU count, so each candidate is searched on its own
+    (``first_fit``), most memory saved first, each below the fewest found so far; one GPU
+    (no NCCL, no DDP buckets) is asked on its own."""
+    none = MAX_GPUS_SEARCHED + 1
+    best: Any = at.gpus_per_node * 0 + none
+    if start <= 1:
+        (one,) = at.search([(at.gpus_per_node * 0 + 1, True)], fits_any)
+        best = vec.where(one, 1, best)
+    for c in fit_tries(at):
+        best = vec.minimum(best, first_fit(at, c, max(start, 2), best))
+    return best < none, best
+
+
+def _padded(r: Request, c: Candidate) -> bool:
+    """Whether FSDP2 pads ``c``'s stacked expert weights by a shard degree that grows with
+    the GPU count (planner.memory.states.expert_padding)."""
+    return (r.model.is_moe and r.training.fsdp_version == 2
+            and c.strategy in (Strategy.FULL_SHARD, Strategy.SHARD_GRAD_OP,
+                               Strategy.HYBRID_SHARD))
+
+
+def _grows(c: Candidate) -> bool:
+    """Whether ``c``'s device memory grows with its shard degree: ZeRO-3 with the parameters
+    offloaded keeps only the persistent parameters on the GPU, each whole on every rank
+    (planner.memory.zero.zero_states: (p - ceil(p / d)) x bytes), beside terms that do not
+    depend on the degree."""
+    return c.strategy is Strategy.ZERO3 and c.offload is Offload.PARAMS_AND_OPTIMIZER
+
+
+def first_fit(at: Points, c: Candidate, start: int, below: Any) -> Any:
+    """The fewest GPUs (>= start > 1, < below) at which ``c`` fits, per point; ``below``
+    where none does. Searched over the counts its TP degree runs on (planner.search.Counts),
+    by bisection on stretches of them where fitting has a known shape:
+
+    * device memory per GPU does not grow with the count (the states shard, the rest is per
+      GPU), except (a) where FSDP2 pads stacked MoE experts to ceil(E / d) rows per rank
+      (d ranks): there the gathered and reduce-scattered experts grow as d x ceil(E / d),
+      so on each stretch of counts with the same ceil(E / d) device memory is convex (a
+      falling sharded part plus a rising padded one), and the counts where the device fits
+      are a run; and (b) ZeRO-3 with the parameters offloaded (``_grows``), where it does not
+      fall (the persistent parameters held whole grow as p - ceil(p / d)): convex too, one
+      stretch;
+    * host RAM per node grows with the ranks on it within a node (a process, and its share
+      of offloaded states, each; past the experts, a padded stretch's d x ceil(E / d)), and
+      does not grow past one node (ranks per node fixed, shares shrinking).
+
+    Within a node: the first count where the device fits, if the host fits there (past it,
+    the host only fits less). Past a node: the first count that fits on the run where the
+    device fits. A node boundary is a boundary of stretches too (HYBRID_SHARD adds a
+    communicator there). tests/test_min_gpus.py and benchmarks/fuzz.py check found minima
+    against a plan of every count."""
+    r = at.request
+    counts = Counts(at.gpus_per_node, c.tp)
+    runs = at.each(lambda n, gpn: c.tp <= gpn)  # a TP group lives inside a node
+    if c.tp > 1:  # and the model allows it (or not, at any count)
+        runs = runs & at.with_gpus(at.gpus_per_node * 0 + c.tp).each(
+            lambda n, gpn: tp_problem(r.model, c.tp, n, max(gpn, n)) is None)
+    lo = counts.index_of(start)
+    end = vec.minimum(counts.last_index(MAX_GPUS_SEARCHED), counts.index_of(below) - 1) + 1
+    end = vec.where(runs, end, lo)
+    within = counts.within
+
+    def ask(rule: Callable[[Points], Any]) -> Callable[[list[tuple[Any, Any]]], list[Any]]:
+        return lambda qs: at.search([(counts.at(i), live & (i < end)) for i, live in qs], rule)
+
+    def fits(p: Points) -> Any:
+        ok = runs_at(p, c)
+        return p.fits(c, ok) & ok
+
+    def device_fits(p: Points) -> Any:
+        return p.estimate(c).fits_gpu
+
+    def device_misses(p: Points) -> Any:
+        return and_not(True, p.estimate(c).fits_gpu)
+
+    def rises(p: Points) -> Any:
+        """Device memory at the next count is no less than here."""
+        step = Counts(p.gpus_per_node, c.tp)
+        nxt = p.with_gpus(step.at(step.index_of(p.n_gpus) + 1))
+        return nxt.estimate(c).required_bytes >= p.estimate(c).required_bytes
+
+    def search(rule: Callable[[Points], Any], a: Any, b: Any, where: Any, **how: bool) -> Any:
+        return first_true(ask(rule), vec.where(where, a, b), b, levels=at.levels, **how)
+
+    found: Any = below
+    padded = _padded(r, c)
+    if not (padded or _grows(c)):
+        # within a node: the first count where the device fits, if the host fits there
+        b_end = vec.minimum(within, end)
+        todo = lo < b_end
+        dev = search(device_fits, lo, b_end, todo, top=True)
+        (ok,) = ask(fits)([(dev, todo & (dev < b_end))])
+        ok = ok & todo & (dev < b_end)
+        found = vec.where(ok, counts.at(dev), found)
+        # past a node: fitting does not turn false again
+        a = vec.maximum(lo, within)
+        todo = and_not(a < end, ok)
+        i = search(fits, a, end, todo, top=True)
+        return vec.where(todo & (i < end), counts.at(i), found)
+    experts = r.model.n_experts
+    # past a node the padding goes on growing (HYBRID_SHARD: a node's ranks, fixed)
+    multi_padded = padded and c.strategy is not Strategy.HYBRID_SHARD
+    pos, active = lo, lo < end
+    while any_true(active):
+        n = counts.at(pos)
+        inside = pos < within
+        if padded:
+            q = vec.ceil_div(experts, n)
+            same = vec.where(q >= 2, (experts - 1) // vec.maximum(q - 1, 1), MAX_GPUS_SEARCHED)
+            if not multi_padded:
+                same = vec.where(inside, same, MAX_GPUS_SEARCHED)
+        else:
+            same = n * 0 + MAX_GPUS_SEARCHED
+        stop = vec.minimum(vec.minimum(counts.last_index(same) + 1,
+                                       vec.where(inside, within, end)), end)
+        # device memory is convex on [pos, stop): its lowest point, the first count that fits
+        low = search(rises, pos, stop - 1, active, gallop=True)
+        dev = search(device_fits, pos, low + 1, active, top=True)
+        has = active & (dev <= low)
+        (here,) = ask(fits)([(dev, has & inside)])
+        ok = has & inside & here
+        # past a node: the last count the device fits, and the first that fits up to it
+        last = search(device_misses, low, stop, and_not(has, inside)) - 1
+        i = search(fits, dev, last + 1, and_not(has, inside), top=True)
+        ok = ok | (and_not(has, inside) & (i <= last))
+        found = vec.where(ok, counts.at(vec.where(inside, dev, i)), found)
+        active = and_not(active & (stop < end), ok)
+        pos = stop
+    return found
 
 
 def min_gpus(r: Request, start: int = 1) -> int | None:

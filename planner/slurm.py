@@ -1035,7 +1035,10 @@ def _takes_next(a: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from planner.tempfiles import exit_on_terminate
+
     argv = list(sys.argv[1:] if argv is None else argv)
+    exit_on_terminate()  # SIGTERM removes the script copy it submits (planner/tempfiles.py)
     try:
         return _main(argv)
     except KeyboardInterrupt:
@@ -1174,6 +1177,10 @@ def _submit_copy(sbatch: list[str], passthrough: list[str], pos: int, text: str,
     script = passthrough[pos]
     named = any(n == "job-name" for n, _ in opts) or os.environ.get("SBATCH_JOB_NAME")
     name = [] if named else [f"--job-name={os.path.basename(script)}"]
+    from planner.tempfiles import sweep
+
+    # a killed wrapper's copies, an hour old (sbatch has read them long since)
+    sweep(tempfile.gettempdir(), lambda n: n.startswith("fitcheck-sbatch-") and n.endswith(".sh"))
     fd, tmp = tempfile.mkstemp(prefix="fitcheck-sbatch-", suffix=".sh")
     try:
         with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as f:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from typing import Any
 
 from planner.fields import SpecError
@@ -34,17 +35,21 @@ def _type(v: Any) -> str:
             type(None): "null", int: "an integer", float: "a number"}.get(type(v), type(v).__name__)
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise SpecError(f"spec: duplicate key {k!r}")
-        out[k] = v
-    return out
+def _no_duplicates(name: str) -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:
+    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in pairs:
+            if k in out:
+                raise SpecError(f"{name}: duplicate key {k!r}")
+            out[k] = v
+        return out
+    return hook
 
 
-def _no_constant(name: str) -> Any:
-    raise SpecError(f"spec: {name} is not a valid number")
+def _constant(text: str) -> float:
+    """JSON's NaN, Infinity and -Infinity as floats: _check_tree refuses them naming the
+    file and the key ("spec: NaN is not a valid number" named neither)."""
+    return float(text)
 
 
 def _too_deep(name: str) -> SpecError:
@@ -88,7 +93,7 @@ def _parse_json(text: str, name: str) -> Any:
     import json
 
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+        return json.loads(text, object_pairs_hook=_no_duplicates(name), parse_constant=_constant)
     except json.JSONDecodeError as exc:
         raise SpecError(f"{name}: invalid JSON: {exc}") from None
     except RecursionError:
@@ -208,12 +213,31 @@ def parse_spec_text(text: str, name: str = "spec") -> dict[str, Any]:
     return doc
 
 
-def read_spec(path: str) -> tuple[dict[str, Any], str | None]:
-    """The spec at path ('-' = stdin) and the folder relative paths inside it resolve against."""
+def read_stdin(limit: int) -> str | None:
+    """Up to ``limit`` + 1 bytes of stdin as UTF-8 text; None when they are not UTF-8. Read as
+    bytes: Python decodes stdin strictly under a UTF-8 locale (en_US.UTF-8) and with
+    surrogateescape under C, so one non-UTF-8 byte was an internal error (admitted by `gate
+    --on-error admit`) on one machine and a YAML error on another."""
     import sys
 
+    raw = getattr(sys.stdin, "buffer", None)
+    if raw is None:  # a text stream without bytes under it
+        return sys.stdin.read(limit + 1)
+    data = raw.read(limit + 1)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        if len(data) > limit:  # perhaps cut inside a character: refused as too large anyway
+            return data.decode("utf-8", "replace")
+        return None
+
+
+def read_spec(path: str) -> tuple[dict[str, Any], str | None]:
+    """The spec at path ('-' = stdin) and the folder relative paths inside it resolve against."""
     if path == "-":
-        text = sys.stdin.read(MAX_SPEC_BYTES + 1)
+        text = read_stdin(MAX_SPEC_BYTES)
+        if text is None:
+            raise SpecError("stdin: not UTF-8 text")
         base = None
         name = "stdin"
     else:

@@ -19,6 +19,7 @@ import asyncio
 import copy
 import json
 import os
+import re
 import socket
 import ssl
 import sys
@@ -35,6 +36,8 @@ from planner.specfile import parse_spec_text
 
 ANNOTATION = "fitcheck.io/spec"
 GPU_RESOURCE = "nvidia.com/gpu"
+MAX_PODS = 1 << 16
+"""Pods a reviewed object may describe (replicas summed over its roles)."""
 API_VERSION = "admission.k8s.io/v1"
 MAX_WARNING_CHARS = 256  # the API server may truncate longer ones
 MAX_HEAD_BYTES = 16 * 1024
@@ -92,7 +95,8 @@ def _gpu_value(v: Any, where: str) -> int:
         raise Denied(f"{where}: {GPU_RESOURCE} must be a whole number, got {v!r}")
     if isinstance(v, int):
         n = v
-    elif isinstance(v, str) and v.strip().isdigit():
+    elif isinstance(v, str) and re.fullmatch(r"[0-9]{1,8}", v.strip()):
+        # ASCII digits only: str.isdigit() also takes "²" and other digits int() refuses
         n = int(v.strip())
     else:
         raise Denied(f"{where}: {GPU_RESOURCE} must be a whole number, got {v!r}")
@@ -142,6 +146,13 @@ def count_gpus(obj: dict[str, Any]) -> tuple[int, list[int]]:
     if not isinstance(spec, dict):
         return 0, []
     pods: list[int] = []
+
+    def add(per: int, copies: int, where: str) -> None:
+        # counted before any list is built: 120 roles x 2^20 replicas is 1.3e8 pods
+        if per and len(pods) + copies > MAX_PODS:
+            raise Denied(f"{where}: too many pods: more than {MAX_PODS}")
+        pods.extend([per] * copies if per else [])
+
     if kind == "PyTorchJob":
         replica_specs = spec.get("pytorchReplicaSpecs")
         if not isinstance(replica_specs, dict):
@@ -154,7 +165,7 @@ def count_gpus(obj: dict[str, Any]) -> tuple[int, list[int]]:
             tmpl = rs.get("template")
             per = pod_gpus(tmpl.get("spec") if isinstance(tmpl, dict) else None,
                            f"{where}.template.spec")
-            pods += [per] * replicas if per else []
+            add(per, replicas, f"{where}.replicas")
     elif kind == "Pod":
         per = pod_gpus(spec)
         pods = [per] if per else []
@@ -165,9 +176,7 @@ def count_gpus(obj: dict[str, Any]) -> tuple[int, list[int]]:
             copies = _count(spec.get("parallelism"), "spec.parallelism")
         else:
             copies = _count(spec.get("replicas"), "spec.replicas")
-        pods = [per] * copies if per else []
-    if len(pods) > 1 << 16:
-        raise Denied(f"too many pods: {len(pods)}")
+        add(per, copies, "spec.parallelism" if kind == "Job" else "spec.replicas")
     return sum(pods), pods
 
 

@@ -91,3 +91,128 @@ def plans(draw) -> dict:
         "checkpointing": draw(st.sampled_from(["none", "selective", "full"])),
         "offload": "none",
     }
+
+
+MIN_GPUS_MODELS = ["qwen1.5-moe-a2.7b", "mixtral-8x7b", "deepseek-v2-lite", "qwen3-30b-a3b",
+                   "llama3.2-1b", "llama3-8b", "llama3-70b", "gpt2-xl"]
+"""MoE models with 8 to 128 experts (FSDP2 pads them past that many ranks) and dense ones."""
+
+
+@st.composite
+def min_gpus_requests(draw) -> dict:
+    """A `--find min-gpus` request as spec values, drawn where the fit is not monotone in the
+    GPU count: padded MoE experts, ZeRO-3's persistent parameters under offload, host RAM
+    that one node lacks, node sizes other than 8."""
+    tp = draw(st.sampled_from(["1", "1", "auto", "2", "4"]))
+    v = {
+        "model.preset": draw(st.sampled_from(MIN_GPUS_MODELS)),
+        "hardware.gpu": draw(st.sampled_from(["h100-80", "a100-40", "rtx-4090", "l4"])),
+        "hardware.n": int(tp) if tp.isdigit() else 1,
+        "hardware.gpus_per_node": draw(st.sampled_from([8, 8, 4, 6, 16])),
+        "hardware.host_ram_gib": draw(st.sampled_from([None, 32, 64, 128, 512])),
+        "parallel.tp": tp,
+        "strategy": draw(st.sampled_from([["full_shard"], ["shard_grad_op"], ["hybrid_shard"],
+                                          ["zero3"], ["zero2"], ["ddp"],
+                                          ["full_shard", "zero3"]])),
+        "offload": draw(st.sampled_from(["none", "none", "auto", "optimizer",
+                                         "params_and_optimizer"])),
+        "checkpointing": draw(st.sampled_from(["auto", "none", "full"])),
+        "training.fsdp_version": draw(st.sampled_from([2, 2, 1])),
+        "training.seq": draw(st.sampled_from([512, 2048, 8192])),
+        "training.micro_batch": draw(st.sampled_from([1, 2, 8])),
+        "training.init": draw(st.sampled_from(["meta", "full", "rank0"])),
+        "deepspeed.stage3_param_persistence_threshold": draw(st.sampled_from(
+            [None, None, "1e7", "1e10"])),
+        "margin": draw(st.sampled_from([None, 0.0, 0.1])),
+    }
+    return {k: x for k, x in v.items() if x is not None}
+
+
+# ------------------------------------------------------------------- issue 22: bytes, pods, sizes
+
+SPEC_TEXTS = [
+    "model:\n  preset: llama3.1-405b\nhardware:\n  gpu: l4\n  n: 1\nstrategy: ddp\n",
+    '{"model": {"preset": "llama3-8b"}, "hardware": {"gpu": "h100-80", "n": 8}}\n',
+    "compute_environment: LOCAL_MACHINE\ndistributed_type: DEEPSPEED\ndeepspeed_config:\n"
+    "  zero_stage: 3\nnum_processes: 8\n",
+    "[job]\nname = \"x\"\n[training]\nlocal_batch_size = 8\nseq_len = 2048\n",
+    '{"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2}}\n',
+]
+"""Specs and job files (a gate spec, accelerate, torchtitan TOML, DeepSpeed JSON) to mutate."""
+BAD_BYTES = [b"\x00", b"\x01", b"\x1b", b"\x7f", b"\x85", b"\xff", b"\xc3\x28", b"\xed\xa0\x80",
+             b"\xef\xbb\xbf", b"\r", b"\t", b"\\u0000", b"NaN", b"-Infinity", b".nan", b"9" * 4400,
+             b"&a [1]", b"*a", b"!!python/object:os.system x", b"\n---\n", b"'", b'"', b"{", b"["]
+
+
+@st.composite
+def spec_bytes(draw) -> bytes:
+    """A spec or job file's bytes with bytes people and attackers put there: control
+    characters, non-UTF-8, NUL, BOMs, NaN, 4,400-digit integers, anchors, many documents."""
+    data = draw(st.sampled_from(SPEC_TEXTS)).encode()
+    for _ in range(draw(st.integers(1, 4))):
+        at = draw(st.integers(0, len(data)))
+        data = data[:at] + draw(st.sampled_from(BAD_BYTES)) + data[at:]
+    if draw(st.integers(0, 9)) == 0:  # a stream of many documents (a 1 MB YAML of 110,000)
+        data += b"---\n{}\n" * draw(st.sampled_from([2, 101, 110_000]))
+    return data
+
+
+GPU_VALUES = [0, 1, 8, 1 << 20, (1 << 20) + 1, -1, True, 2.0, None, "8", " 8 ", "²", "٣", "1e3",
+              "0x10", "", "8Gi", "9" * 30, [8], {"a": 1}]
+
+
+@st.composite
+def reviewed_objects(draw) -> dict:
+    """An AdmissionReview request: a Pod, Job, PyTorchJob or Deployment whose GPU counts and
+    replicas are drawn from good and bad values (up to 200 roles x 2^31 replicas), with a
+    spec annotation: a good one without hardware.n (the pods give the count), one drawn from
+    ``specs``, or mutated bytes."""
+    gpus = draw(st.sampled_from(GPU_VALUES))
+    pod = {"containers": [{"resources": {draw(st.sampled_from(["limits", "requests"])):
+                                         {"nvidia.com/gpu": gpus}}}]}
+    kind = draw(st.sampled_from(["Pod", "Job", "PyTorchJob", "Deployment"]))
+    replicas = draw(st.sampled_from([0, 1, 4, 1 << 16, 1 << 20, 1 << 31, -1, "2", None]))
+    if kind == "Pod":
+        spec: dict = pod
+    elif kind == "PyTorchJob":
+        spec = {"pytorchReplicaSpecs": {f"Worker{i}": {"replicas": replicas,
+                                                       "template": {"spec": pod}}
+                                        for i in range(draw(st.sampled_from([1, 2, 120, 200])))}}
+    else:
+        spec = {"parallelism" if kind == "Job" else "replicas": replicas,
+                "template": {"spec": pod}}
+    import json
+
+    how = draw(st.sampled_from(["good", "good", "drawn", "bytes"]))
+    if how == "good":  # the pods give the GPU count
+        annotation = json.dumps({"model": {"preset": draw(st.sampled_from(PRESETS))},
+                                 "hardware": {"gpu": draw(st.sampled_from(GPUS))}})
+    elif how == "drawn":
+        annotation = json.dumps(draw(specs()))
+    else:
+        annotation = draw(spec_bytes()).decode("utf-8", "surrogateescape")
+    return {"uid": "u", "operation": "CREATE",
+            "object": {"kind": kind, "metadata": {"annotations": {"fitcheck.io/spec": annotation}},
+                       "spec": spec}}
+
+
+SIZE_FIELDS = {"model.layers": (32, 100_000), "model.vocab": (32_000, 1 << 24),
+               "training.seq": (2048, 1 << 24), "training.micro_batch": (1, 1 << 20),
+               "training.grad_accum": (1, 1 << 20), "hardware.n": (8, 1 << 20),
+               "hardware.gpus_per_node": (8, 4096), "model.experts": (8, 1 << 16)}
+"""Numbers in a request and (a small value, the field's largest)."""
+
+
+@st.composite
+def sized_requests(draw) -> tuple[dict, str]:
+    """A plan request and one of its numbers to take to the field's largest."""
+    field = draw(st.sampled_from(sorted(SIZE_FIELDS)))
+    moe = ["qwen1.5-moe-a2.7b", "mixtral-8x7b", "deepseek-v2-lite"]
+    v = {"model.preset": draw(st.sampled_from(moe if field == "model.experts" else
+                                              moe + ["llama3-8b", "llama3-70b", "gpt2-xl"])),
+         "hardware.gpu": draw(st.sampled_from(["h100-80", "a100-40", "l4"])),
+         "hardware.n": 8, "offload": draw(st.sampled_from(["auto", "none"])),
+         "checkpointing": "auto",
+         "strategy": draw(st.sampled_from([["zero3"], ["full_shard", "zero2"], ["ddp", "zero1"],
+                                           ["hybrid_shard", "zero3"]]))}
+    return v, field

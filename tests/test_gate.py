@@ -137,7 +137,7 @@ def test_bad_spec_exit_4_one_line(bad, needle):
 def test_spec_text_errors():
     for text, needle in [("", "empty"), ("{", "invalid JSON"), ("[1, 2]", "must be a mapping"),
                          ('{"a": 1, "a": 2}', "duplicate key 'a'"),
-                         ('{"margin": NaN}', "NaN is not a valid number")]:
+                         ('{"margin": NaN}', "spec: margin: nan is not a finite number")]:
         with pytest.raises(SpecError, match=needle):
             parse_spec_text(text)
 
@@ -225,3 +225,15 @@ def test_cold_subprocess_no_heavy_imports_and_compact():
     assert "HEAVY [] 0" in p.stderr, p.stderr
     assert len(p.stdout.strip().splitlines()) == 1
     assert json.loads(p.stdout)["verdict"] == "admit"
+
+
+def test_headroom_is_usable_minus_required_as_documented():
+    """docs/gating.md said usable - device_used (issue 22, item 11); the code, the plan JSON and
+    now the docs say usable - required."""
+    for n in ("1", "8"):
+        r = run_gate("-", input=json.dumps({"model": {"preset": "llama3-8b"},
+                                            "hardware": {"gpu": "h100-80", "n": int(n)}}))
+        p = json.loads(r.stdout)["predicted"]
+        assert p["headroom_bytes"] == p["usable_bytes"] - p["required_bytes"], p
+    doc = open(os.path.join(os.path.dirname(__file__), "..", "docs", "gating.md")).read()
+    assert "`headroom_bytes` =\n`usable_bytes` − `required_bytes`" in doc

@@ -412,8 +412,16 @@ def test_cache_keys_and_location(tmp_path, monkeypatch) -> None:
     assert {"torch", "transformers", "code", "format"} <= set(inputs)
     cache = TraceCache(tmp_path)
     assert cache.get(base) is None
-    cache.put(base, {"ok": True, "peak_bytes": 1})
-    assert cache.get(base) == {"ok": True, "peak_bytes": 1}
+    # a trace has the keys its readers use (probes/trace_cache.py TRACE_KEYS; a result
+    # without them is a miss: tests/test_trace_cache_entries.py)
+    traced = {"ok": True, "peak_bytes": 1, "peak_phase": "forward", "at_peak": {"total": 1},
+              "max_by_category": {}, "moments": {}, "sub_moments": {}, "end_of_step": {},
+              "model": {}, "n_blocks": 4, "n_params": 1, "n_trainable_params": 1,
+              "optimizer_scalar_bytes": 0, "optimizer_scalars_on_host": True}
+    cache.put(base, traced)
+    assert cache.get(base) == traced
+    cache.put(base, {"ok": True, "peak_bytes": 1})  # not a trace's shape: written, not read
+    assert cache.get(base) is None
     cache.put(variants[0], {"ok": False, "reason": "SIGABRT"})  # crashes are not kept
     assert cache.get(variants[0]) is None
     failed = {"ok": False, "reason": "forward failed in ...", "deterministic": True}

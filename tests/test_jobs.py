@@ -341,7 +341,8 @@ def test_global_batch_must_agree_with_accumulation():
     ('{"a": 1, "a": 2}', "duplicate key 'a'"),
     ("[training]\nseq_len = \n", "invalid TOML"),
     ("key: [unclosed\n", "invalid YAML"),
-    ('{"zero_optimization": {"stage": NaN}}', "not a valid number"),
+    ('{"zero_optimization": {"stage": NaN}}', "bad.yaml: zero_optimization.stage: nan is not a "
+                                              "finite number"),
 ])
 def test_malformed_files_are_one_line_exit_4(tmp_path, text, needle):
     p = tmp_path / ("bad.toml" if "[training]" in text else "bad.yaml")

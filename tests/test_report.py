@@ -246,6 +246,11 @@ def test_unknown_model_and_gpu_are_one_line_errors(tmp_path):
     ("--checkpointing", "auto", "--checkpointing"), ("--tokens", "lots", "--tokens"),
     ("--price-per-gpu-hour", "1,2,3", "--price-per-gpu-hour"),
     ("--price-per-gpu-hour", "b200=3", "--price-per-gpu-hour"),
+    # 1e308 is finite but made every cost inf (issue 22, item 11)
+    ("--price-per-gpu-hour", "1e308", "--price-per-gpu-hour: must be a number from 0 to "
+                                      "1,000,000 ($ per GPU-hour), got '1e308'"),
+    ("--price-per-gpu-hour", "h100-80=nan", "got 'nan'"),
+    ("--price-per-gpu-hour", "-1", "got '-1'"),
     # the plan's fields, checked and named as `fitcheck plan` does
     ("--tp", "x", "--tp"), ("--calibration", "/no/such.json", "--calibration"),
     ("--ds-reduce-bucket-size", "-1", "--ds-reduce-bucket-size"),

@@ -208,6 +208,19 @@ def test_wrapper_bad_spec_and_usage(tmp_path):
     assert p.returncode == 2
 
 
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e309", "0", "-1", "0.0", "3601",
+                                   "abc", ""])
+def test_fitcheck_timeout_is_seconds_like_the_gates(value):
+    """`nan`/`inf` once raised (a traceback) and `0`/`-1` timed the gate out at once, which
+    --fitcheck-on-error admit turned into an unchecked submission (issue 22, item 4): each is
+    a usage error naming the flag and the value, before anything runs, whatever the policy."""
+    p = wrapper("--fitcheck-timeout", value, "--fitcheck-on-error", "admit",
+                "train-2node.sbatch")
+    assert p.returncode == 2 and "SUBMITTED" not in p.stdout, p.stderr
+    assert p.stderr == ("fitcheck-sbatch: error: --fitcheck-timeout: seconds, above 0 and at "
+                        f"most 3600, got {value!r}\n")
+
+
 def test_wrapper_dry_run_and_wrap(tmp_path):
     p = wrapper("--fitcheck-dry-run", "-N", "1", "--gpus-per-node=8", "--wrap", "python x.py",
                 "--fitcheck-set", "model=gpt2", "--fitcheck-set", "gpu=h100-80")

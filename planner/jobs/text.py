@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 from typing import Any
 
 from planner.jobs.record import JobError
@@ -19,7 +18,11 @@ MAX_DEPTH = 16
 def read_text(path: str) -> str:
     """The text of ``path`` ('-': stdin), refusing more than MAX_BYTES and non-UTF-8."""
     if path == "-":
-        text = sys.stdin.read(MAX_BYTES + 1)
+        from planner.specfile import read_stdin
+
+        text = read_stdin(MAX_BYTES)
+        if text is None:
+            raise JobError("stdin: not UTF-8 text")
     else:
         try:
             with open(path, encoding="utf-8") as f:
@@ -55,12 +58,17 @@ def parse_toml(text: str, name: str) -> dict[str, Any]:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise JobError(f"{name}: invalid TOML: {exc}") from None
+    except ValueError as exc:  # a value tomllib cannot build: an integer past 4,300 digits
+        raise JobError(f"{name}: invalid TOML: {str(exc).split(';')[0][:200]}") from None
     except RecursionError:
         raise JobError(f"{name}: TOML nested too deeply") from None
     _depth(doc, name)
     return doc
 
 
+MAX_DOCUMENTS = 100
+"""YAML documents in one job file (a Kubernetes manifest's objects): each is parsed on its own,
+so a 1 MiB stream of 110,000 empty ones must be refused, not parsed."""
 _DOC_SEPARATOR = re.compile(r"^(?:---|\.\.\.)(?:[ \t].*)?$", re.MULTILINE)
 
 
@@ -75,6 +83,9 @@ def parse_mapping(text: str, name: str) -> Any:
         return parse_spec_text(text, name)
     if len(parts) == 1:  # one document (the others only comments, after a '---')
         return parse_spec_text(parts[0], name)
+    if len(parts) > MAX_DOCUMENTS:
+        raise JobError(f"{name}: {len(parts)} YAML documents; a job file has at most "
+                       f"{MAX_DOCUMENTS}")
     return [parse_spec_text(p, f"{name} (document {i + 1})") for i, p in enumerate(parts)]
 
 
@@ -88,6 +99,8 @@ _TOML_HEADER = re.compile(r"^\s*\[\[?[A-Za-z0-9_.\-\"' ]+\]\]?\s*(#.*)?$", re.MU
 def parse(text: str, name: str) -> tuple[str, Any]:
     """('json' | 'toml' | 'yaml', document) of a job file's text; ('python', None) for a
     torchtitan config registry (planner/jobs/pyconfig.py reads it)."""
+    if len(text) > MAX_BYTES:  # text read by a caller (the gate) rather than read_text
+        raise JobError(f"{name}: larger than {MAX_BYTES} bytes; not a job config")
     stripped = text.lstrip("\ufeff \t\r\n")
     if not stripped:
         raise JobError(f"{name}: empty file")

@@ -536,7 +536,10 @@ def _differs(job: Job, path: str, c: Candidate) -> bool:
 def write_atomic(path: str, text: str, *, like: str | None = None) -> None:
     """Write ``text`` to ``path`` through a temporary file in the same folder and a rename:
     a reader sees the old file or the new one, never half of one."""
+    from planner.tempfiles import sweep
+
     folder = os.path.dirname(os.path.abspath(path))
+    sweep(folder, lambda n: n.startswith(".fitcheck-"))  # a killed writer's, an hour old
     fd, tmp = tempfile.mkstemp(prefix=".fitcheck-", dir=folder)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:

@@ -52,42 +52,87 @@ def persistent_elems(model: ModelSpec, threshold: int) -> int:
     return sum(k * numel(s) for _, s, k in tensor_groups(model) if numel(s) < threshold)
 
 
+Runs = tuple[tuple[tuple[int, ...], int], ...]
+"""Parameter sizes in module order as runs: (the sizes of one stretch, how many times it
+repeats in a row), e.g. the embeddings once, a block's tensors n_layers times, the rest once."""
+
+
 def step_elems(strategy: Strategy, ds: DeepSpeedConfig, local: Any, largest: Any,
-               sizes: tuple[int, ...] = (), degree: Any = 1) -> Any:
+               sizes: Runs = (), degree: Any = 1) -> Any:
     """Elements the optimizer steps at once: ZeRO-1/2 one flat fp32 partition per param group
     (``single_partition_of_fp32_groups``); ZeRO-3 its largest sub-group
     (``_create_fp16_sub_groups``: the partitions ``ceil(numel / N)`` of the parameters, in
     module order, are added to a sub-group until it reaches ``sub_group_size``; 0 makes every
     parameter its own sub-group; the 1e9 default is usually the whole partition ``local``).
-    With the parameters' sizes in order (``sizes``) and one degree the grouping is replayed;
-    otherwise the bound sub_group_size - 1 + the largest partition ``largest``."""
+    With the parameters' sizes in order (``sizes``, as runs) and one degree the grouping is
+    replayed (``largest_sub_group``); otherwise the bound sub_group_size - 1 + the largest
+    partition ``largest``."""
     if strategy is not Strategy.ZERO3:
         return local
     sub = ds.sub_group_size
     if sizes and isinstance(degree, int):
-        parts = [ceil_div(n, degree) for n in sizes]
-        if sub >= sum(parts):
+        if sub >= sum(sum(ceil_div(n, degree) for n in run) * k for run, k in sizes):
             return local
-        best = run = 0
-        for i, n in enumerate(parts):
-            run += n
-            if run >= sub or i == len(parts) - 1:
-                best, run = max(best, run), 0
-        return best
+        return largest_sub_group(sizes, degree, sub)
     return vec.minimum(local, max(sub, 1) - 1 + largest)
 
 
-@functools.lru_cache(maxsize=256)
-def ordered_sizes(model: ModelSpec, T: Trainable) -> tuple[int, ...]:
-    """Every trainable parameter's element count in module order, when every parameter trains
-    (the order of ``planner.params.param_tensors``, as the reference module registers them);
-    () otherwise."""
-    from planner.params import param_tensors
+def largest_sub_group(runs: Runs, degree: int, sub: int) -> int:
+    """DeepSpeed's sub-groups replayed over parameter partitions given as runs, in work that
+    does not grow with the repeats: whole repeats that close no sub-group are skipped at once,
+    and once a repeat starts from a partial sub-group seen before (a cycle: each repeat that
+    closes one leaves one of at most len(run) + 1 partial sums) the cycles left are skipped,
+    as they close the same sub-groups again. The last parameter closes the last sub-group."""
+    nonempty = [i for i, (run, k) in enumerate(runs) if run and k > 0]
+    best = acc = 0
+    for i in nonempty:
+        run, k = runs[i]
+        parts = [ceil_div(n, degree) for n in run]
+        total = sum(parts)
+        final = i == nonempty[-1]
+        left = k
+        seen: dict[int, int] = {}
+        while left:
+            keep = 1 if final else 0  # the very last repeat is replayed: it closes the last group
+            if acc + total < sub and left > keep:
+                skip = min((sub - 1 - acc) // total if total else left, left - keep)
+                if skip > 0:  # repeats that close no sub-group
+                    acc += skip * total
+                    left -= skip
+                    continue
+            if acc in seen:  # the same start as `period` repeats ago: the same groups again
+                period = seen[acc] - left
+                left -= (left - keep - 1) // period * period if left - keep > period else 0
+                seen = {}
+            seen[acc] = left
+            for j, n in enumerate(parts):
+                acc += n
+                if acc >= sub or (final and left == 1 and j == len(parts) - 1):
+                    best, acc = max(best, acc), 0
+            left -= 1
+    return best
 
-    tensors = param_tensors(model)
-    if sum(numel(s) for _, s in tensors) != T.train:
+
+@functools.lru_cache(maxsize=256)
+def ordered_sizes(model: ModelSpec, T: Trainable) -> Runs:
+    """Every trainable parameter's element count in module order, as runs (the order of
+    ``planner.params.param_tensors``, as the reference module registers them: the embeddings,
+    the dense blocks of an MoE, the blocks, the rest), when every parameter trains; ()
+    otherwise. Its size does not grow with the layers."""
+    from planner.params import block_tensors, root_tensors
+
+    roots = list(root_tensors(model))
+    first = tuple(numel(s) for n, s in roots if n.startswith(("embed", "pos_", "type_")))
+    rest = tuple(numel(s) for n, s in roots if not n.startswith(("embed", "pos_", "type_")))
+    nd = model.n_dense_layers
+    runs = ((first, 1),
+            (tuple(numel(s) for _, s in block_tensors(model, dense=True)) if nd else (), nd),
+            (tuple(numel(s) for _, s in block_tensors(model)), model.n_layers - nd),
+            (rest, 1))
+    runs = tuple((r, k) for r, k in runs if r and k > 0)
+    if sum(sum(r) * k for r, k in runs) != T.train:
         return ()
-    return tuple(numel(s) for _, s in tensors)
+    return runs
 
 
 def zero_states(model: ModelSpec, training: TrainingSpec, strategy: Strategy, offload: Offload,

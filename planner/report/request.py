@@ -144,6 +144,11 @@ def _enum_list(enum_cls: type, text: str | Iterable[str], flag: str) -> tuple[An
     return tuple(dict.fromkeys(out))
 
 
+MAX_PRICE = 1e6
+"""$ per GPU-hour: far above any price, and small enough that a cost (hours x GPUs x price:
+1e18 tokens at most, on at most 2^20 GPUs) stays far from float overflow at 1.8e308."""
+
+
 def parse_prices(text: str | None, gpu_ids: Sequence[str]) -> dict[str, float] | None:
     """'2.5' (every GPU), '2.5,1.8' (in --gpus order) or 'h100-80=2.5,a100-80=1.8'."""
     if text is None or not text.strip():
@@ -156,8 +161,10 @@ def parse_prices(text: str | None, gpu_ids: Sequence[str]) -> dict[str, float] |
             value = float(raw)
         except ValueError:
             raise UsageError(f"{flag}: expected $ per GPU-hour like 2.5, got {raw!r}") from None
-        if not math.isfinite(value) or value < 0:
-            raise UsageError(f"{flag}: must be a non-negative number, got {raw!r}")
+        if not math.isfinite(value) or not 0 <= value <= MAX_PRICE:
+            # 1e308 passed as finite and made every cost inf (hours x GPUs x price)
+            raise UsageError(f"{flag}: must be a number from 0 to {MAX_PRICE:,.0f} ($ per "
+                             f"GPU-hour), got {raw!r}")
         return value
 
     if all("=" in p for p in parts):

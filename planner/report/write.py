@@ -119,6 +119,12 @@ def write_all(out_dir: str, files: dict[str, bytes]) -> list[str]:
     """Write every file to a temporary name in out_dir, then move them all into place: if any
     write fails, nothing is replaced and nothing is left behind. A reader sees each file old
     or new, never a part."""
+    from planner.tempfiles import sweep
+
+    names = set(files)
+    # what a killed writer left (.NAME.XXXXXXXX.tmp of these files), an hour old
+    sweep(out_dir, lambda n: n.endswith(".tmp") and n.startswith(".")
+          and n[1:].rsplit(".", 2)[0] in names)
     temps: list[tuple[str, str]] = []
     try:
         for name, data in files.items():
@@ -137,8 +143,24 @@ def write_all(out_dir: str, files: dict[str, bytes]) -> list[str]:
                 pass
         raise UsageError(f"--out: cannot write into {out_dir!r}: "
                          f"{exc.strerror or type(exc).__name__}") from None
-    for tmp, path in temps:
-        os.replace(tmp, path)
+    except BaseException:  # interrupted (SIGINT, SIGTERM: planner.tempfiles): nothing left
+        for tmp, _ in temps:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+        raise
+    done = 0
+    try:
+        for tmp, path in temps:
+            os.replace(tmp, path)
+            done += 1
+    finally:
+        for tmp, _ in temps[done:]:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
     return [path for _, path in temps]
 
 

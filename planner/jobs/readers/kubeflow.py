@@ -15,11 +15,15 @@ from __future__ import annotations
 from typing import Any
 
 from planner.jobs.readers.common import MISSING, Reader
-from planner.jobs.record import JobFormat
+from planner.jobs.record import JobError, JobFormat
 
 GPU = "nvidia.com/gpu"
 SPEC_ANNOTATION = "fitcheck.io/spec"
 JOB_ANNOTATION = "fitcheck.io/job"
+MAX_PODS = 1 << 16
+"""Pods a manifest may describe, replicas summed over its roles (planner.webhook's bound):
+counted before any list is built (120 roles x 2^20 replicas took 1 GB and the gate's whole
+timeout)."""
 KINDS = ("PyTorchJob", "TrainJob", "ClusterTrainingRuntime", "TrainingRuntime", "Job", "Pod")
 
 
@@ -54,6 +58,14 @@ def _template_pod(tmpl: Any) -> Any:
     return tmpl.get("spec") if isinstance(tmpl, dict) else None
 
 
+def _pods(r: Reader, pods: list[int], per: int, copies: int, where: str) -> list[int]:
+    """``pods`` and ``copies`` pods of ``per`` GPUs (none when ``per`` is 0), or JobError
+    naming ``where`` past MAX_PODS."""
+    if per and len(pods) + copies > MAX_PODS:
+        raise JobError(f"{r.name}: {where}: too many pods: more than {MAX_PODS}")
+    return pods + [per] * copies if per else pods
+
+
 def read(r: Reader) -> None:
     doc = r.mapping(r.doc, "file")
     kind = doc.get("kind")
@@ -74,7 +86,7 @@ def read(r: Reader) -> None:
                 r.warn(f"{r.name}: spec.nprocPerNode {per_proc} processes per pod but {w} holds "
                        f"{per} GPUs: counted {per_proc} per pod")
             per = per_proc if (per_proc is not None and per) else per
-            pods += [per] * replicas if per else []
+            pods = _pods(r, pods, per, replicas, f"{w}.replicas")
         where = "spec.pytorchReplicaSpecs"
         if isinstance(spec.get("elasticPolicy"), dict):
             ep = spec["elasticPolicy"]
@@ -90,7 +102,7 @@ def read(r: Reader) -> None:
             if GPU in m:
                 per = r.count(m[GPU], f"spec.trainer.resourcesPerNode.{k}.{GPU}") or 0
                 break
-        pods = [per] * nodes if per else []
+        pods = _pods(r, [], per, nodes, "spec.trainer.numNodes")
         where = "spec.trainer"
     elif kind in ("ClusterTrainingRuntime", "TrainingRuntime"):
         ml = r.mapping(spec.get("mlPolicy"), "spec.mlPolicy")
@@ -100,7 +112,7 @@ def read(r: Reader) -> None:
         per = r.count(nproc, "spec.mlPolicy.torch.numProcPerNode", auto=True) \
             if nproc is not None else None
         if per:
-            pods = [per] * nodes
+            pods = _pods(r, [], per, nodes, "spec.mlPolicy.numNodes")
         else:
             r.warn(f"{r.name}: spec.mlPolicy.torch.numProcPerNode is {nproc!r}: the GPU count "
                    "comes from the TrainJob's resourcesPerNode; give --n")
@@ -112,7 +124,7 @@ def read(r: Reader) -> None:
         per = _pod_gpus(r, _template_pod(spec.get("template")), "spec.template.spec")
         copies = spec.get("parallelism" if kind == "Job" else "replicas", 1)
         copies = r.count(copies, "spec.parallelism", zero=True) or 0
-        pods = [per] * copies if per else []
+        pods = _pods(r, [], per, copies, "spec.parallelism" if kind == "Job" else "spec.replicas")
     if pods:
         r.set("hardware.n", sum(pods), f"{where} (replicas x {GPU})")
         if len(set(pods)) == 1:
