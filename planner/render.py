@@ -143,6 +143,10 @@ def answer_json(answer: Answer, found: Found | None = None) -> dict[str, Any]:
                 "allocator": str(t.allocator),
                 "fsdp_version": t.fsdp_version,
                 "init": str(t.init),
+                # FSDP's mixed-precision policy as given (null: what precision implies)
+                **{k: (None if getattr(t.mixed_precision, k) is None
+                       else str(getattr(t.mixed_precision, k)))
+                   for k in ("param_dtype", "reduce_dtype", "output_dtype", "storage_dtype")},
             },
             "finetune": finetune_json(q),
             "deepspeed": deepspeed_json(t),

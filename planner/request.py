@@ -25,6 +25,7 @@ from planner.spec import (
     DeepSpeedConfig,
     FineTune,
     GpuProfile,
+    MixedPrecision,
     MlpKind,
     ModelSpec,
     Offload,
@@ -284,7 +285,11 @@ def training_from(v: Mapping[str, Any]) -> TrainingSpec:
         loss_chunks=chunks, keep_logits=bool(v["training.keep_logits"]),
         compile=v["training.compile"], allocator=v["training.allocator"],
         fsdp_version=v["training.fsdp_version"], init=v["training.init"], finetune=finetune,
-        deepspeed=deepspeed_from(v))
+        deepspeed=deepspeed_from(v),
+        mixed_precision=MixedPrecision(
+            param_dtype=v.get("training.param_dtype"), reduce_dtype=v.get("training.reduce_dtype"),
+            output_dtype=v.get("training.output_dtype"),
+            storage_dtype=v.get("training.storage_dtype")))
 
 
 def deepspeed_from(v: Mapping[str, Any]) -> DeepSpeedConfig:

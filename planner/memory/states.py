@@ -24,6 +24,7 @@ from planner.memory.zero import (
 from planner.spec import (
     Candidate,
     FineTune,
+    FsdpDtypes,
     ModelSpec,
     Offload,
     OptimizerKind,
@@ -51,14 +52,22 @@ class Dtypes:
     """Working copies and activations in matmuls."""
 
 
-def dtypes(strategy: Strategy, precision: Precision) -> Dtypes:
+def dtypes(strategy: Strategy, precision: Precision, fsdp: FsdpDtypes | None = None) -> Dtypes:
     """DeepSpeed keeps the module and its gradients in the compute dtype with an fp32 master
     copy beside the optimizer state; torch AMP (DDP, FSDP2's MixedPrecisionPolicy) keeps fp32
-    params, grads and state and casts for compute; pure bf16 keeps everything in bf16."""
+    params, grads and state and casts for compute; pure bf16 keeps everything in bf16.
+
+    FSDP (``fsdp``: the policy's dtypes, ``TrainingSpec.fsdp_dtypes``): the sharded
+    parameters, their gradients (the reduce-scatter output is cast back to the parameters'
+    dtype, ``_fsdp_collectives.py`` ``foreach_reduce``) and the optimizer state
+    (``zeros_like(param)``) in the storage dtype; working copies in ``param_dtype``."""
     c = precision.compute_bytes
     if strategy.is_zero:
         return Dtypes(param=c, grad=c, master=FP32 if precision.amp else 0,
                       state=FP32 if precision.amp else precision.param_bytes, compute=c)
+    if strategy.is_fsdp and fsdp is not None:
+        return Dtypes(param=fsdp.storage, grad=fsdp.storage, master=0, state=fsdp.storage,
+                      compute=fsdp.param)
     pb = precision.param_bytes
     return Dtypes(param=pb, grad=pb, master=0, state=pb, compute=c)
 
