@@ -143,3 +143,101 @@ def test_the_trace_agrees(precision, mp, ck):
         assert abs(c.categories[name].rel_error) <= 1e-3, (name, c.categories[name])
     reduce = FsdpDtypes.of(precision, t.mixed_precision).reduce
     assert r["moments"]["forward"]["at_peak"]["unsharded_grads"] == P * reduce
+
+
+# ---- torchtitan's [training] mixed_precision_reduce (planner/jobs/readers/torchtitan.py) ----
+
+TT = "torchtitan_llama3_8b.v0.2.0.toml"
+
+
+def _tt(tmp_path, extra: str):
+    from pathlib import Path
+
+    from planner.jobs import read_job
+
+    data = Path(__file__).resolve().parent / "data" / "jobs"
+    text = (data / TT).read_text()
+    assert "[training]\n" in text
+    out = tmp_path / TT
+    out.write_text(text.replace("[training]\n", "[training]\n" + extra, 1))
+    return read_job(str(out))
+
+
+def test_torchtitan_reduce_dtype_is_read(tmp_path):
+    # the file as published: no key, bf16-amp, the reduce dtype left to --precision's fp32
+    j = _tt(tmp_path, "")
+    assert j.values["training.precision"] == "bf16-amp"
+    assert "training.reduce_dtype" not in j.values and not j.unmodelled
+    j = _tt(tmp_path, 'mixed_precision_reduce = "bfloat16"\n')
+    assert j.values["training.reduce_dtype"] == "bf16" and not j.unmodelled
+    # a bf16 model: apply_fsdp still passes mixed_precision_reduce (default float32) to the
+    # policy, so the reduce-scatter and the unsynced accumulation run in fp32
+    j = _tt(tmp_path, 'dtype = "bfloat16"\n')
+    assert j.values["training.precision"] == "bf16"
+    assert j.values["training.reduce_dtype"] == "fp32"
+    assert "mixed_precision_reduce (default float32)" in j.where("training.reduce_dtype")
+    j = _tt(tmp_path, 'dtype = "bfloat16"\nmixed_precision_reduce = "bfloat16"\n')
+    assert j.values["training.reduce_dtype"] == "bf16"
+
+
+def test_torchtitan_unknown_reduce_dtype_is_one_line(tmp_path):
+    path = tmp_path / TT
+    from pathlib import Path
+    data = Path(__file__).resolve().parent / "data" / "jobs"
+    path.write_text((data / TT).read_text().replace(
+        "[training]\n", '[training]\nmixed_precision_reduce = "float8"\n', 1))
+    r = run("--job", str(path), "--gpu", "h100-80", "--model", "llama3-8b")
+    assert r.exit_code == 4 and "mixed_precision_reduce" in r.stderr and "float8" in r.stderr
+
+
+# ---- accelerate's FSDP plugin (planner/jobs/readers/accelerate.py fsdp) ---------------------
+# accelerate 1.15 utils/dataclasses.py FullyShardedDataParallelPlugin.set_mixed_precision:
+# without a policy of its own, MixedPrecision(Policy)(param_dtype=dtype, reduce_dtype=dtype)
+
+ACC = "accelerate_template_fsdp.yaml"
+
+
+def _acc(tmp_path, old: str = "", new: str = ""):
+    from pathlib import Path
+
+    from planner.jobs import read_job
+
+    text = (Path(__file__).resolve().parent / "data" / "jobs" / ACC).read_text()
+    assert old in text
+    out = tmp_path / ACC
+    out.write_text(text.replace(old, new, 1) if old else text)
+    return read_job(str(out))
+
+
+def test_accelerate_fsdp_reduces_in_the_mixed_precision_dtype(tmp_path):
+    j = _acc(tmp_path)  # mixed_precision: 'bf16', no policy
+    assert j.values["training.precision"] == "bf16-amp"
+    assert j.values["training.reduce_dtype"] == "bf16"
+    assert any("param_dtype = reduce_dtype" in str(w) for w in j.warnings)
+    j = _acc(tmp_path, "mixed_precision: 'bf16'", "mixed_precision: 'fp16'")
+    assert j.values["training.reduce_dtype"] == "fp16"
+    # no mixed precision: accelerate sets no policy, FSDP reduces in the fp32 gradients' dtype
+    j = _acc(tmp_path, "mixed_precision: 'bf16'", "mixed_precision: 'no'")
+    assert "training.reduce_dtype" not in j.values
+    assert not any("param_dtype = reduce_dtype" in str(w) for w in j.warnings)
+    # a policy of its own: not modelled, named; no derived default
+    j = _acc(tmp_path, "fsdp_config:\n", "fsdp_config:\n  fsdp_mixed_precision_policy: fp32\n")
+    assert "training.reduce_dtype" not in j.values
+    assert any("mixed_precision_policy" in line for line in j.unmodelled)
+
+
+def test_accelerate_fsdp_reduce_dtype_halves_the_reduce_scatter_input(tmp_path):
+    """The plan from the job: one Llama-3-8B block's reduce-scatter input (218,112,000
+    parameters, FULL_SHARD) is 2 bytes each under accelerate's policy, 4 under --precision's
+    fp32 reduce: the block backward differs by 218,112,000 x 2 bytes (2 ranks: the block's
+    4,096^2 x 2 + 4,096 x 1,024 x 2 + 3 x 4,096 x 14,336 + 2 x 4,096 parameters)."""
+    path = tmp_path / ACC
+    from pathlib import Path
+    path.write_text((Path(__file__).resolve().parent / "data" / "jobs" / ACC).read_text())
+    args = ("--job", str(path), "--model", "llama3-8b", "--gpu", "h100-80", "--checkpointing",
+            "full", "--calibration", "none", "--json", "--fsdp", "2")
+    docs = [json.loads(run(*args, *extra).stdout) for extra in ((), ("--reduce-dtype", "fp32"))]
+    assert docs[0]["inputs"]["training"]["reduce_dtype"] == "bf16"
+    assert docs[1]["inputs"]["training"]["reduce_dtype"] == "fp32"
+    bb = [d["candidates"][0]["phase_allocated_bytes"]["block_bwd"] for d in docs]
+    assert bb[1] - bb[0] == 218_112_000 * 2, bb
