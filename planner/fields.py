@@ -24,6 +24,7 @@ from planner.spec import (
     Checkpointing,
     CompileMode,
     Dtype,
+    FlatParams,
     GradSync,
     InitMode,
     LINEAR_MODULES,
@@ -350,6 +351,13 @@ FIELDS: tuple[Field, ...] = (
           help="FSDP: the dtype the sharded parameters are stored in (the model as loaded), "
           "and so their gradients and optimizer state (default: fp32, bf16 for "
           "--precision bf16)."),
+    Field(path="training.flat_params", flag="--flat-params", check=_choice(FlatParams),
+          choices=_names(FlatParams), default=_train_default("flat_params"),
+          help="FSDP1 (--fsdp 1) with frozen parameters (LoRA, --freeze): apart (default: "
+          "trainable modules in FSDP units of their own, peft's fsdp_auto_wrap_policy) or "
+          "mixed (use_orig_params=True, frozen and trainable tensors in one flat parameter "
+          "per block: its gradient covers the whole flat parameter, frozen elements "
+          "included)."),
     Field(path="training.init", flag="--init", check=_choice(InitMode),
           choices=_names(InitMode), default=_train_default("init"),
           help="How the weights reach the GPUs: meta-device init then sharded (default), "

@@ -143,6 +143,7 @@ def answer_json(answer: Answer, found: Found | None = None) -> dict[str, Any]:
                 "allocator": str(t.allocator),
                 "fsdp_version": t.fsdp_version,
                 "init": str(t.init),
+                "flat_params": str(t.flat_params),
                 # FSDP's mixed-precision policy as given (null: what precision implies)
                 **{k: (None if getattr(t.mixed_precision, k) is None
                        else str(getattr(t.mixed_precision, k)))

@@ -24,11 +24,13 @@ from planner.spec import (
     Cluster,
     DeepSpeedConfig,
     FineTune,
+    FlatParams,
     GpuProfile,
     MixedPrecision,
     MlpKind,
     ModelSpec,
     Offload,
+    Quantize,
     Strategy,
     TracedModel,
     TrainingSpec,
@@ -285,11 +287,31 @@ def training_from(v: Mapping[str, Any]) -> TrainingSpec:
         loss_chunks=chunks, keep_logits=bool(v["training.keep_logits"]),
         compile=v["training.compile"], allocator=v["training.allocator"],
         fsdp_version=v["training.fsdp_version"], init=v["training.init"], finetune=finetune,
+        flat_params=v["training.flat_params"],
         deepspeed=deepspeed_from(v),
         mixed_precision=MixedPrecision(
             param_dtype=v.get("training.param_dtype"), reduce_dtype=v.get("training.reduce_dtype"),
             output_dtype=v.get("training.output_dtype"),
             storage_dtype=v.get("training.storage_dtype")))
+
+
+def flat_params_problem(training: TrainingSpec, name: Any = str) -> str | None:
+    """Why ``--flat-params mixed`` cannot be (None: it can, or it is not asked for). FSDP1
+    flattens a unit's tensors into one FlatParameter of one dtype (``_flat_param.py``
+    ``_validate_tensors_to_flatten``: "Must flatten tensors with uniform dtype", "Cannot
+    flatten integer dtype tensors")."""
+    if training.flat_params is not FlatParams.MIXED:
+        return None
+    if training.fsdp_version != 1:
+        return (f"mixed is FSDP1's flat parameter ({name('training.fsdp_version')} 1); FSDP2 "
+                "shards every parameter on its own")
+    ft = training.finetune
+    if ft.quantize_base is not Quantize.NONE:
+        return "a quantized base cannot share a flat parameter with its float adapters"
+    if ft.lora and ft.lora_fp32:
+        return ("fp32 adapters cannot share a flat parameter with a bf16 base (one dtype per "
+                f"flat parameter): give {name('finetune.lora_dtype')} base, or apart")
+    return None
 
 
 def deepspeed_from(v: Mapping[str, Any]) -> DeepSpeedConfig:
@@ -350,6 +372,9 @@ def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
         trainable(model, training.finetune)
     except ValueError as exc:  # targets the model does not have (gate on a GELU MLP)
         raise naming.fail("finetune.lora_targets", str(exc)) from None
+    problem = flat_params_problem(training, naming.name)
+    if problem:
+        raise naming.fail("training.flat_params", problem)
     training, ds_notes = resolve_deepspeed(training, model)
     tp = v["parallel.tp"]
     if tp != "auto":

@@ -223,6 +223,19 @@ class Allocator(enum.StrEnum):
     EXPANDABLE = "expandable"  # expandable_segments:True (torchtitan sets it)
 
 
+class FlatParams(enum.StrEnum):
+    """FSDP1 with frozen parameters: how a block's frozen and trainable tensors are wrapped."""
+
+    APART = "apart"
+    """Trainable modules in FSDP units of their own (peft's ``fsdp_auto_wrap_policy``, which
+    transformers' Trainer applies under LoRA; FSDP1 requires it without use_orig_params):
+    only trainable elements have gradients."""
+    MIXED = "mixed"
+    """``use_orig_params=True`` with frozen and trainable tensors in one flat parameter
+    (``_flat_param.py`` ``_validate_tensors_to_flatten`` permits non-uniform requires_grad):
+    the flat parameter's gradient covers all of it, frozen elements included."""
+
+
 class InitMode(enum.StrEnum):
     """How the weights reach the devices before the first step."""
 
@@ -566,6 +579,9 @@ class TrainingSpec:
     allocator: Allocator = Allocator.DEFAULT
     fsdp_version: int = 2
     """FSDP1 (FullyShardedDataParallel) or FSDP2 (fully_shard), for the FSDP strategies."""
+    flat_params: FlatParams = FlatParams.APART
+    """FSDP1 with frozen parameters: trainable modules wrapped apart, or mixed into each
+    block's flat parameter (use_orig_params=True)."""
     mixed_precision: MixedPrecision = field(default_factory=MixedPrecision)
     """FSDP's mixed-precision policy and the sharded parameters' dtype (default: what
     ``precision`` implies)."""

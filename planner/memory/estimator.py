@@ -16,9 +16,17 @@ from planner import vec
 from planner.error_bands import DEFAULT_MARGIN
 from planner.memory.breakdown import PHASES, Breakdown, Estimate, Overheads, Phase, pick
 from planner.memory.moments import MOMENTS, Activations, Step
-from planner.memory.states import FP32, dtypes, expert_padding, resident, shards, train_dtypes
+from planner.memory.states import (
+    FP32,
+    dtypes,
+    expert_padding,
+    grad_counts,
+    resident,
+    shards,
+    train_dtypes,
+)
 from planner.memory.working import Working, autocast_working, fsdp_working, zero_working
-from planner.params import block_tensors, count, total_params, trainable
+from planner.params import block_tensors, count, total_params
 from planner.spec import (
     Allocator,
     Candidate,
@@ -92,7 +100,8 @@ def working(model: ModelSpec, training: TrainingSpec, candidate: Candidate, degr
     if candidate.strategy.is_fsdp:
         return fsdp_working(model, counts, candidate, training.precision, d, degree,
                             training.fsdp_version, ft,
-                            reduce_bytes=training.fsdp_dtypes.reduce)
+                            reduce_bytes=training.fsdp_dtypes.reduce,
+                            grads=grad_counts(model, training, candidate.strategy))
     if candidate.strategy.is_zero:
         return zero_working(model, counts, candidate, training, d, opt_shard)
     return autocast_working(model, counts, candidate, training.precision, d, ov, ft)
@@ -171,7 +180,7 @@ def unsynced_gradients(model: ModelSpec, training: TrainingSpec, candidate: Cand
     if training.finetune.lora:
         # adapters: FSDP's param_dtype copy is cast from (and accumulates in) the adapter dtype
         nbytes = FP32 if training.finetune.lora_fp32 else prec.compute_bytes
-    T = trainable(model, training.finetune)
+    T = grad_counts(model, training, candidate.strategy)
     elems = {"all": T.train, "root": T.train_root, "block": T.train_per_block}[part]
     return -(-elems // candidate.tp) * nbytes
 
@@ -187,7 +196,7 @@ def step_for(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, 
     sh = shards(strategy, degree, tp)
     states = resident(model, training, counts, candidate, d, sh)
     work = working(model, training, candidate, degree, sh.optimizer, ov)
-    T = trainable(model, training.finetune)
+    T = grad_counts(model, training, strategy)  # what gets a gradient (states.grad_counts)
     td = train_dtypes(training.finetune, d, strategy.is_zero, training.precision.amp)
     embed_trains = not training.finetune.embeddings_frozen
     fsdp2 = strategy.is_fsdp and training.fsdp_version == 2

@@ -170,7 +170,8 @@ def autocast_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate
 
 def fsdp_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate,
                  precision: Precision, d: Dtypes, degree: Any, version: int = 2,
-                 ft: FineTune = FineTune(), reduce_bytes: int | None = None) -> Working:
+                 ft: FineTune = FineTune(), reduce_bytes: int | None = None,
+                 grads: Any = None) -> Working:
     """FSDP2 (``torch/distributed/fsdp/_fully_shard``): each unit is all-gathered to
     ``param_dtype`` before use; the root is not resharded after forward (``_fsdp_state.py``:
     ``post_forward_mesh_info = None`` for the root); in post-backward the unsharded grads are
@@ -186,9 +187,12 @@ def fsdp_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate,
     Only trainable parameters have unsharded gradients and reduce-scatter inputs (LoRA: the
     adapters). A quantized base (Answer.AI's FSDP + QLoRA) all-gathers the packed 4/8-bit
     storage, and each linear is dequantized when used. Tensor parallel: a unit is 1/tp of the
-    block (torchtitan applies TP, then ``fully_shard`` over the data-parallel mesh)."""
+    block (torchtitan applies TP, then ``fully_shard`` over the data-parallel mesh).
+    ``grads``: the elements with gradients (``states.grad_counts``; default: the trainable
+    ones)."""
     c, tp = d.compute, candidate.tp
     T = trainable(model, ft)
+    G = grads or T
     Pb, Pr = counts.per_block, counts.root
     if model.is_moe and version == 2:
         # FSDP2 all-gathers each rank's dim-0 shard padded to ceil(E / n) experts: the
@@ -204,9 +208,9 @@ def fsdp_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate,
     packed = ceil_div(T.quant_per_block, 2 if ft.quantize_base is Quantize.NF4 else 1)
     unit = ceil_div((Pb - T.quant_per_block) * c + packed, tp)
     # the reduce-scatter input is padded alike (experts train unless under LoRA)
-    Tb = ceil_div(T.train_per_block + (0 if ft.lora else gather_pad), tp)
-    Tb_real = ceil_div(T.train_per_block, tp)
-    Tr = ceil_div(T.train_root, tp)
+    Tb = ceil_div(G.train_per_block + (0 if ft.lora else gather_pad), tp)
+    Tb_real = ceil_div(G.train_per_block, tp)
+    Tr = ceil_div(G.train_root, tp)
     root = ceil_div(Pr * c, tp)
     L = model.n_layers
     # FSDP2's forward all-gather of the last block: its output and the previous unit's
