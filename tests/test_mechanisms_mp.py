@@ -241,3 +241,21 @@ def test_accelerate_fsdp_reduce_dtype_halves_the_reduce_scatter_input(tmp_path):
     assert docs[1]["inputs"]["training"]["reduce_dtype"] == "fp32"
     bb = [d["candidates"][0]["phase_allocated_bytes"]["block_bwd"] for d in docs]
     assert bb[1] - bb[0] == 218_112_000 * 2, bb
+
+
+def test_step_time_computes_in_param_dtype():
+    """FSDP's matmuls run in param_dtype: fp32 storage with --param-dtype bf16 runs on the
+    bf16 tensor cores, so the compute part of the step shrinks by the profile's datasheet
+    ratio of dense peaks (H100 SXM: 989 / 67 TFLOPS); DDP ignores the policy."""
+    base = ("--model", "llama3.2-1b", "--gpu", "h100-80", "--n", "8", "--checkpointing",
+            "full", "--calibration", "none", "--json", "--precision", "fp32")
+
+    def compute_s(strategy: str, *extra: str) -> float:
+        r = run(*base, "--strategy", strategy, *extra)
+        assert r.exit_code == 0, r.output
+        return json.loads(r.stdout)["candidates"][0]["compute_s"]
+
+    gpu = load_gpu("h100-80")
+    fp32, bf16 = compute_s("full_shard"), compute_s("full_shard", "--param-dtype", "bf16")
+    assert fp32 / bf16 == pytest.approx(gpu.bf16_tflops / gpu.fp32_tflops, rel=1e-9)
+    assert compute_s("ddp") == compute_s("ddp", "--param-dtype", "bf16")
