@@ -161,9 +161,10 @@ def root_grad_elems(model: ModelSpec, T: Any, embed_trains: bool, tp: int) -> in
 def unsynced_gradients(model: ModelSpec, training: TrainingSpec, candidate: Candidate,
                        part: str = "all") -> int:
     """FSDP with gradient sync only on the last micro-batch keeps every unit's unsharded
-    gradient until then (``part``: all of them, the root's, or one block's). FSDP2 (``_fsdp_param.py`` ``to_accumulated_grad_if_needed``)
-    converts it to the reduce dtype when that differs from the parameters' (fp32 under the
-    bf16 MixedPrecisionPolicy) and accumulates there; FSDP1 (``_runtime_utils.py``
+    gradient until then (``part``: all of them, the root's, or one block's). FSDP2
+    (``_fsdp_param.py`` ``to_accumulated_grad_if_needed``) converts it to the reduce dtype
+    when that differs from the parameters' (fp32 under the bf16 MixedPrecisionPolicy, or
+    ``--reduce-dtype``) and accumulates there; FSDP1 (``_runtime_utils.py``
     ``_post_backward_hook`` returns before the cast when not syncing) keeps the low-precision
     ``flat_param.grad``. DDP's gradients are full-size anyway; DeepSpeed reduces every
     micro-batch."""
