@@ -115,6 +115,13 @@ class ActivationPlan:
         return sum(s.nbytes for s in self.root_saved)
 
     @property
+    def root_before_blocks(self) -> int:
+        """What the root saves before the first block runs (embedding norm and dropout
+        mask, RoPE's tables): alive while the blocks run forward."""
+        return sum(s.nbytes for s in self.root_saved
+                   if s.name.startswith(("embed_norm", "embed.", "rope.")))
+
+    @property
     def blocks_kept(self) -> int:
         """What all blocks keep at the end of forward."""
         return (self.block_kept * (self.n_layers - self.frozen_blocks)

@@ -23,6 +23,8 @@ from planner.spec import (
     Attention,
     Checkpointing,
     CompileMode,
+    Dtype,
+    FlatParams,
     GradSync,
     InitMode,
     LINEAR_MODULES,
@@ -340,6 +342,31 @@ FIELDS: tuple[Field, ...] = (
           default=_train_default("fsdp_version"),
           help="FSDP1 (FullyShardedDataParallel) or FSDP2 (fully_shard) for the FSDP "
           "strategies."),
+    Field(path="training.param_dtype", flag="--param-dtype", check=_choice(Dtype),
+          choices=_names(Dtype), shown_default="from --precision",
+          help="FSDP MixedPrecisionPolicy param_dtype: the all-gathered parameters, the "
+          "compute and the unsharded gradients (default: bf16/fp16 for -amp, else the "
+          "storage dtype)."),
+    Field(path="training.reduce_dtype", flag="--reduce-dtype", check=_choice(Dtype),
+          choices=_names(Dtype), shown_default="from --precision",
+          help="FSDP MixedPrecisionPolicy reduce_dtype: the reduce-scatter input, and FSDP2's "
+          "accumulated unsynced gradients (default: fp32 for -amp, else param_dtype)."),
+    Field(path="training.output_dtype", flag="--output-dtype", check=_choice(Dtype),
+          choices=_names(Dtype), shown_default="none",
+          help="FSDP MixedPrecisionPolicy output_dtype on the root module: the logits' dtype "
+          "(default: no cast)."),
+    Field(path="training.storage_dtype", flag="--storage-dtype", check=_choice(Dtype),
+          choices=_names(Dtype), shown_default="from --precision",
+          help="FSDP: the dtype the sharded parameters are stored in (the model as loaded), "
+          "and so their gradients and optimizer state (default: fp32, bf16 for "
+          "--precision bf16)."),
+    Field(path="training.flat_params", flag="--flat-params", check=_choice(FlatParams),
+          choices=_names(FlatParams), default=_train_default("flat_params"),
+          help="FSDP1 (--fsdp 1) with frozen parameters (LoRA, --freeze): apart (default: "
+          "trainable modules in FSDP units of their own, peft's fsdp_auto_wrap_policy) or "
+          "mixed (use_orig_params=True, frozen and trainable tensors in one flat parameter "
+          "per block: its gradient covers the whole flat parameter, frozen elements "
+          "included)."),
     Field(path="training.init", flag="--init", check=_choice(InitMode),
           choices=_names(InitMode), default=_train_default("init"),
           help="How the weights reach the GPUs: meta-device init then sharded (default), "

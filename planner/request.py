@@ -24,10 +24,12 @@ from planner.spec import (
     Cluster,
     DeepSpeedConfig,
     FineTune,
+    FlatParams,
     GpuProfile,
     MlpKind,
     ModelSpec,
     Offload,
+    Quantize,
     Strategy,
     TracedModel,
     TrainingSpec,
@@ -303,6 +305,25 @@ TRAINING_ATTRS = frozenset(f.name for f in dataclasses.fields(TrainingSpec))
 """The attributes of a training run: a ``training.*`` field of one of these names sets it."""
 
 
+def flat_params_problem(training: TrainingSpec, name: Any = str) -> str | None:
+    """Why ``--flat-params mixed`` cannot be (None: it can, or it is not asked for). FSDP1
+    flattens a unit's tensors into one FlatParameter of one dtype (``_flat_param.py``
+    ``_validate_tensors_to_flatten``: "Must flatten tensors with uniform dtype", "Cannot
+    flatten integer dtype tensors")."""
+    if training.flat_params is not FlatParams.MIXED:
+        return None
+    if training.fsdp_version != 1:
+        return (f"mixed is FSDP1's flat parameter ({name('training.fsdp_version')} 1); FSDP2 "
+                "shards every parameter on its own")
+    ft = training.finetune
+    if ft.quantize_base is not Quantize.NONE:
+        return "a quantized base cannot share a flat parameter with its float adapters"
+    if ft.lora and ft.lora_fp32:
+        return ("fp32 adapters cannot share a flat parameter with a bf16 base (one dtype per "
+                f"flat parameter): give {name('finetune.lora_dtype')} base, or apart")
+    return None
+
+
 def deepspeed_from(v: Mapping[str, Any]) -> DeepSpeedConfig:
     """The DeepSpeed settings given (``deepspeed.*`` fields); DeepSpeed's defaults for the
     rest. "auto" stays until ``resolve_deepspeed`` knows the model."""
@@ -363,6 +384,9 @@ def job_from(v: Mapping[str, Any], naming: Naming = FLAGS, *, allow_files: bool 
         trainable(model, training.finetune)
     except ValueError as exc:  # targets the model does not have (gate on a GELU MLP)
         raise naming.fail("finetune.lora_targets", str(exc)) from None
+    problem = flat_params_problem(training, naming.name)
+    if problem:
+        raise naming.fail("training.flat_params", problem)
     training, ds_notes = resolve_deepspeed(training, model)
     return Job(model=model, training=training, source=source,
                warnings=tuple(model_warnings) + tuple(ds_notes))

@@ -64,6 +64,73 @@ class Precision(enum.StrEnum):
         return self in (Precision.FP16_AMP, Precision.BF16_AMP)
 
 
+class Dtype(enum.StrEnum):
+    """A floating-point dtype a training framework lets one choose."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+
+    @property
+    def nbytes(self) -> int:
+        return 4 if self is Dtype.FP32 else 2
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MixedPrecision:
+    """FSDP's mixed-precision policy (FSDP2 ``MixedPrecisionPolicy``, FSDP1 ``MixedPrecision``)
+    and the dtype the sharded parameters are stored in. Each field overrides one value of the
+    ``--precision`` shorthand, the others keep it (``FsdpDtypes.of``). Read by the FSDP
+    candidates only (DDP runs torch.autocast, DeepSpeed its own engine)."""
+
+    param_dtype: Dtype | None = None
+    """The all-gathered (unsharded) parameters, the compute and the unsharded gradients."""
+    reduce_dtype: Dtype | None = None
+    """The reduce-scatter input; FSDP2 also accumulates unsynced gradients in it
+    (``FSDPParam.to_accumulated_grad_if_needed``)."""
+    output_dtype: Dtype | None = None
+    """The root module's forward outputs cast to this dtype (None: no cast)."""
+    storage_dtype: Dtype | None = None
+    """The sharded parameters as stored: their gradients and optimizer state take it too."""
+
+    @property
+    def given(self) -> bool:
+        return any(getattr(self, f) is not None for f in
+                   ("param_dtype", "reduce_dtype", "output_dtype", "storage_dtype"))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FsdpDtypes:
+    """Bytes per element of each FSDP copy. ``--precision`` is the shorthand: fp32 (fp32
+    storage, no policy), bf16 (bf16 storage, no policy), bf16-amp / fp16-amp (fp32 storage,
+    ``MixedPrecisionPolicy(param_dtype=16-bit, reduce_dtype=fp32)``: torchtitan's
+    ``mixed_precision_param`` / ``_reduce`` defaults); each ``MixedPrecision`` field given
+    replaces one of these values. What FSDP2 does with an unset one (``_fsdp_param.py``
+    ``init_dtype_attrs``; ``_fsdp_collectives.py`` ``foreach_reduce``): no param_dtype
+    computes in the storage dtype, no reduce_dtype reduces in the gradients' dtype
+    (param_dtype)."""
+
+    storage: int
+    param: int
+    reduce: int
+    output: int
+    """The root's outputs' bytes per element (param when no output_dtype is given)."""
+
+    @classmethod
+    def of(cls, precision: Precision, mp: MixedPrecision) -> FsdpDtypes:
+        storage = mp.storage_dtype.nbytes if mp.storage_dtype else precision.param_bytes
+        if mp.param_dtype:
+            param = mp.param_dtype.nbytes
+        else:
+            param = precision.compute_bytes if precision.amp else storage
+        if mp.reduce_dtype:
+            reduce = mp.reduce_dtype.nbytes
+        else:
+            reduce = 4 if precision.amp else param
+        output = mp.output_dtype.nbytes if mp.output_dtype else param
+        return cls(storage=storage, param=param, reduce=reduce, output=output)
+
+
 class OptimizerKind(enum.StrEnum):
     ADAMW = "adamw"
     ADAM = "adam"
@@ -154,6 +221,19 @@ class Allocator(enum.StrEnum):
 
     DEFAULT = "default"  # the caching allocator's fixed segments
     EXPANDABLE = "expandable"  # expandable_segments:True (torchtitan sets it)
+
+
+class FlatParams(enum.StrEnum):
+    """FSDP1 with frozen parameters: how a block's frozen and trainable tensors are wrapped."""
+
+    APART = "apart"
+    """Trainable modules in FSDP units of their own (peft's ``fsdp_auto_wrap_policy``, which
+    transformers' Trainer applies under LoRA; FSDP1 requires it without use_orig_params):
+    only trainable elements have gradients."""
+    MIXED = "mixed"
+    """``use_orig_params=True`` with frozen and trainable tensors in one flat parameter
+    (``_flat_param.py`` ``_validate_tensors_to_flatten`` permits non-uniform requires_grad):
+    the flat parameter's gradient covers all of it, frozen elements included."""
 
 
 class InitMode(enum.StrEnum):
@@ -499,6 +579,18 @@ class TrainingSpec:
     allocator: Allocator = Allocator.DEFAULT
     fsdp_version: int = 2
     """FSDP1 (FullyShardedDataParallel) or FSDP2 (fully_shard), for the FSDP strategies."""
+    flat_params: FlatParams = FlatParams.APART
+    """FSDP1 with frozen parameters: trainable modules wrapped apart, or mixed into each
+    block's flat parameter (use_orig_params=True)."""
+    param_dtype: Dtype | None = None
+    """FSDP's mixed-precision policy (``mixed_precision``): the all-gathered parameters, the
+    compute, the unsharded gradients. None here and below: what ``precision`` implies."""
+    reduce_dtype: Dtype | None = None
+    """FSDP's reduce-scatter input; FSDP2 also accumulates unsynced gradients in it."""
+    output_dtype: Dtype | None = None
+    """FSDP's cast of the root module's forward outputs."""
+    storage_dtype: Dtype | None = None
+    """The sharded parameters as stored (the model as loaded)."""
     init: InitMode = InitMode.META
     finetune: FineTune = field(default_factory=FineTune)
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
@@ -515,6 +607,17 @@ class TrainingSpec:
     @property
     def tokens_per_micro_batch(self) -> int:
         return self.seq * self.micro_batch
+
+    @property
+    def mixed_precision(self) -> MixedPrecision:
+        """FSDP's mixed-precision policy and the sharded parameters' dtype, as given."""
+        return MixedPrecision(param_dtype=self.param_dtype, reduce_dtype=self.reduce_dtype,
+                              output_dtype=self.output_dtype, storage_dtype=self.storage_dtype)
+
+    @property
+    def fsdp_dtypes(self) -> FsdpDtypes:
+        """The FSDP copies' bytes per element (the policy, else ``precision``'s)."""
+        return FsdpDtypes.of(self.precision, self.mixed_precision)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

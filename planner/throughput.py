@@ -39,6 +39,7 @@ from planner.spec import (
     Candidate,
     Cluster,
     CompileMode,
+    Dtype,
     GpuProfile,
     GradSync,
     ModelSpec,
@@ -351,6 +352,19 @@ def peak_flops(gpu: GpuProfile, precision: Precision) -> float:
     return gpu.bf16_tflops * 1e12
 
 
+def fsdp_compute_precision(training: TrainingSpec) -> Precision:
+    """The precision FSDP's matmuls run in: the policy's param_dtype (``--param-dtype``, else
+    what ``--precision`` implies; planner.spec.FsdpDtypes)."""
+    mp = training.mixed_precision
+    if not mp.given:
+        return training.precision
+    if training.fsdp_dtypes.param == 4:
+        return Precision.FP32
+    fp16 = mp.param_dtype is Dtype.FP16 or (mp.param_dtype is None
+                                            and training.precision is Precision.FP16_AMP)
+    return Precision.FP16_AMP if fp16 else Precision.BF16
+
+
 def default_compute_efficiency(gpu: GpuProfile, compile: CompileMode = CompileMode.NONE) -> float:
     """The profile's achieved fraction of peak (data in hardware_profiles/*.toml): eager, or
     compiled when the blocks or the model are torch.compile-d (fitted separately on the public
@@ -607,6 +621,9 @@ class Rates:
 
     peak: Any
     """Dense peak FLOP/s of the precision."""
+    peak_fsdp: Any
+    """The same for the FSDP candidates, which compute in the policy's param_dtype
+    (``fsdp_compute_precision``; = peak without a policy)."""
     eff: Any
     """Achieved fraction of peak."""
     bw_intra: Any
@@ -623,7 +640,8 @@ class Rates:
         a = assumptions
         eff = a.compute_efficiency if a.compute_efficiency is not None else \
             default_compute_efficiency(gpu, training.compile)
-        return cls(peak=peak_flops(gpu, training.precision), eff=float(eff),
+        return cls(peak=peak_flops(gpu, training.precision),
+                   peak_fsdp=peak_flops(gpu, fsdp_compute_precision(training)), eff=float(eff),
                    bw_intra=gpu.intra_node_bandwidth_bytes_per_s * a.intra_node_comm_efficiency,
                    bw_inter=gpu.inter_node_bandwidth_bytes_per_s * a.inter_node_comm_efficiency,
                    pcie=gpu.pcie_bandwidth_bytes_per_s * a.pcie_efficiency,
@@ -640,22 +658,28 @@ def step_inputs_at(model: ModelSpec, training: TrainingSpec, candidate: Candidat
 
     a = assumptions
     precision = training.precision
+    fsdp = candidate.strategy.is_fsdp
+    # FSDP moves and computes in its policy's dtypes (planner.spec.FsdpDtypes: --precision's
+    # own without a policy, the same numbers as the precision-based ones below)
+    fd = training.fsdp_dtypes
     p_block, p_head = matmul_params(model)
     return StepInputs(
         n_layers=float(model.n_layers), q_dim=float(model.q_dim), seq=seq * 1.0,
         mb=mb * 1.0, ga=float(training.grad_accum), n=n * 1.0, gpn=gpn * 1.0,
         p_total=float(total_params(model)), p_block=float(p_block), p_head=float(p_head),
-        peak=rates.peak, eff=rates.eff, bw_intra=rates.bw_intra, bw_inter=rates.bw_inter,
+        peak=rates.peak_fsdp if fsdp else rates.peak, eff=rates.eff, bw_intra=rates.bw_intra,
+        bw_inter=rates.bw_inter,
         lat_intra=a.intra_node_hop_latency_s, lat_inter=a.inter_node_hop_latency_s,
         pcie=rates.pcie, cpu_rate=a.cpu_adam_params_per_s, bucket=float(a.ddp_bucket_bytes),
-        overlap=a.overlap_fraction, gather_b=float(gather_bytes(precision)),
-        grad_b=float(grad_reduce_bytes(precision, candidate.strategy)),
-        master_b=float(precision.param_bytes),
+        overlap=a.overlap_fraction,
+        gather_b=float(fd.param if fsdp else gather_bytes(precision)),
+        grad_b=float(fd.reduce if fsdp else grad_reduce_bytes(precision, candidate.strategy)),
+        master_b=float(fd.storage if fsdp else precision.param_bytes),
         comm=collectives(candidate.strategy, training.grad_sync),
         recompute=RECOMPUTE[_ckpt(candidate.checkpointing)],
         offload=OFFLOAD_TRAFFIC[candidate.offload],
         tp=float(candidate.tp),
-        tp_bytes=mb * seq * model.hidden * precision.compute_bytes * 1.0,
+        tp_bytes=mb * seq * model.hidden * (fd.param if fsdp else precision.compute_bytes) * 1.0,
         **finetune_inputs(model, training, rates.hbm))
 
 

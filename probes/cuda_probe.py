@@ -356,15 +356,17 @@ def _build(ctx: Ctx, model: ModelSpec, training: TrainingSpec, cand: Candidate):
             wrapper, mesh_shape = "ddp", [ctx.world]
         opt = make_optimizer(list(module.parameters()), training)
         return module, opt, wrapper, mesh_shape, low
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+
+    from probes.trace import fsdp_policies, storage_dtype
 
     net = build_model(model, device="meta", **ckpt)
-    if training.precision is Precision.BF16:
-        net = net.to(torch.bfloat16)
+    store = storage_dtype(training)  # --precision bf16 or the policy's storage dtype
+    if store is not None:
+        net = net.to(store)
     mesh, mesh_shape = _mesh(ctx, strat)
     reshard = strat in (Strategy.FULL_SHARD, Strategy.HYBRID_SHARD)
-    mp = (MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32)
-          if low is not None else MixedPrecisionPolicy())
+    mp, root_mp = fsdp_policies(training)
     kw: dict[str, Any] = dict(mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
     offload = cand.offload is Offload.PARAMS_AND_OPTIMIZER
     if offload:
@@ -373,7 +375,7 @@ def _build(ctx: Ctx, model: ModelSpec, training: TrainingSpec, cand: Candidate):
         raise ValueError(f"offload {cand.offload.value} is ZeRO-Offload (not probed)")
     for blk in net.blocks:
         fully_shard(blk, **kw)
-    fully_shard(net, **kw)
+    fully_shard(net, **{**kw, "mp_policy": root_mp})
     # Materialise the sharded parameters where FSDP keeps them (host RAM under offload).
     net.to_empty(device="cpu" if offload else ctx.device)
     with torch.no_grad():

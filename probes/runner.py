@@ -86,6 +86,7 @@ def spec_from_dict(cls: type, data: dict[str, Any]) -> Any:
     for name, value in data.items():
         ann = fields[name].type
         ann_name = ann if isinstance(ann, str) else getattr(ann, "__name__", "")
+        ann_name = ann_name.removesuffix(" | None")  # an optional enum or dataclass
         typ = getattr(spec_mod, ann_name, None)
         if isinstance(typ, type) and issubclass(typ, enum.Enum) and value is not None:
             value = typ(value)

@@ -552,14 +552,15 @@ def _to_empty(module: nn.Module) -> None:
             mod._parameters[other] = first._parameters[name]
 
 
-def _to_bf16(module: nn.Module) -> None:
-    """Pure bf16: every floating parameter and buffer in bf16 (``module.to(torch.bfloat16)``),
-    except what a fine-tune keeps in fp32 on purpose: LoRA adapters with ``lora_fp32``
-    (marked ``_fitcheck_fp32``) and a quantized base's constants (``quant_consts``)."""
+def _to_bf16(module: nn.Module, dtype: torch.dtype = torch.bfloat16) -> None:
+    """Pure bf16 (or the storage dtype given): every floating parameter and buffer in bf16
+    (``module.to(torch.bfloat16)``), except what a fine-tune keeps in fp32 on purpose: LoRA
+    adapters with ``lora_fp32`` (marked ``_fitcheck_fp32``) and a quantized base's constants
+    (``quant_consts``)."""
     keep = {id(p) for p in module.parameters() if getattr(p, "_fitcheck_fp32", False)}
     quant = any(name.endswith("quant_consts") for name, _ in module.named_buffers())
     if not keep and not quant:
-        module.to(torch.bfloat16)
+        module.to(dtype)
         return
     done: dict[int, nn.Parameter] = {}  # shared (tied) parameters stay shared
     for mod in module.modules():
@@ -567,11 +568,11 @@ def _to_bf16(module: nn.Module) -> None:
             if p is None or not p.is_floating_point() or id(p) in keep:
                 continue
             if id(p) not in done:
-                done[id(p)] = nn.Parameter(p.to(torch.bfloat16), requires_grad=p.requires_grad)
+                done[id(p)] = nn.Parameter(p.to(dtype), requires_grad=p.requires_grad)
             mod._parameters[name] = done[id(p)]
         for name, b in mod._buffers.items():
             if b is not None and b.is_floating_point() and name != "quant_consts":
-                mod._buffers[name] = b.to(torch.bfloat16)
+                mod._buffers[name] = b.to(dtype)
 
 
 class _untracked_sharding_propagation:
@@ -634,22 +635,54 @@ def _fake_group(world_size: int) -> None:
         )
 
 
-def _apply_fsdp(tm: TraceModel, strategy: Strategy, low: torch.dtype | None, world_size: int,
+_TORCH_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def storage_dtype(training: TrainingSpec) -> torch.dtype | None:
+    """The dtype the module's parameters are cast to before sharding (None: as built, fp32):
+    ``TrainingSpec.mixed_precision.storage_dtype``, else bf16 for pure bf16."""
+    given = training.mixed_precision.storage_dtype
+    if given is not None:
+        return None if given.value == "fp32" else _TORCH_DTYPE[given.value]
+    return torch.bfloat16 if training.precision is Precision.BF16 else None
+
+
+def fsdp_policies(training: TrainingSpec) -> tuple[Any, Any]:
+    """(the blocks' MixedPrecisionPolicy, the root's): what ``precision`` implies (-amp:
+    param_dtype 16-bit, reduce_dtype fp32; otherwise none), each value the policy gives
+    (``TrainingSpec.mixed_precision``) replacing one; output_dtype on the root only. The
+    planner resolves the same way (``planner.spec.FsdpDtypes.of``)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    mp = training.mixed_precision
+    low = low_dtype(training.precision)
+
+    def dt(d: Any, default: torch.dtype | None) -> torch.dtype | None:
+        return default if d is None else _TORCH_DTYPE[d.value]
+
+    param = dt(mp.param_dtype, low)
+    reduce = dt(mp.reduce_dtype, torch.float32 if low is not None else None)
+    block = MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce)
+    root = MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce,
+                                output_dtype=dt(mp.output_dtype, None))
+    return block, root
+
+
+def _apply_fsdp(tm: TraceModel, strategy: Strategy, training: TrainingSpec, world_size: int,
                 gpus_per_node: int) -> tuple[int, ...]:
     """FSDP2 on every block, then on the root, over a fake process group; the mesh shape."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import fully_shard
 
     _fake_group(world_size)
     mesh_shape = mesh_shape_for(strategy, world_size, gpus_per_node)
     names = ("dp",) if len(mesh_shape) == 1 else ("replicate", "shard")
     mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=names)
     reshard = strategy in (Strategy.FULL_SHARD, Strategy.HYBRID_SHARD)
-    mp = (MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32)
-          if low is not None else MixedPrecisionPolicy())
+    mp, root_mp = fsdp_policies(training)
     for blk in tm.blocks:
         fully_shard(blk, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
-    fully_shard(tm.module, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
+    fully_shard(tm.module, mesh=mesh, reshard_after_forward=reshard, mp_policy=root_mp)
     return mesh_shape
 
 
@@ -733,8 +766,13 @@ def _trace(factory: ModelFactory, training: TrainingSpec, candidate: Candidate,
     if missing:
         raise UnsupportedConfig(f"{', '.join(missing)}: not implemented by this model's "
                                 f"trace ({tm.info.get('source', 'factory')})")
-    if precision is Precision.BF16:
-        _to_bf16(tm.module)
+    if training.mixed_precision.given and (not fsdp or tm.parallelize is not None):
+        raise UnsupportedConfig("an FSDP mixed-precision policy is traced for the FSDP "
+                                "strategies of a model without its own parallelize")
+    store = storage_dtype(training) if fsdp else (
+        torch.bfloat16 if precision is Precision.BF16 else None)
+    if store is not None:
+        _to_bf16(tm.module, store)
     net = tm.module
     n_params = sum(p.numel() for p in net.parameters())
     n_trainable = sum(p.numel() for p in net.parameters() if p.requires_grad)
@@ -743,7 +781,7 @@ def _trace(factory: ModelFactory, training: TrainingSpec, candidate: Candidate,
         _fake_group(world_size)
         mesh_shape = tm.parallelize(world_size, gpus_per_node)
     elif fsdp:
-        mesh_shape = _apply_fsdp(tm, strategy, low, world_size, gpus_per_node)
+        mesh_shape = _apply_fsdp(tm, strategy, training, world_size, gpus_per_node)
 
     t_built = time.perf_counter()
     b, t = training.micro_batch, training.seq

@@ -298,10 +298,6 @@ def test_the_two_gpus_allocate_the_same_bytes():
 MOE = [r for r in _gpu_cases() if r["model"]["n_experts"] > 1]
 
 
-@pytest.mark.xfail(strict=True, reason="the planner misses FSDP2's forward all-gathers of "
-                   "padded expert shards (Mixtral past 8 ranks: -24 % at 8, -54 % at 48 in "
-                   "forward; +14 % in backward at 48); the GPU agrees with the fake-tensor "
-                   "trace (docs/accuracy.md)")
 @pytest.mark.parametrize("rec", MOE, ids=[r["id"] for r in MOE])
 def test_planner_moments_for_mixtral_past_its_experts(rec):
     _, moments = _planner_allocated(rec)

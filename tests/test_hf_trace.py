@@ -18,7 +18,7 @@ something the planner does not model, the gap is measured and bounded here, not 
   topk keeps its int64 indices. FULL_SHARD: every class within 0.4 %.
 - Still open, DDP + full checkpointing (torch.autocast): Gemma-2 +6.0 % and Gemma-3 +4.9 %
   (their eager attention masks are inputs every checkpointed layer keeps; the block's
-  backward is over-counted), GPT-2 -1.8 % (gelu_new's backward temporaries).
+  backward is over-counted), GPT-2 -3.1 % (gelu_new's backward temporaries).
 - MLA: the trace runs SDPA with a value head unlike the query's as CUDA does (the
   memory-efficient kernel; probes/hf.py), not as the CPU math fallback.
 """
@@ -75,7 +75,9 @@ GAP = {
     "mixtral": (0.005, LossKind.FP32),
     "phi3": (0.005, LossKind.FP32),
     "gemma2": (0.07, LossKind.FP32),  # DDP + full: +6.0 % (eager masks kept as inputs)
-    "gpt2": (0.025, LossKind.FP32),  # DDP + full: -1.8 % (gelu_new's backward temporaries)
+    # DDP + full: -3.1 % (gelu_new's backward temporaries; -1.8 % while the planner still
+    # held the final norm's and the head's saved tensors through the blocks' backward)
+    "gpt2": (0.035, LossKind.FP32),
     # BertForMaskedLM's loss takes no fp32 copy: the planner knows it (ModelSpec.loss_upcast)
     "bert": (0.015, LossKind.FP32),
     # issue 13
@@ -149,9 +151,11 @@ def test_moe_sharded_past_the_expert_count() -> None:
     assert c.ok, c.reason
     for name in ("params", "gradients", "optimizer", "fsdp_buffers"):
         assert c.categories[name].rel_error == pytest.approx(0, abs=1e-3), name
-    # +3.0 %: in the block's backward the planner holds the padded units a little longer
-    # than the trace (block_bwd +2.9 %, bwd_end -6 %); without the padding: -22 %
-    assert abs(c.peak.rel_error) <= 0.035, c.peak
+    # -2.0 % (block_bwd; every other moment within 0.2 %): transformers' grouped_mm experts
+    # keep a little more in their backward than the reference module's bmm; +3.0 % (bwd_end
+    # -6 %) before the block backward counted the real-size unsharded gradients and the
+    # padded sharded ones (issue 24); without the padding: -22 %
+    assert abs(c.peak.rel_error) <= 0.025, c.peak
 
 
 def test_llama_parameters_by_hand() -> None:

@@ -95,6 +95,8 @@ class Fallback:
     recipe without fsdp/deepspeed meaning plain DDP), with the note that says so."""
 
     value: Any
+    """The value, or a function of the values read so far (their own fallbacks applied
+    before it) returning it, None when it does not apply."""
     note: str
 
 
@@ -241,8 +243,11 @@ def apply_fallbacks(job: Job, values: dict[str, Any]) -> list[str]:
     notes = []
     for path, fb in job.fallbacks.items():
         if path not in values:
-            if fb.value is not None:
-                values[path] = fb.value
+            value = fb.value(values) if callable(fb.value) else fb.value
+            if callable(fb.value) and value is None:
+                continue  # a derived default that does not apply to these values
+            if value is not None:
+                values[path] = value
             if fb.note:
                 notes.append(fb.note)
     return notes

@@ -16,9 +16,17 @@ from planner import vec
 from planner.error_bands import DEFAULT_MARGIN, is_finetune, risk_band
 from planner.memory.breakdown import PHASES, Breakdown, Estimate, Overheads, Phase, pick
 from planner.memory.moments import MOMENTS, Activations, Step
-from planner.memory.states import FP32, dtypes, resident, shards, train_dtypes
+from planner.memory.states import (
+    FP32,
+    dtypes,
+    expert_padding,
+    grad_counts,
+    resident,
+    shards,
+    train_dtypes,
+)
 from planner.memory.working import Working, autocast_working, fsdp_working, zero_working
-from planner.params import count, total_params, trainable
+from planner.params import block_tensors, count, total_params
 from planner.spec import (
     Allocator,
     Candidate,
@@ -28,6 +36,7 @@ from planner.spec import (
     InitMode,
     ModelSpec,
     Offload,
+    Precision,
     Strategy,
     TrainingSpec,
 )
@@ -47,8 +56,14 @@ def activation_plan(model: ModelSpec, training: TrainingSpec, candidate: Candida
     one GPU) the residual stream is bf16: the module regime, with the adapters' own input
     copies (``adapter_bytes``)."""
     ft = training.finetune
+    precision = training.precision
+    if candidate.strategy.is_fsdp and training.mixed_precision.given:
+        # FSDP computes in param_dtype (the module regime). The root's output_dtype casts its
+        # outputs after its forward: the loss computed inside forward (HF models, the
+        # reference module) has already run on param_dtype logits (traced: no change)
+        precision = Precision.FP32 if training.fsdp_dtypes.param == FP32 else Precision.BF16
     return plan_activations(model, batch=training.micro_batch, seq=training.seq,
-                            precision=training.precision, attention=training.attention,
+                            precision=precision, attention=training.attention,
                             checkpointing=candidate.checkpointing,
                             uses_autocast=uses_autocast_amp(candidate.strategy) and not ft.lora,
                             loss=training.loss, loss_chunks=training.loss_chunks,
@@ -71,7 +86,7 @@ def adapter_input_bytes(training: TrainingSpec, candidate: Candidate) -> int:
     if not (ft.lora and ft.lora_fp32 and prec.compute_bytes != FP32):
         return 0
     s = candidate.strategy
-    if s.is_zero or (s.is_fsdp and prec.amp):
+    if s.is_zero or (s.is_fsdp and (prec.amp or training.mixed_precision.param_dtype)):
         return 0
     return prec.compute_bytes if prec.amp else FP32
 
@@ -80,19 +95,24 @@ def working(model: ModelSpec, training: TrainingSpec, candidate: Candidate, degr
             opt_shard: Any, ov: Overheads) -> Working:
     """The working copies and buffers of the candidate's strategy family."""
     counts = count(model)
-    d = dtypes(candidate.strategy, training.precision)
+    d = dtypes(candidate.strategy, training.precision, training.fsdp_dtypes)
     ft = training.finetune
     if candidate.strategy.is_fsdp:
         return fsdp_working(model, counts, candidate, training.precision, d, degree,
-                            training.fsdp_version, ft)
+                            training.fsdp_version, ft,
+                            reduce_bytes=training.fsdp_dtypes.reduce,
+                            grads=grad_counts(model, training, candidate.strategy))
     if candidate.strategy.is_zero:
         return zero_working(model, counts, candidate, training, d, opt_shard)
     return autocast_working(model, counts, candidate, training.precision, d, ov, ft)
 
 
-def load_bytes(training: TrainingSpec) -> int:
+def load_bytes(training: TrainingSpec, strategy: Strategy | None = None) -> int:
     """Bytes per parameter as the model is loaded: the module's own dtype (fp32 under torch
-    AMP and for DeepSpeed before its engine casts the module; bf16 when trained in bf16)."""
+    AMP and for DeepSpeed before its engine casts the module; bf16 when trained in bf16; FSDP:
+    the sharded parameters' storage dtype)."""
+    if strategy is not None and strategy.is_fsdp:
+        return training.fsdp_dtypes.storage
     return training.precision.param_bytes
 
 
@@ -113,7 +133,7 @@ def init_host_bytes(model: ModelSpec, training: TrainingSpec, candidate: Candida
     are read shard by shard), one full copy with rank-0 loading, a copy per rank when every
     rank loads the model (deepspeedai/DeepSpeed#3606, #4571: 8 ranks x a full fp32 copy)."""
     mode = init_mode(training, candidate)
-    full = total_params(model) * load_bytes(training)
+    full = total_params(model) * load_bytes(training, candidate.strategy)
     # DeepSpeed ZeRO-3 saving with stage3_gather_16bit_weights_on_model_save: rank 0 gathers
     # every parameter into a 16-bit state dict in host RAM (engine.py
     # _zero3_consolidated_16bit_state_dict), outside the step like loading
@@ -138,25 +158,32 @@ def root_grad_elems(model: ModelSpec, T: Any, embed_trains: bool, tp: int) -> in
     return embed + -(-(T.train_root - embed) // tp)
 
 
-def unsynced_gradients(model: ModelSpec, training: TrainingSpec, candidate: Candidate) -> int:
+def unsynced_gradients(model: ModelSpec, training: TrainingSpec, candidate: Candidate,
+                       part: str = "all") -> int:
     """FSDP with gradient sync only on the last micro-batch keeps every unit's unsharded
-    gradient until then. FSDP2 (``_fsdp_param.py`` ``to_accumulated_grad_if_needed``)
-    converts it to the reduce dtype when that differs from the parameters' (fp32 under the
-    bf16 MixedPrecisionPolicy) and accumulates there; FSDP1 (``_runtime_utils.py``
+    gradient until then (``part``: all of them, the root's, or one block's). FSDP2
+    (``_fsdp_param.py`` ``to_accumulated_grad_if_needed``) converts it to the reduce dtype
+    when that differs from the parameters' (fp32 under the bf16 MixedPrecisionPolicy, or
+    ``--reduce-dtype``) and accumulates there; FSDP1 (``_runtime_utils.py``
     ``_post_backward_hook`` returns before the cast when not syncing) keeps the low-precision
     ``flat_param.grad``. DDP's gradients are full-size anyway; DeepSpeed reduces every
     micro-batch."""
     if not (candidate.strategy.is_fsdp and training.grad_sync is GradSync.LAST):
         return 0
     prec = training.precision
+    fd = training.fsdp_dtypes
     if training.fsdp_version == 1:
-        nbytes = prec.compute_bytes
+        nbytes = fd.param
     else:
-        nbytes = FP32 if prec.amp else prec.param_bytes
+        # FSDP2 accumulates in reduce_dtype when it differs from param_dtype
+        # (``to_accumulated_grad_if_needed``: ``unsharded_grad.to(self.reduce_dtype)``)
+        nbytes = fd.reduce
     if training.finetune.lora:
         # adapters: FSDP's param_dtype copy is cast from (and accumulates in) the adapter dtype
         nbytes = FP32 if training.finetune.lora_fp32 else prec.compute_bytes
-    return -(-trainable(model, training.finetune).train // candidate.tp) * nbytes
+    T = grad_counts(model, training, candidate.strategy)
+    elems = {"all": T.train, "root": T.train_root, "block": T.train_per_block}[part]
+    return -(-elems // candidate.tp) * nbytes
 
 
 def step_for(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, n_gpus: Any,
@@ -166,20 +193,28 @@ def step_for(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, 
     counts = count(model)
     strategy = candidate.strategy
     tp = candidate.tp
-    d = dtypes(strategy, training.precision)
+    d = dtypes(strategy, training.precision, training.fsdp_dtypes)
     sh = shards(strategy, degree, tp)
     states = resident(model, training, counts, candidate, d, sh)
     work = working(model, training, candidate, degree, sh.optimizer, ov)
-    T = trainable(model, training.finetune)
+    T = grad_counts(model, training, strategy)  # what gets a gradient (states.grad_counts)
     td = train_dtypes(training.finetune, d, strategy.is_zero, training.precision.amp)
     embed_trains = not training.finetune.embeddings_frozen
+    fsdp2 = strategy.is_fsdp and training.fsdp_version == 2
+    # FSDP2 pads a block's sharded expert gradients as it pads their parameters
+    pad = expert_padding(tuple((n, s, 1) for n, s in block_tensors(model)), degree) \
+        if fsdp2 and model.is_moe and not training.finetune.lora else 0
     return Step(
+        fsdp_version=training.fsdp_version, block_grad_pad=pad,
         unsynced_grads=unsynced_gradients(model, training, candidate),
+        unsynced_root=unsynced_gradients(model, training, candidate, part="root"),
+        unsynced_block=unsynced_gradients(model, training, candidate, part="block"),
+        two_micro_batches=training.grad_accum == 2,
         allocator=training.allocator, init=str(init_mode(training, candidate)),
         # DeepSpeed casts the module to its 16-bit dtype before moving it to the GPU
         load_bytes=(counts.blocks_total + counts.root)
-        * (d.param if strategy.is_zero else load_bytes(training)),
-        unit_load_bytes=counts.per_block * load_bytes(training),
+        * (d.param if strategy.is_zero else load_bytes(training, strategy)),
+        unit_load_bytes=counts.per_block * load_bytes(training, strategy),
         n_layers=model.n_layers, block_params=counts.per_block, root_params=counts.root,
         train_block_params=T.train_per_block, train_blocks=T.train_blocks,
         train_root_params=T.train_root, root_grad_elems=root_grad_elems(model, T, embed_trains, tp),

@@ -39,11 +39,14 @@ class Activations:
     residual_bytes: int
     kept_logits: Any = 0
     """Logits a loop holds from the loss to the end of the step (--keep-logits)."""
+    root_before: Any = 0
+    """Saved by the root before the first block (embedding norm and dropout mask, RoPE's
+    tables): what the root holds while the blocks run forward."""
 
     @classmethod
     def of(cls, plan: ActivationPlan) -> Activations:
         return cls(kept_per_block=plan.block_kept, kept_blocks=plan.blocks_kept,
-                   root=plan.root_bytes,
+                   root=plan.root_bytes, root_before=plan.root_before_blocks,
                    loss_out=plan.root_saved[-1].nbytes,
                    loss_fwd=plan.loss_forward_transient, loss_bwd=plan.loss_backward_transient,
                    block_bwd=plan.block_backward_transient, recompute=plan.recompute,
@@ -82,6 +85,11 @@ class Step:
     params_offloaded: bool
     accumulating: Any
     """More than one micro-batch per step: later micro-batches run on accumulated grads."""
+    fsdp_version: int = 2
+    """FSDP1 or FSDP2 (the FSDP strategies)."""
+    block_grad_pad: Any = 0
+    """FSDP2: elements one rank's sharded gradient of a block holds beyond an even split (the
+    stacked MoE experts' dim-0 padding, states.expert_padding)."""
     allocator: Any = "default"
     """The CUDA allocator mode (planner.spec.Allocator)."""
     init: Any = "meta"
@@ -90,6 +98,13 @@ class Step:
     """The whole model in the dtype it is loaded in."""
     unit_load_bytes: Any = 0
     """One block in that dtype (moved or broadcast unsharded while loading)."""
+    unsynced_root: Any = 0
+    """Of ``unsynced_grads``, the root's."""
+    unsynced_block: Any = 0
+    """Of ``unsynced_grads``, one trainable block's."""
+    two_micro_batches: bool = False
+    """The only micro-batch before the last is the first (grad_accum 2): its root has no
+    accumulated gradient yet when its own arrives."""
     unsynced_grads: Any = 0
     """FSDP with gradient sync on the last micro-batch only: the unsharded gradients every
     unit accumulates until the last reduce-scatter (0 when gradients sync every time)."""
@@ -131,10 +146,21 @@ def initialization(s: Step) -> Breakdown:
 
 
 def forward(s: Step) -> Breakdown:
-    """At the loss, end of forward: every activation and the logits being reduced."""
-    return s.base.plus(gathered_params=s.work.gathered_fwd, activations=s.activations_all,
-                       gradients=s.accumulated, transients=s.acts.loss_fwd,
-                       comm_buffers=s.work.buckets)
+    """At the loss, end of forward: every activation and the logits being reduced. Under
+    FSDP2 also the last block's all-gather, where two all-gather outputs and the unit being
+    filled are alive (``Working.fwd_gather``; the larger of the two: at 64 ranks a padded
+    Mixtral unit is 21 GiB)."""
+    at_loss = s.base.plus(gathered_params=s.work.gathered_fwd, activations=s.activations_all,
+                          gradients=s.accumulated, transients=s.acts.loss_fwd,
+                          comm_buffers=s.work.buckets)
+    if not (s.fsdp and s.fsdp_version == 2):
+        return at_loss
+    # the last block's input (the residual stream) and what the blocks before it kept
+    acts = (s.acts.kept_blocks - s.acts.kept_per_block + s.acts.root_before
+            + s.acts.residual_bytes * s.tokens_x_hidden)
+    at_gather = s.base.plus(gathered_params=s.work.fwd_gather, activations=acts,
+                            gradients=s.accumulated, comm_buffers=s.work.buckets)
+    return largest([at_loss, at_gather])[1]
 
 
 def loss_backward(s: Step) -> Breakdown:
@@ -145,16 +171,18 @@ def loss_backward(s: Step) -> Breakdown:
 
 
 def _last_block(s: Step) -> Breakdown:
-    """The last block's backward: the loss's tensors are gone (log_softmax output freed), the
-    head's gradient exists, one block is being differentiated (and recomputed). Full-size
-    accumulated grads already hold the head's; FSDP's unsharded root grad is separate."""
+    """The last block's backward: the loss's tensors are gone (log_softmax output freed), and
+    so are what the head and the final norm saved (their backward has run: only what the
+    root saved before the blocks is left), the head's gradient exists, one block is being
+    differentiated (and recomputed). Full-size accumulated grads already hold the head's;
+    FSDP's unsharded root grad is separate."""
     if s.fsdp:
         grads = s.accumulated + s.work.root_grad_bwd
     else:
         grads = vec.where(s.grad_shards > 1, s.accumulated + s.work.root_grad_bwd,
                           vec.maximum(s.accumulated, s.work.root_grad_bwd))
     return s.base.plus(gathered_params=s.work.gathered_bwd,
-                       activations=s.acts.kept_blocks + s.acts.root - s.acts.loss_out,
+                       activations=s.acts.kept_blocks + s.acts.root_before,
                        gradients=grads, transients=s.acts.block_bwd + s.acts.recompute
                        + s.acts.kept_logits, comm_buffers=s.work.buckets + s.work.bwd_buffers)
 
@@ -164,7 +192,8 @@ def _block_grad(s: Step) -> Any:
     if s.offloaded:
         return 0
     return vec.where(s.accumulating, 0,
-                     vec.ceil_div(s.train_block_params, s.grad_shards) * s.grad_bytes)
+                     (vec.ceil_div(s.train_block_params, s.grad_shards) + s.block_grad_pad)
+                     * s.grad_bytes)
 
 
 def block_backward(s: Step) -> Breakdown:
@@ -193,6 +222,51 @@ def block_backward(s: Step) -> Breakdown:
                       gathered_params=s.work.gathered_bwd_first - s.work.gathered_bwd,
                       comm_buffers=s.work.rs_unit)
     subs = [last, prev, first] if s.n_layers > 1 else [last]
+    if s.fsdp and s.fsdp_version == 2:
+        if s.unsynced_grads:
+            # the blocks' reduce-scatters run in the last micro-batch only: a block reduced
+            # there trades its accumulated unsharded gradient for a new sharded one (the
+            # micro-batches before it, which reduce nothing, are ``last`` and its late moment)
+            g = (0 if s.offloaded else
+                 (vec.ceil_div(s.train_block_params, s.grad_shards) + s.block_grad_pad)
+                 * s.grad_bytes) - s.unsynced_block
+            prev = last.plus(activations=-kept, gradients=g, comm_buffers=s.work.rs_unit)
+            first = last.plus(activations=kept - s.acts.kept_blocks,
+                              gradients=(vec.maximum(s.train_blocks, 1) - 1) * g,
+                              gathered_params=s.work.gathered_bwd_first - s.work.gathered_bwd,
+                              comm_buffers=s.work.rs_unit)
+            subs = [last, prev, first] if s.n_layers > 1 else [last]
+        if s.n_layers == 2:
+            # the block before the last is the first: nothing is prefetched for it
+            subs = [last, first]
+        # FSDP2, traced block by block: late in a block's backward its own kept (and
+        # recomputed) activations are freed and its unsharded gradients exist; at its
+        # post-backward its unsharded parameters are freed before its reduce-scatter input
+        # is allocated (``_fsdp_param_group.py`` ``post_backward``: ``reshard()``, then
+        # ``foreach_reduce``, which first frees the previous reduce-scatter input)
+        early = list(subs)
+        if s.n_layers > 2:
+            # the second block (the one before the first): every later block's gradient,
+            # and the first block's all-gather output prefetched beside its own unit
+            early.insert(2, first.plus(activations=kept, gradients=-g,
+                                       gathered_params=s.work.post_freed))
+            subs = list(early)
+        if s.n_layers > 1:
+            # the first block's copy-out (pre-backward): its all-gather output and its
+            # unsharded parameters alive together, before its backward runs
+            subs.append(first.plus(gathered_params=s.work.post_freed,
+                                   transients=s.acts.kept_logits - first.transients))
+        for b in early:
+            subs.append(b.plus(activations=-kept,
+                               transients=s.work.grad_layout_copy - s.acts.recompute,
+                               gradients=s.work.unsharded_block_grads))
+        for b in (early[0], early[-1]):
+            subs.append(b.plus(activations=-kept,
+                               transients=s.acts.kept_logits - b.transients,
+                               gradients=s.work.unsharded_block_grads,
+                               gathered_params=-s.work.post_freed,
+                               comm_buffers=s.work.buckets + s.work.rs_unit - b.comm_buffers))
+        return largest(subs)[1]
     if s.fsdp:
         for b, lingering in ((last, 0), (first, s.work.lingering_first)):
             subs.append(b.plus(activations=-s.acts.kept_per_block,
@@ -223,7 +297,8 @@ def backward_end(s: Step) -> Breakdown:
                            transients=grad_in,
                            comm_buffers=s.work.buckets + s.work.bwd_buffers)
     block_grads = 0 if s.params_offloaded else \
-        s.train_blocks * vec.ceil_div(s.train_block_params, s.degree) * s.grad_bytes
+        s.train_blocks * (vec.ceil_div(s.train_block_params, s.degree) + s.block_grad_pad) \
+        * s.grad_bytes
     root_grads = 0 if s.params_offloaded else vec.where(
         s.accumulating, vec.ceil_div(s.train_root_params, s.degree) * s.grad_bytes, 0)
     emb = s.base.plus(gathered_params=s.work.gathered_end,
@@ -235,11 +310,15 @@ def backward_end(s: Step) -> Breakdown:
                        gathered_params=-s.work.gathered_end)
     subs = [emb, root_rs]
     if s.unsynced_grads:
+        # the last micro-batch: the blocks' accumulated gradients are reduced, the root's
+        # accumulated one is still held beside its new one (traced)
+        subs = [b.plus(gradients=s.unsynced_root) for b in subs]
         # a micro-batch before the last: nothing is reduced; every unit's unsharded gradient
         # is kept (FSDP2: converted to the reduce dtype in post-backward), the root's new one
-        # arriving on top
+        # arriving on top (of its accumulated one, unless this is the first micro-batch)
+        held = s.unsynced_grads - (s.unsynced_root if s.two_micro_batches else 0)
         subs.append(s.base.plus(gathered_params=s.work.gathered_end,
-                                gradients=vec.where(s.accumulating, s.unsynced_grads, 0)
+                                gradients=vec.where(s.accumulating, held, 0)
                                 + s.root_grad_elems * s.compute_bytes, transients=grad_in))
     return largest(subs)[1]
 

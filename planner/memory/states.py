@@ -10,11 +10,12 @@ state (``torch/optim/adam.py``: ``exp_avg``, ``exp_avg_sq`` = ``zeros_like(param
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from planner.vec import ceil_div
-from planner.params import ParamCounts, numel, tensor_groups, trainable
+from planner.params import ParamCounts, Trainable, count, numel, tensor_groups, trainable
 from planner.memory.zero import (
     optimizer_temp_bytes,
     ordered_sizes,
@@ -24,6 +25,8 @@ from planner.memory.zero import (
 from planner.spec import (
     Candidate,
     FineTune,
+    FlatParams,
+    FsdpDtypes,
     ModelSpec,
     Offload,
     OptimizerKind,
@@ -51,14 +54,22 @@ class Dtypes:
     """Working copies and activations in matmuls."""
 
 
-def dtypes(strategy: Strategy, precision: Precision) -> Dtypes:
+def dtypes(strategy: Strategy, precision: Precision, fsdp: FsdpDtypes | None = None) -> Dtypes:
     """DeepSpeed keeps the module and its gradients in the compute dtype with an fp32 master
     copy beside the optimizer state; torch AMP (DDP, FSDP2's MixedPrecisionPolicy) keeps fp32
-    params, grads and state and casts for compute; pure bf16 keeps everything in bf16."""
+    params, grads and state and casts for compute; pure bf16 keeps everything in bf16.
+
+    FSDP (``fsdp``: the policy's dtypes, ``TrainingSpec.fsdp_dtypes``): the sharded
+    parameters, their gradients (the reduce-scatter output is cast back to the parameters'
+    dtype, ``_fsdp_collectives.py`` ``foreach_reduce``) and the optimizer state
+    (``zeros_like(param)``) in the storage dtype; working copies in ``param_dtype``."""
     c = precision.compute_bytes
     if strategy.is_zero:
         return Dtypes(param=c, grad=c, master=FP32 if precision.amp else 0,
                       state=FP32 if precision.amp else precision.param_bytes, compute=c)
+    if strategy.is_fsdp and fsdp is not None:
+        return Dtypes(param=fsdp.storage, grad=fsdp.storage, master=0, state=fsdp.storage,
+                      compute=fsdp.param)
     pb = precision.param_bytes
     return Dtypes(param=pb, grad=pb, master=0, state=pb, compute=c)
 
@@ -107,6 +118,26 @@ def train_dtypes(ft: FineTune, d: Dtypes, zero: bool, amp: bool) -> TrainDtypes:
     p = FP32 if ft.lora_fp32 else d.compute
     return TrainDtypes(param=p, grad=p, state=p, frozen=d.compute,
                        master=FP32 if zero and amp and not ft.lora_fp32 else 0)
+
+
+def grad_counts(model: ModelSpec, training: TrainingSpec, strategy: Strategy) -> Trainable:
+    """The elements that get a gradient, as a ``Trainable`` (its trainable counts replaced):
+    the trainable ones, except under FSDP1 with ``--flat-params mixed``, where a unit with
+    any trainable tensor has a gradient over its whole flat parameter, frozen elements
+    included (torch 2.13 ``_flat_param.py:806-832``: with use_orig_params the FlatParameter's
+    requires_grad is the OR over its tensors, and the original parameters are views of it,
+    so autograd accumulates one full-size gradient into it; ``_runtime_utils.py:743-746``
+    keeps that unsharded gradient under no_sync, else casts it to reduce_dtype and
+    reduce-scatters all of it, ``_reduce_grad``). The optimizer state stays the trainable
+    parameters' (the optimizer holds the original parameters)."""
+    T = trainable(model, training.finetune)
+    if not (strategy.is_fsdp and training.fsdp_version == 1
+            and training.flat_params is FlatParams.MIXED):
+        return T
+    block = T.frozen_per_block + T.quant_per_block + T.train_per_block
+    root = max(count(model).root, T.train_root)
+    return dataclasses.replace(T, train_per_block=block if T.train_per_block else 0,
+                               train_root=root if T.train_root else 0)
 
 
 def expert_padding(groups: Any, shard: Any) -> Any:
@@ -196,7 +227,7 @@ def resident(model: ModelSpec, training: TrainingSpec, counts: ParamCounts,
     params = (ceil_div(frozen, sh.params) * frozen_b + ceil_div(T.train, sh.params) * train_param_b
               + (quantized_bytes(quant, T.quant_rows_per_block * model.n_layers, ft, sh.params)
                  if quant else 0))
-    grads = ceil_div(T.train, sh.grads) * grad_b
+    grads = ceil_div(grad_counts(model, training, candidate.strategy).train, sh.grads) * grad_b
     local_opt = ceil_div(T.train, sh.optimizer)
     if model.is_moe and candidate.strategy.is_fsdp and training.fsdp_version == 2:
         pad = expert_padding(T.groups, sh.params)  # params, grads and state alike

@@ -50,12 +50,28 @@ class Working:
     """Working copy freed when a block's backward ends (SHARD_GRAD_OP's unit, an autocast
     cast without checkpointing)."""
     lingering_first: Any = 0
-    """FULL_SHARD: the first block's all-gather output still allocated at its post-backward
-    (nothing is prefetched after it to replace it; traced)."""
+    """FSDP1 FULL_SHARD: the first block's all-gather output still allocated at its
+    post-backward (nothing is prefetched after it to replace it)."""
+    fwd_gather: Any = 0
+    """FSDP2: gathered at the last block's forward all-gather (0: no such moment). The
+    previous unit's all-gather output is kept until this copy-out has run
+    (``_fsdp_param_group.py``: ``comm_ctx.all_gather_state``), so two all-gather outputs
+    and the unit's unsharded parameters being filled are alive at once (traced; measured on
+    an H200)."""
+    post_freed: Any = 0
+    """FSDP2: the block's unsharded parameters, freed at its post-backward before its
+    gradients are reduced (``post_backward``: ``reshard()`` before ``foreach_reduce``)."""
+    grad_layout_copy: Any = 0
+    """A stacked expert weight's gradient copied into the parameter's layout (the reference
+    MoE's ``bmm(x, w.transpose(1, 2))`` gives it transposed; ``AccumulateGrad`` clones a
+    gradient whose strides differ from the parameter's, ``accumulate_grad.h``
+    ``obeys_layout_contract``): one expert stack's gradient twice for a moment."""
     gathered_end: Any = 0
     """At the end of backward: the root unit (FSDP)."""
     unsharded_block_grads: Any = 0
-    """FSDP post-backward: a block's unsharded gradients (param dtype)."""
+    """FSDP: a block's unsharded gradients (param dtype), alive late in its backward and at
+    its post-backward. FSDP2's are the parameters' real size (the unsharded parameter is a
+    view of the padded all-gather output narrowed to its shape, ``init_unsharded_param``)."""
     rs_unit: Any = 0
     """FSDP: one block's reduce-scatter input (reduce dtype)."""
     rs_root: Any = 0
@@ -154,7 +170,8 @@ def autocast_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate
 
 def fsdp_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate,
                  precision: Precision, d: Dtypes, degree: Any, version: int = 2,
-                 ft: FineTune = FineTune()) -> Working:
+                 ft: FineTune = FineTune(), reduce_bytes: int | None = None,
+                 grads: Any = None) -> Working:
     """FSDP2 (``torch/distributed/fsdp/_fully_shard``): each unit is all-gathered to
     ``param_dtype`` before use; the root is not resharded after forward (``_fsdp_state.py``:
     ``post_forward_mesh_info = None`` for the root); in post-backward the unsharded grads are
@@ -170,9 +187,12 @@ def fsdp_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate,
     Only trainable parameters have unsharded gradients and reduce-scatter inputs (LoRA: the
     adapters). A quantized base (Answer.AI's FSDP + QLoRA) all-gathers the packed 4/8-bit
     storage, and each linear is dequantized when used. Tensor parallel: a unit is 1/tp of the
-    block (torchtitan applies TP, then ``fully_shard`` over the data-parallel mesh)."""
+    block (torchtitan applies TP, then ``fully_shard`` over the data-parallel mesh).
+    ``grads``: the elements with gradients (``states.grad_counts``; default: the trainable
+    ones)."""
     c, tp = d.compute, candidate.tp
     T = trainable(model, ft)
+    G = grads or T
     Pb, Pr = counts.per_block, counts.root
     if model.is_moe and version == 2:
         # FSDP2 all-gathers each rank's dim-0 shard padded to ceil(E / n) experts: the
@@ -188,28 +208,42 @@ def fsdp_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate,
     packed = ceil_div(T.quant_per_block, 2 if ft.quantize_base is Quantize.NF4 else 1)
     unit = ceil_div((Pb - T.quant_per_block) * c + packed, tp)
     # the reduce-scatter input is padded alike (experts train unless under LoRA)
-    Tb = ceil_div(T.train_per_block + (0 if ft.lora else gather_pad), tp)
-    Tr = ceil_div(T.train_root, tp)
+    Tb = ceil_div(G.train_per_block + (0 if ft.lora else gather_pad), tp)
+    Tb_real = ceil_div(G.train_per_block, tp)
+    Tr = ceil_div(G.train_root, tp)
+    root = ceil_div(Pr * c, tp)
+    L = model.n_layers
+    # FSDP2's forward all-gather of the last block: its output and the previous unit's
+    # (the root's when there is one block) alive while the unsharded parameters are filled
+    prev_out = unit if L > 1 else root
     if candidate.strategy in (Strategy.FULL_SHARD, Strategy.HYBRID_SHARD):
-        # Resharded after forward, but at the loss one block is already gathered again for
-        # backward; in backward the current block + the one prefetched (traced).
+        # Resharded after forward, but the last all-gather output is kept until the next
+        # all-gather (at the loss: one block); in backward the current block + the one
+        # prefetched (traced).
         fwd = loss = unit
         bwd = 2 * unit
         freed, lingering = 0, unit
+        gather_fwd = root + 2 * unit + prev_out
     else:  # SHARD_GRAD_OP, NO_SHARD: kept unsharded from forward until post-backward
-        fwd = loss = bwd = model.n_layers * unit
+        fwd = loss = bwd = L * unit
         # the last block's all-gather output lingers until backward (traced)
         fwd = fwd + unit * (degree > 1)
         freed, lingering = unit, 0
-    root = ceil_div(Pr * c, tp)
-    rs_b = FP32 if precision.amp else precision.param_bytes
+        gather_fwd = root + (L - 1) * unit + unit + (unit + prev_out) * (degree > 1)
+    fsdp2 = version == 2
+    # the reduce-scatter input in reduce_dtype (MixedPrecisionPolicy; --precision's default)
+    rs_b = reduce_bytes if reduce_bytes is not None else (
+        FP32 if precision.amp else precision.param_bytes)
     if ft.lora:
         rs_b = FP32 if ft.lora_fp32 else c
     delayed = version == 1  # record_stream: one more unit and reduce input held
     dq = ceil_div(dequantized_linear(model, ft, c), tp)
-    grads_unit = Tb * c
+    grads_unit = (Tb_real if fsdp2 else Tb) * c
+    layout = 0
+    if model.is_moe and fsdp2 and not ft.lora:
+        layout = max(numel(s) for n, s in block_tensors(model) if n.startswith("mlp.w_")) * c
     if version == 1 and candidate.strategy is Strategy.NO_SHARD \
-            and (precision.param_bytes == c or ft.lora):
+            and (d.param == c or ft.lora):
         # FSDP1 NO_SHARD without a param-dtype cast computes on the flat parameter itself
         # (``_flat_param.py`` ``needs_unshard`` is False: ``unshard`` does nothing) and
         # all-reduces the gradient in place: no gathered copy, no separate reduce buffer.
@@ -221,7 +255,9 @@ def fsdp_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate,
         gathered_fwd=root + fwd + delayed * unit, gathered_loss=root + loss + delayed * unit,
         gathered_bwd=root + bwd + delayed * unit + dq,
         gathered_bwd_first=root + unit + delayed * unit + dq,
-        freed_per_block=freed, lingering_first=lingering, gathered_end=root,
+        freed_per_block=freed, lingering_first=0 if fsdp2 else lingering, gathered_end=root,
+        fwd_gather=gather_fwd if fsdp2 else 0, post_freed=unit if fsdp2 else 0,
+        grad_layout_copy=layout,
         unsharded_block_grads=grads_unit, rs_unit=(1 + delayed) * Tb * rs_b, rs_root=Tr * rs_b,
         root_grad_bwd=ceil_div(model.vocab * model.hidden * c, tp)
         if head_trains(model, ft) else 0)

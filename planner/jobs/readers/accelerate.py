@@ -105,6 +105,12 @@ def hardware(r: Reader, doc: dict, *, single: bool = False) -> None:
           "num_processes / num_machines" if machines > 1 else "num_processes")
 
 
+def _plugin_reduce_dtype(values: dict) -> str | None:
+    """The reduce dtype accelerate's FSDP plugin picks for the precision in effect (None: no
+    policy, under fp32 or pure bf16)."""
+    return {"bf16-amp": "bf16", "fp16-amp": "fp16"}.get(str(values.get("training.precision")))
+
+
 def fsdp(r: Reader, fc: Any, where: str, *, prefix: str) -> None:
     """An FSDP plugin config: accelerate's fsdp_* keys, or the same without the prefix (HF
     TrainingArguments.fsdp_config, axolotl with fsdp_version 2)."""
@@ -115,6 +121,14 @@ def fsdp(r: Reader, fc: Any, where: str, *, prefix: str) -> None:
     def get(name: str) -> Any:
         return fc.get(key(name), MISSING)
 
+    if get("mixed_precision_policy") is MISSING:
+        # accelerate 1.15 utils/dataclasses.py FullyShardedDataParallelPlugin.set_mixed_precision
+        # (called by state.py with the run's mixed precision): without a policy of its own the
+        # plugin builds MixedPrecision(Policy)(param_dtype=dtype, reduce_dtype=dtype): the
+        # gradients are reduced (and FSDP2 accumulates unsynced ones) in bf16 / fp16, not fp32
+        r.fallback("training.reduce_dtype", _plugin_reduce_dtype,
+                   f"{where}: no mixed_precision_policy: accelerate's FSDP plugin reduces "
+                   "gradients in the mixed-precision dtype (param_dtype = reduce_dtype)")
     version = get("version")
     v = r.count(version, f"{where}.{key('version')}") if version is not MISSING else None
     if v is not None and v not in (1, 2):

@@ -13,7 +13,9 @@ shard_grad_op; tensor/pipeline/context/expert degrees > 1 -> parallel.*; [activa
 mode none/selective/full (+ selective_ac_option: 'op' selective, 1 = full, k > 1 full on every
 k-th block: not modelled; 0.3: SelectiveAC (per-op) / FullAC / MemoryBudgetAC); enable_cpu_offload
 -> params_and_optimizer; [training] dtype bfloat16 -> pure bf16, else mixed_precision_param
-bfloat16 -> bf16-amp (FSDP2 MixedPrecisionPolicy over fp32 params), float32 -> fp32; [optimizer]
+bfloat16 -> bf16-amp (FSDP2 MixedPrecisionPolicy over fp32 params), float32 -> fp32;
+mixed_precision_reduce -> --reduce-dtype (default float32, which a pure-bf16 model keeps too:
+apply_fsdp passes it to the policy whatever the model's dtype); [optimizer]
 name / implementation (default fused); compile: [compile] components (default model and loss:
 blocks+loss; model alone: blocks; loss alone: not modelled), [training] compile -> blocks;
 float8 and other [model] converters -> training.float8; 0.3's ChunkedLossWrapper (lm_head and
@@ -44,6 +46,8 @@ OPTIMIZERS = {"adamw": "adamw", "adam": "adam", "sgd": "sgd"}
 IMPLEMENTATIONS = {"fused": "fused", "foreach": "foreach", "for-loop": "for-loop",
                    "fused_opt_states_bf16": Vocab("fused, bf16 optimizer states")}
 DTYPES = {"bfloat16": "bf16-amp", "float32": "fp32", "float16": Vocab("fp16-param")}
+REDUCE_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+"""[training] mixed_precision_reduce -> --reduce-dtype (FSDP's reduce_dtype)."""
 RESHARD = {"default": None, "always": "full_shard", "never": "shard_grad_op"}
 REGISTRY = "__registry__"
 """Set by ``from_registry``: the function a 0.3 config came from."""
@@ -206,23 +210,30 @@ def precision_and_offload(r: Reader, doc: dict) -> None:
             off = r.boolean(sec["enable_cpu_offload"], f"[{section}] enable_cpu_offload")
             r.set("offload", "params_and_optimizer" if off else "none",
                   f"[{section}] enable_cpu_offload")
+        if "mixed_precision_reduce" in sec:
+            k = "mixed_precision_reduce"
+            r.set("training.reduce_dtype", r.choose(sec[k], f"[{section}] {k}", REDUCE_DTYPES),
+                  f"[{section}] {k}")
         dtype = sec.get("dtype")
         if dtype is not None and str(dtype).lower() in ("bfloat16", "bf16"):
             # config/configs.py: dtype bfloat16 trains the parameters themselves in bf16
             r.set("training.precision", "bf16", f"[{section}] dtype")
             continue
-        for k, path in (("mixed_precision_param", "training.precision"),
-                        ("mixed_precision_reduce", "training.reduce_dtype")):
-            if k in sec:
-                v = r.choose(sec[k], f"[{section}] {k}", {**DTYPES, "float32": "fp32"})
-                if path == "training.reduce_dtype":
-                    v = None if v == "fp32" else Vocab(str(sec[k]))
-                r.set(path, v, f"[{section}] {k}")
+        if "mixed_precision_param" in sec:
+            k = "mixed_precision_param"
+            r.set("training.precision", r.choose(sec[k], f"[{section}] {k}", DTYPES),
+                  f"[{section}] {k}")
     if "offload" not in r.raw:
         r.set("offload", "none", "[training] enable_cpu_offload (default false)")
     if "training.precision" not in r.raw:
         r.set("training.precision", "bf16-amp",
               "[training] mixed_precision_param (default bfloat16)")
+    if r.raw.get("training.precision") == "bf16" and "training.reduce_dtype" not in r.raw:
+        # parallelize.py apply_fsdp passes mixed_precision_reduce to MixedPrecisionPolicy
+        # whatever [training] dtype is: a bf16 model still reduces (and, unsynced,
+        # accumulates) in fp32. Under -amp and fp32 that is already --precision's own value.
+        r.set("training.reduce_dtype", "fp32",
+              "[training] mixed_precision_reduce (default float32)")
 
 
 def compile_mode(r: Reader, doc: dict, training: dict) -> None:
