@@ -315,8 +315,11 @@ def plan_cmd(as_json: bool, wide: bool, find: str | None, job_paths: tuple[str, 
         return EXIT_NOTHING_FITS
     if answer.any_fits:
         return EXIT_FITS
-    # nothing fits for sure: a candidate at risk counts as a fit unless --at-risk reject
-    at_risk = answer.least_risk()[0] is not None and request.options.at_risk != "reject"
+    # nothing fits for sure: a candidate at risk counts as a fit unless --at-risk rejects it
+    from planner.error_bands import rejects
+
+    e = answer.least_risk()[0]
+    at_risk = e is not None and not rejects(request.options.at_risk, e.oom_probability)
     return EXIT_FITS if at_risk else EXIT_NOTHING_FITS
 
 

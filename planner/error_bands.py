@@ -116,9 +116,39 @@ kind of job decides the verdict instead (fits / at risk / does not fit, docs/acc
 
 
 AT_RISK_POLICIES = ("admit", "reject", "warn")
+"""What the gate does with a job whose interval straddles the usable memory; a policy may also
+be a probability P in (0, 1): reject the job when its probability of running out of memory is
+at least P, else admit it with a warning (``parse_at_risk``, ``rejects``)."""
 DEFAULT_AT_RISK = "warn"
-"""What the gate does with a job whose interval straddles the usable memory: admit it with a
-warning that gives the probability of running out of memory (docs/gating.md)."""
+"""Admit a job at risk with a warning that gives its probability of running out of memory
+(docs/gating.md)."""
+
+
+def parse_at_risk(raw: str) -> str:
+    """admit, reject, warn, or a probability ('0.5', '50%') written as a plain decimal ('0.5');
+    ValueError naming what is allowed."""
+    text = raw.strip().lower()
+    if text in AT_RISK_POLICIES:
+        return text
+    try:
+        p = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        p = math.nan
+    if not 0 < p < 1:  # NaN too
+        raise ValueError(f"must be one of {', '.join(AT_RISK_POLICIES)} or a probability of "
+                         f"running out of memory above which to reject (0 < P < 1, or a "
+                         f"percentage), got {raw[:40]!r}")
+    return f"{p:g}"
+
+
+def rejects(policy: str, p_oom: float | None) -> bool:
+    """Whether the at-risk policy rejects a job with this probability of running out of
+    memory (None: no measured band; a threshold then rejects, having nothing to weigh)."""
+    if policy in ("admit", "warn"):
+        return False
+    if policy == "reject":
+        return True
+    return p_oom is None or p_oom >= float(policy)
 FITS, AT_RISK, DOES_NOT_FIT = "fits", "at_risk", "does_not_fit"
 
 

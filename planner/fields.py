@@ -17,7 +17,7 @@ from typing import Any
 
 from planner import validate
 from planner.errors import FitcheckError, InputDataError, UsageError
-from planner.error_bands import AT_RISK_POLICIES, DEFAULT_AT_RISK, DEFAULT_MARGIN
+from planner.error_bands import AT_RISK_POLICIES, DEFAULT_AT_RISK, DEFAULT_MARGIN, parse_at_risk
 from planner.spec import (
     Allocator,
     Attention,
@@ -149,12 +149,15 @@ def parse_freeze(raw: Any) -> tuple[bool, int, int]:
 
 
 def _at_risk(raw: Any) -> str:
-    """admit, reject or warn (case-insensitive)."""
-    text = validate.text(raw, limit=20).strip().lower()
-    if text not in AT_RISK_POLICIES:
-        raise ValueError(f"must be one of {', '.join(AT_RISK_POLICIES)}, got "
-                         f"{validate._show(raw)}")
-    return text
+    """admit, reject, warn (case-insensitive) or a probability of running out of memory at and
+    above which a job at risk is rejected (planner.error_bands.parse_at_risk)."""
+    text = validate.text(raw, limit=20) if not isinstance(raw, (int, float)) or \
+        isinstance(raw, bool) else str(raw)
+    try:
+        return parse_at_risk(text)
+    except ValueError:
+        raise ValueError(f"must be one of {', '.join(AT_RISK_POLICIES)} or a probability "
+                         f"0 < P < 1 (or a percentage), got {validate._show(raw)}") from None
 
 
 def parse_tp(raw: Any) -> int | str:
@@ -477,11 +480,12 @@ FIELDS: tuple[Field, ...] = (
           "(default 0: the verdict's interval already covers the planner's measured error, "
           "docs/accuracy.md)."),
     Field(path="at_risk", flag="--at-risk", check=lambda raw: _at_risk(raw),
-          choices=AT_RISK_POLICIES, default=DEFAULT_AT_RISK,
+          metavar="admit|reject|warn|P", default=DEFAULT_AT_RISK,
           help="A job at risk (the interval of its need straddles the usable memory; the "
-          "probability of running out of memory is printed): admit it, reject it, or warn "
-          "(admit with a warning). Decides the gate's verdict and, when nothing fits for "
-          "sure, the exit code (0 or 3)."),
+          "probability of running out of memory is printed): admit it, reject it, warn "
+          "(admit with a warning), or a probability P (0.5, 50%): reject when the job's "
+          "probability of running out of memory is at least P, else warn. Decides the gate's "
+          "verdict and, when nothing fits for sure, the exit code (0 or 3)."),
     Field(path="calibration", flag="--calibration", metavar="FILE|auto|none",
           check=validate.text, default="auto", files=True,
           help="Fitted runtime terms (docs/calibration.md): a calibration file, auto (the one "

@@ -140,12 +140,14 @@ def _at_risk(request, e, st, policy: str, what: str, warnings: list[str], *,
         pred["strategy"] = rec["strategy"] = str(strategy)
     shown = e.candidate if strategy is None else dataclasses.replace(e.candidate,
                                                                       strategy=strategy)
+    from planner.error_bands import rejects
+
     text = f"{what}{label(shown)} is at risk on {_hw(request)}: {_risk_text(e)}"
-    if policy == "reject":
-        return verdict_doc(REJECT, f"{text}; rejected (at_risk: reject).",
+    if rejects(policy, e.oom_probability):
+        return verdict_doc(REJECT, f"{text}; rejected (at_risk: {policy}).",
                            recommendation=None if pinned else rec, predicted=pred,
                            pinned=pinned, warnings=warnings)
-    if policy == "warn":
+    if policy != "admit":  # warn, or a probability the job's is under
         warnings = [*warnings, f"at risk: {e.oom_probability:.0%} probability of running out "
                     f"of memory ({e.risk.text() if e.risk is not None else 'no measured band'})"]
     return verdict_doc(ADMIT, f"{text}; admitted (at_risk: {policy}).", recommendation=rec,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import click
 
@@ -17,11 +18,26 @@ from planner.cli_options import JOB_FORMATS
 from planner.errors import FitcheckError, UsageError
 
 ON_ERROR = click.Choice(["admit", "reject"], case_sensitive=False)
-AT_RISK = click.Choice(["admit", "reject", "warn"], case_sensitive=False)
-"""planner.error_bands.AT_RISK_POLICIES (not imported: the gate's --help stays light)."""
+class _AtRisk(click.ParamType):
+    """admit, reject, warn or a probability (planner.error_bands.parse_at_risk, imported only
+    when the option is given: the gate's --help stays light)."""
+
+    name = "admit|reject|warn|P"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> str:
+        from planner.error_bands import parse_at_risk
+
+        try:
+            return parse_at_risk(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+AT_RISK = _AtRisk()
 AT_RISK_HELP = ("A job at risk (the interval of its need straddles the usable memory): admit, "
-                "reject, or warn (admit with a warning giving the probability of running out "
-                "of memory). Overrides the spec's at_risk [default: the spec's, else warn].")
+                "reject, warn (admit with a warning giving the probability of running out "
+                "of memory), or a probability P (0.5, 50%): reject at and above it, else warn. "
+                "Overrides the spec's at_risk [default: the spec's, else warn].")
 
 
 GATE_TIMEOUT_S = (0.1, 3600.0)
@@ -131,7 +147,7 @@ def gate_cmd(spec: str, on_error: str, timeout: float, at_risk: str | None, comp
         with _time_limit(timeout):
             verdict = gate_path(spec, fmt=job_format and job_format.lower(), overrides={
                 "hardware.gpu": gpu, "hardware.n": n, "hardware.gpus_per_node": gpus_per_node,
-                "model.preset": model}, at_risk=at_risk and at_risk.lower())
+                "model.preset": model}, at_risk=at_risk)
     except (FitcheckError, click.ClickException, KeyboardInterrupt):
         raise  # a bad spec (exit 4) or usage (2) is not an internal error
     except (GateTimeout, Exception) as exc:  # internal error: fail open or closed, as asked
@@ -205,7 +221,7 @@ def serve_cmd(host: str | None, port: int, tls_cert: str | None, tls_key: str | 
     cfg = WebhookConfig(require_annotation=require_annotation, on_error=on_error.lower(),
                         timeout_s=timeout, max_body_bytes=max_body_bytes, workers=workers,
                         max_connections=max_connections, quiet=quiet,
-                        at_risk=at_risk and at_risk.lower())
+                        at_risk=at_risk)
     try:
         server = make_server(host, port, cfg, tls_cert=tls_cert, tls_key=tls_key,
                              client_ca=client_ca)

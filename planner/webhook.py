@@ -55,7 +55,8 @@ class WebhookConfig:
     on_error: str = REJECT
     """admit or reject: the answer when evaluation fails or times out."""
     at_risk: str | None = None
-    """admit, reject or warn: a job at risk (serve --at-risk); None: the spec's at_risk."""
+    """admit, reject, warn or a probability (planner.error_bands.parse_at_risk): a job at
+    risk (serve --at-risk); None: the spec's at_risk."""
     timeout_s: float = 5.0
     """Whole-request deadline: TLS handshake, reading, waiting for a worker, evaluating."""
     idle_timeout_s: float = 120.0

@@ -96,7 +96,8 @@ def test_the_spec_key_sets_the_policy_and_the_flag_overrides_it():
 def test_bad_policy_names_the_field():
     from planner.fields import SpecError
 
-    with pytest.raises(SpecError, match=r"^at_risk: must be one of admit, reject, warn, got "
+    with pytest.raises(SpecError, match=r"^at_risk: must be one of admit, reject, warn or a "
+                                        r"probability 0 < P < 1 \(or a percentage\), got "
                                         r"'maybe'$"):
         gate({**pinned("ddp", "full"), "at_risk": "maybe"})
 
@@ -158,3 +159,45 @@ def test_slurm_controller_message_carries_the_risk():
     assert ok.code == fs.EXIT_ADMIT and "is at risk" in ok.message
     no = fs.controller_answer(fs.ControllerJob(directives=line + " at_risk=reject\n"))
     assert no.code == fs.EXIT_REJECT and "rejected (at_risk: reject)" in no.message
+
+
+def test_a_probability_policy_rejects_at_and_above_it():
+    """--at-risk P: a job at risk is rejected when its probability of running out of memory is
+    at least P, else admitted with the warning 'warn' gives. The job's own probability is
+    read from the verdict, and the two thresholds are put on either side of it."""
+    s = at_risk_spec()
+    p = gate(s, at_risk="admit")["predicted"]["risk"]["oom_probability"]
+    assert 0.02 < p < 0.98
+    below, above = f"{(p + 1) / 2:.4f}", f"{p / 2:.4f}"  # thresholds over and under p
+    v = gate(s, at_risk=below)
+    assert v["verdict"] == "admit" and v["at_risk_policy"] == below
+    assert any(w.startswith("at risk: ") for w in v["warnings"])
+    v = gate(s, at_risk=above)
+    assert v["verdict"] == "reject" and f"rejected (at_risk: {above})" in v["reason"]
+    # the spec key takes a percentage too, written back as the probability
+    assert gate({**s, "at_risk": f"{p * 50:.2f}%"})["verdict"] == "reject"
+
+
+@pytest.mark.parametrize("bad", ["0", "1", "1.5", "-0.2", "nan", "150%", "maybe"])
+def test_a_bad_probability_policy_names_the_field(bad):
+    from planner.fields import SpecError
+
+    with pytest.raises(SpecError, match=r"^at_risk: must be one of admit, reject, warn or a "
+                       r"probability"):
+        gate({**at_risk_spec(), "at_risk": bad})
+
+
+def test_plan_exit_code_follows_a_probability_policy():
+    """Nothing fits for sure: the plan exits 0 when the least risky candidate's probability is
+    under P, 3 when at or above it."""
+    s = at_risk_spec()
+    p = gate(s, at_risk="admit")["predicted"]["risk"]["oom_probability"]
+    args = ["--model", "llama3-8b", "--gpu", "h100-80", "--n", "8", "--strategy",
+            s["strategy"], "--checkpointing", s["checkpointing"], "--offload", "none",
+            "--tp", "1", "--seq", str(s["training"]["seq"])]
+    run = lambda *a: CliRunner().invoke(cli, [*args, *a])  # noqa: E731
+    assert run("--at-risk", f"{(p + 1) / 2:.4f}").exit_code == 0
+    r = run("--at-risk", f"{p / 2:.4f}")
+    assert r.exit_code == 3, r.output
+    r = run("--at-risk", "2")
+    assert r.exit_code == 2 and "--at-risk" in r.stderr
