@@ -322,6 +322,21 @@ def outcome(required: int, usable: int, band: RiskBand | None) -> tuple[str, flo
     return AT_RISK, p
 
 
+EFFICIENCY_WIDENING = {"eager": 0.15, "compiled": 0.27}
+"""Points added to the tokens/s band of a GPU whose compute efficiency is not measured on its
+family (derived from a sibling by the roofline, or assumed), per mode: the largest miss of the
+same roofline transfer between the two measured families, A100 and H100 (eager -9.4 % and
++14.7 %, compiled -14.8 % and +26.0 %; rounded up to a whole point; docs/throughput.md section
+2). For an assumed value it is a floor: nothing measured bounds an assumption."""
+
+
+def efficiency_widening(provenance: str, compile: CompileMode = CompileMode.NONE) -> float:
+    """The tokens/s band widening for an efficiency of this provenance (0 when measured)."""
+    if provenance == "measured":
+        return 0.0
+    return EFFICIENCY_WIDENING["eager" if compile is CompileMode.NONE else "compiled"]
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Band:
     """The measured error of one kind of job on one quantity (peak memory or step time)."""
@@ -337,24 +352,42 @@ class Band:
     p90_abs: float
     median_signed: float
     p90_under: float
+    efficiency: str | None = None
+    """step_time with a GPU: the provenance of its compute efficiency (measured / derived /
+    assumed; planner.throughput.efficiency_provenance); None: no GPU given."""
+    widened_by: float = 0.0
+    """Added to median_abs and p90_abs when the efficiency is not measured
+    (EFFICIENCY_WIDENING); the measured fields stay as measured."""
 
     def as_dict(self) -> dict[str, Any]:
-        return {"family": self.measured_family, "n": self.n, "median_abs": self.median_abs,
-                "p90_abs": self.p90_abs, "median_signed": self.median_signed,
-                "p90_under": self.p90_under}
+        out = {"family": self.measured_family, "n": self.n, "median_abs": self.median_abs,
+               "p90_abs": self.p90_abs, "median_signed": self.median_signed,
+               "p90_under": self.p90_under}
+        if self.efficiency is not None:
+            out["compute_efficiency"] = self.efficiency
+            out["widened_by"] = self.widened_by
+        return out
 
     def text(self) -> str:
-        """'4% median, 15% p90 over 13 public runs' (of all kinds when the family has few)."""
+        """'4% median, 15% p90 over 13 public runs' (of all kinds when the family has few),
+        then the widening when the GPU's compute efficiency is not measured."""
         who = ("" if self.measured_family == self.family
                else f" of all kinds (fewer than {MIN_ROWS} of this kind)")
-        return (f"{self.median_abs:.0%} median, {self.p90_abs:.0%} p90 over {self.n} public "
+        base = (f"{self.median_abs:.0%} median, {self.p90_abs:.0%} p90 over {self.n} public "
                 f"runs{who}")
+        if not self.widened_by:
+            return base
+        return (f"{base}, widened by {self.widened_by * 100:.0f} points to "
+                f"{self.median_abs + self.widened_by:.0%} median, "
+                f"{self.p90_abs + self.widened_by:.0%} p90: this GPU's compute efficiency is "
+                f"{self.efficiency.upper()}, not measured on its family")
 
 
-def band(quantity: str, strategy: Strategy, compile: CompileMode = CompileMode.NONE
-         ) -> Band | None:
+def band(quantity: str, strategy: Strategy, compile: CompileMode = CompileMode.NONE,
+         gpu: Any = None) -> Band | None:
     """The measured band of ``quantity`` ('memory' or 'step_time') for this kind of job, or
-    None when error_bands.json has none."""
+    None when error_bands.json has none. With ``gpu`` (a GpuProfile), the step-time band says
+    its compute efficiency's provenance and is widened when that is not measured."""
     section = _table().get({"memory": "memory", "step_time": "throughput"}[quantity], {})
     fam = family(strategy, compile)
     entry, measured = section.get("families", {}).get(fam), fam
@@ -362,24 +395,34 @@ def band(quantity: str, strategy: Strategy, compile: CompileMode = CompileMode.N
         entry, measured = section.get("all"), "all"
     if not entry or not entry.get("n"):
         return None
+    prov, widen = None, 0.0
+    if gpu is not None and quantity == "step_time":
+        from planner.throughput import efficiency_provenance
+
+        prov = efficiency_provenance(gpu, compile)
+        widen = efficiency_widening(prov, compile)
     return Band(quantity=quantity, family=fam, measured_family=measured, n=int(entry["n"]),
                 median_abs=float(entry["median_abs"]), p90_abs=float(entry["p90_abs"]),
                 median_signed=float(entry["median_signed"]),
-                p90_under=float(entry["p90_under"]))
+                p90_under=float(entry["p90_under"]), efficiency=prov, widened_by=widen)
 
 
-def bands_json(strategy: Strategy, compile: CompileMode = CompileMode.NONE) -> dict[str, Any]:
+def bands_json(strategy: Strategy, compile: CompileMode = CompileMode.NONE,
+               gpu: Any = None) -> dict[str, Any]:
     """The JSON of a verdict's error band: {'kind', 'memory', 'step_time'} (None where the file
-    has none). Each band: family, n, median_abs, p90_abs, median_signed, p90_under."""
-    mem, step = band("memory", strategy, compile), band("step_time", strategy, compile)
+    has none). Each band: family, n, median_abs, p90_abs, median_signed, p90_under; with
+    ``gpu``, step_time also has compute_efficiency (its provenance) and widened_by."""
+    mem, step = band("memory", strategy, compile), band("step_time", strategy, compile, gpu)
     return {"kind": family(strategy, compile),
             "memory": None if mem is None else mem.as_dict(),
             "step_time": None if step is None else step.as_dict()}
 
 
-def bands_line(strategy: Strategy, compile: CompileMode = CompileMode.NONE) -> str | None:
-    """One line for people: how far off the planner has measured itself for this kind of job."""
-    mem, step = band("memory", strategy, compile), band("step_time", strategy, compile)
+def bands_line(strategy: Strategy, compile: CompileMode = CompileMode.NONE,
+               gpu: Any = None) -> str | None:
+    """One line for people: how far off the planner has measured itself for this kind of job
+    (the tokens/s part widened where the GPU's compute efficiency is not measured)."""
+    mem, step = band("memory", strategy, compile), band("step_time", strategy, compile, gpu)
     parts = []
     if mem is not None:
         parts.append(f"peak memory {mem.text()}")

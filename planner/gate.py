@@ -210,7 +210,8 @@ def verdict_for(request, *, pinned: bool, warnings: list[str],
     doc = _verdict_for(request, pinned=pinned, warnings=warnings, policy=policy)
     judged = doc.get("predicted") or doc.get("recommendation")
     doc["error_band"] = (None if not judged else
-                         bands_json(Strategy(judged["strategy"]), request.training.compile))
+                         bands_json(Strategy(judged["strategy"]), request.training.compile,
+                                    request.cluster.gpu))
     pred = doc.get("predicted")
     doc["outcome"] = pred["risk"]["outcome"] if pred else None
     doc["at_risk_policy"] = policy

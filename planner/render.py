@@ -15,7 +15,7 @@ from planner.candidates import label
 from planner.plan import Answer, Found, interval
 from planner.spec import (Checkpointing, CompileMode, GradSync, LossKind, ModelSpec, Offload,
                           Quantize, Strategy)
-from planner.throughput import StepEstimate
+from planner.throughput import StepEstimate, default_compute_efficiency, efficiency_provenance
 
 SCHEMA_VERSION = 1
 GiB = 2**30
@@ -71,7 +71,7 @@ def step_json(st: StepEstimate, ddp: StepEstimate) -> dict[str, Any]:
 
 def candidate_json(e: Estimate, st: StepEstimate | None = None,
                    ddp: StepEstimate | None = None, grad_accum: int | None = None,
-                   compile: CompileMode = CompileMode.NONE) -> dict[str, Any]:
+                   compile: CompileMode = CompileMode.NONE, gpu: Any = None) -> dict[str, Any]:
     c = e.candidate
     speed = step_json(st, ddp) if st is not None and ddp is not None else {}
     if grad_accum is not None:
@@ -98,7 +98,7 @@ def candidate_json(e: Estimate, st: StepEstimate | None = None,
         "host_bytes_per_node": e.host_bytes_per_node,
         "host_capacity_bytes": e.host_capacity_bytes,
         "notes": list(e.notes),
-        "error_band": bands_json(c.strategy, compile),
+        "error_band": bands_json(c.strategy, compile, gpu),
         "risk": risk_json(e),
         **speed,
     }
@@ -140,6 +140,10 @@ def answer_json(answer: Answer, found: Found | None = None) -> dict[str, Any]:
                 "gpus_per_node": cl.gpus_per_node,
                 "n_nodes": cl.n_nodes,
                 "host_ram_bytes_per_node": cl.host_ram_bytes_per_node,
+                "compute_efficiency": default_compute_efficiency(cl.gpu, t.compile),
+                "compute_efficiency_provenance": efficiency_provenance(cl.gpu, t.compile),
+                "compute_efficiency_source": cl.gpu.sources.get(
+                    _efficiency_key(cl.gpu, t.compile)),
             },
             "strategies": [str(s) for s in q.options.strategies],
             "offload": "auto" if q.options.offloads is None else [str(o) for o in q.options.offloads],
@@ -149,7 +153,7 @@ def answer_json(answer: Answer, found: Found | None = None) -> dict[str, Any]:
             "global_batch": q.options.global_batch,
             "tp": "auto" if q.options.tp is None else q.options.tp,
         },
-        "candidates": [candidate_json(e, st, d, t.grad_accum, t.compile) for e, st, d
+        "candidates": [candidate_json(e, st, d, t.grad_accum, t.compile, cl.gpu) for e, st, d
                        in zip(answer.estimates, answer.steps, answer.ddp_steps)],
         "recommendation": None if rec is None else {
             "strategy": str(rec.candidate.strategy),
@@ -157,7 +161,7 @@ def answer_json(answer: Answer, found: Found | None = None) -> dict[str, Any]:
             "checkpointing": str(rec.candidate.checkpointing),
             "tp": rec.candidate.tp,
             "reasons": list(rec.reasons),
-            "error_band": bands_json(rec.candidate.strategy, t.compile),
+            "error_band": bands_json(rec.candidate.strategy, t.compile, cl.gpu),
             "risk": risk_json(answer.chosen()[0]),
         },
         "calibration": q.runtime.calibration,
@@ -166,6 +170,26 @@ def answer_json(answer: Answer, found: Found | None = None) -> dict[str, Any]:
         "skipped": list(answer.skipped),
         "assumptions": assumptions(answer),
     }
+
+
+def _efficiency_key(gpu, compile: CompileMode) -> str:
+    """The profile field ``default_compute_efficiency`` reads for this mode."""
+    return ("compiled_compute_efficiency" if compile is not CompileMode.NONE
+            and gpu.compiled_compute_efficiency is not None else "compute_efficiency")
+
+
+def efficiency_line(gpu, compile: CompileMode) -> str | None:
+    """The assumption line for a compute efficiency that is not measured on the GPU's family
+    (None when it is measured)."""
+    prov = efficiency_provenance(gpu, compile)
+    if prov == "measured":
+        return None
+    how = ("from a measured sibling GPU by the roofline (peak FLOP/s and HBM bandwidth; the "
+           "profile's [sources] and docs/throughput.md §2 give the numbers)" if prov == "derived"
+           else "without a measurement (the profile's [sources])")
+    return (f"compute efficiency {default_compute_efficiency(gpu, compile):.3f} of the dense "
+            f"peak ({gpu.id}): {prov.upper()} {how}, not measured on this GPU family; the "
+            "tokens/s band is widened for it")
 
 
 def training_json(t) -> dict[str, Any]:
@@ -265,6 +289,9 @@ def assumptions(answer: Answer) -> list[str]:
            "; no margin by default: the interval covers the measured error"),
     ]
     t = q.training
+    eff = efficiency_line(q.cluster.gpu, t.compile)
+    if eff:
+        out.append(eff)
     loss = f"chunked:{t.loss_chunks}" if t.loss is LossKind.CHUNKED else str(t.loss)
     out.append(f"training loop: gradients synced {'every micro-batch' if t.grad_sync is GradSync.EVERY else 'on the last micro-batch only'}, "
                f"loss {loss}{' (logits kept through backward)' if t.keep_logits else ''}, "
@@ -469,7 +496,7 @@ def table(answer: Answer, found: Found | None = None, *, width: int = 100,
         lines.append(f"recommendation: {c.strategy}{extra}")
         for r in rec.reasons:
             lines += _wrap(f"  - {r}", wrap_width, "    ")
-        band = bands_line(c.strategy, t.compile)
+        band = bands_line(c.strategy, t.compile, cl.gpu)
         if band:
             lines += _wrap(f"  - {band}", wrap_width, "    ")
         e, _ = answer.chosen()

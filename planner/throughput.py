@@ -61,6 +61,7 @@ __all__ = [
     "all_gather_bytes",
     "all_reduce_bytes",
     "default_compute_efficiency",
+    "efficiency_provenance",
     "estimate_step",
     "matmul_params",
     "model_flops_per_token",
@@ -87,7 +88,9 @@ __all__ = [
 #   H100: torchtitan reports 33-39 % MFU for Llama-3.1 8B with FSDP on 8/128 H100 (500 W parts,
 #         benchmarks/llama3_h100_202412_torchtitan.md); llm-foundry MPT on H100-80GB 40-46 %.
 # H100's 989 TFLOP/s bf16 peak is quoted at boost clock; sustained GEMM clocks under load are
-# lower, so the achievable fraction is well below A100's. Other GPUs: 0.50 (assumed).
+# lower, so the achievable fraction is well below A100's. H200 and MI300X: derived from the H100
+# by the roofline (their [sources]; docs/throughput.md section 2). Other GPUs: 0.50 (assumed).
+# ``efficiency_provenance`` says which.
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -372,6 +375,28 @@ def default_compute_efficiency(gpu: GpuProfile, compile: CompileMode = CompileMo
     if compile is not CompileMode.NONE and gpu.compiled_compute_efficiency is not None:
         return gpu.compiled_compute_efficiency
     return gpu.compute_efficiency
+
+
+EFFICIENCY_PROVENANCES = ("measured", "derived", "assumed")
+"""Where a profile's compute efficiency comes from: fitted on runs of that GPU family (or a
+calibration measured on it), derived from a measured sibling by the roofline (docs/throughput.md
+section 2), or assumed."""
+
+
+def efficiency_provenance(gpu: GpuProfile, compile: CompileMode = CompileMode.NONE) -> str:
+    """'measured', 'derived' or 'assumed': read from the source of the efficiency
+    ``default_compute_efficiency`` uses (hardware_profiles/*.toml ``[sources]``, or
+    ``calibration <id>`` once a calibration replaced it). A source starting "fitted" or
+    "measured", or a calibration, is measured; "derived", derived; anything else, or none (a
+    user's file without a source), assumed."""
+    key = ("compiled_compute_efficiency" if compile is not CompileMode.NONE
+           and gpu.compiled_compute_efficiency is not None else "compute_efficiency")
+    src = gpu.sources.get(key, "").strip().lower()
+    if src.startswith(("fitted", "measured", "calibration ")):
+        return "measured"
+    if src.startswith("derived"):
+        return "derived"
+    return "assumed"
 
 
 # --------------------------------------------------------------------------------------------

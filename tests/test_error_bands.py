@@ -342,17 +342,24 @@ def test_plan_json_and_text_carry_the_band():
     answer = plan(r)
     doc = answer_json(answer)
     rec = answer.recommendation.candidate
-    assert doc["recommendation"]["error_band"] == eb.bands_json(rec.strategy, CompileMode.BLOCKS)
+    gpu = r.cluster.gpu
+    assert doc["recommendation"]["error_band"] == eb.bands_json(rec.strategy, CompileMode.BLOCKS,
+                                                                gpu)
     for c in doc["candidates"]:
         assert c["error_band"]["kind"] == eb.family(Strategy(c["strategy"]), CompileMode.BLOCKS)
-    assert eb.bands_line(rec.strategy, CompileMode.BLOCKS) in table(answer, wide=True)
+    assert eb.bands_line(rec.strategy, CompileMode.BLOCKS, gpu) in table(answer, wide=True)
 
 
 def test_gate_verdict_carries_the_band():
     from planner.gate import gate
 
+    from planner.hardware import load_gpu
+
     v = gate({"model": {"preset": "llama3-8b"}, "hardware": {"gpu": "h100-80", "n": 8}})
-    assert v["error_band"] == eb.bands_json(Strategy(v["predicted"]["strategy"]))
+    # the H100's efficiency is measured (fitted on H100 rows, or the calibration): not widened
+    assert v["error_band"] == eb.bands_json(Strategy(v["predicted"]["strategy"]),
+                                            gpu=load_gpu("h100-80"))
+    assert v["error_band"]["step_time"]["widened_by"] == 0
     v = gate({"model": {"preset": "llama3-8b"}, "hardware": {"gpu": "h100-80", "n": 8},
               "strategy": "ddp"})
     assert v["error_band"]["kind"] == "ddp-eager"

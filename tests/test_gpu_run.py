@@ -145,8 +145,12 @@ def test_the_h200_calibration_ships_the_measured_context():
     # case = 877,461,504 B = 836.8125 MiB (run1), plus what the driver keeps: nvidia-smi's
     # 143,771 MiB (the profile) - mem_get_info's 150,109,880,320 B = 615.0625 MiB
     assert cal.value("cuda_context_bytes") == 877461504 + (150754820096 - 150109880320)
-    # the fragmentation, efficiency and activation fits did not beat the defaults held out
-    assert set(cal.values) == {"cuda_context_bytes"} and cal.activation_scale == {}
+    # the fragmentation and activation fits did not beat the defaults held out; the eager
+    # efficiency (0.420 fitted on all 30 steps) did not beat the borrowed 0.395 but beats the
+    # profile's roofline-derived 0.483 (13.1 % vs 22.4 % held out: docs/calibration.md §6)
+    assert set(cal.values) == {"cuda_context_bytes", "compute_efficiency"}
+    assert round(cal.value("compute_efficiency"), 3) == 0.420
+    assert cal.activation_scale == {}
 
 
 def test_calibration_auto_applies_the_h200_context():

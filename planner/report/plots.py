@@ -32,6 +32,26 @@ def _gpu_style(j: int) -> dict[str, Any]:
             "lw": 1.5, "mfc": "none", "mew": 1.2}
 
 
+def _provenance(g: Any, req: ReportRequest) -> str:
+    """The provenance of the compute efficiency the plans use on GPU type ``g``: that of the
+    plan's copy (a calibration may have replaced the profile's value; the efficiency does not
+    depend on the model, so the first model's plan says it)."""
+    from planner.throughput import efficiency_provenance
+
+    j = req.gpus.index(g)
+    return efficiency_provenance(req.plans[0][j].cluster.gpu, req.training.compile)
+
+
+def _speed_label(g: Any, req: ReportRequest) -> tuple[str, dict[str, Any]]:
+    """A GPU's label and line style on a speed plot: "(eff. derived)" or "(eff. assumed)" and a
+    dashed line where its compute efficiency is not measured on its family
+    (planner.throughput.efficiency_provenance; docs/throughput.md section 2)."""
+    prov = _provenance(g, req)
+    if prov == "measured":
+        return g.id, {}
+    return f"{g.id} (eff. {prov})", {"ls": "--"}
+
+
 _STRATEGY_STYLE = {  # named equivalents share a colour: FSDP solid, DeepSpeed dashed
     Strategy.DDP: ("C0", "-", "o"),
     Strategy.NO_SHARD: ("C0", "--", "x"),
@@ -270,7 +290,8 @@ def plot_throughput(report: Report) -> Any:
         ax = axes[k // ncols][k % ncols]
         for j, g in enumerate(req.gpus):
             sel = b[(b.model == m) & (b.gpu == g.id)].sort_values("n")
-            ax.plot(sel.n, sel.tokens_per_s_per_gpu, label=g.id, **_gpu_style(j))
+            name, dash = _speed_label(g, req)
+            ax.plot(sel.n, sel.tokens_per_s_per_gpu, label=name, **_gpu_style(j), **dash)
         _log2_x(ax, req.ns)
         ax.set_ylim(bottom=0)
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
@@ -280,8 +301,21 @@ def plot_throughput(report: Report) -> Any:
             ax.set_ylabel("tokens/s per GPU", fontsize=9)
     _hide_unused(axes, len(req.models), ncols)
     return lay.finish(f"Throughput of the recommended strategy ({_plot_setting(req)}; "
-                      "no point: nothing fits)", *axes[0][0].get_legend_handles_labels(),
+                      f"no point: nothing fits{_eff_note(req)})",
+                      *axes[0][0].get_legend_handles_labels(),
                       len(req.gpus))
+
+
+def _eff_note(req: ReportRequest) -> str:
+    """The title's note when a GPU's compute efficiency is not measured on its family."""
+    from planner.error_bands import efficiency_widening
+
+    provs = [_provenance(g, req) for g in req.gpus]
+    if all(p == "measured" for p in provs):
+        return ""
+    w = max(efficiency_widening(p, req.training.compile) for p in provs)
+    return (f"; dashed: compute efficiency not measured on that GPU family, derived from a "
+            f"sibling or assumed, tokens/s band widened by {w * 100:.0f} points")
 
 
 def plot_train_time_cost(report: Report) -> Any:
@@ -304,7 +338,8 @@ def plot_train_time_cost(report: Report) -> Any:
                 sel = b[(b.model == m) & (b.gpu == g.id)].sort_values("n")
                 if col == "cost_usd" and (req.prices or {}).get(g.id) is None:
                     continue
-                ax.plot(sel.n, sel[col], label=g.id, **_gpu_style(j))
+                name, dash = _speed_label(g, req)
+                ax.plot(sel.n, sel[col], label=name, **_gpu_style(j), **dash)
             if col == "cost_usd":  # linear from 0: cost differences read as ratios
                 from matplotlib.ticker import FuncFormatter
 
@@ -324,7 +359,7 @@ def plot_train_time_cost(report: Report) -> Any:
     what = "Time and cost" if req.prices else "Time"
     price = "" if req.prices else "; no $ per GPU-hour given"
     return lay.finish(f"{what} to train {fmt_count(req.tokens)} tokens with the recommended "
-                      f"strategy ({_plot_setting(req)}{price})",
+                      f"strategy ({_plot_setting(req)}{price}{_eff_note(req)})",
                       *axes[0][0].get_legend_handles_labels(), len(req.gpus))
 
 
