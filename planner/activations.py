@@ -763,7 +763,7 @@ def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Preci
                              "(MoE or an unlisted block family): eager activations counted")
             else:
                 saved, kept = [Saved("compiled.block", measured)], measured
-    if checkpointing is Checkpointing.NONE:
+    if checkpointing not in (Checkpointing.FULL, Checkpointing.SELECTIVE):
         kept_list = saved  # the eager list, or the compiled block's one total
     lt = loss_terms(model, t, c, r, loss, loss_chunks, compiled_loss)
     head_frozen = ft.head_frozen(model.tied_embeddings)

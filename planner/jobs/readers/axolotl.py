@@ -7,8 +7,9 @@ gradient_accumulation_steps (1; or batch_size / micro_batch_size); bf16 (default
 a bf16-capable GPU; axolotl then loads the model in bf16) / fp16 -> amp precision,
 bfloat16/float16 -> pure 16-bit, float32; fp8 -> training.float8; optimizer (default
 adamw_torch_fused); gradient_checkpointing (true -> full; offload/offload_disk not modelled),
-activation_offloading true -> training.activation_offload (legacy / disk: not modelled); flash_attention / sdp_attention /
-flex_attention / sage_attention / attn_implementation -> attention; torch_compile;
+activation_offloading true -> training.activation_offload (legacy / disk: not modelled);
+flash_attention / sdp_attention / flex_attention / sage_attention / attn_implementation ->
+attention; torch_compile;
 liger_fused_linear_cross_entropy / cut_cross_entropy -> fused loss, chunked_cross_entropy
 (_num_chunks) -> chunked; adapter lora/qlora with lora_r, lora_dropout, lora_target_linear /
 lora_target_modules, lora_modules_to_save, load_in_4bit / load_in_8bit, bnb_config_kwargs,
