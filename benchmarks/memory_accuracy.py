@@ -241,6 +241,11 @@ def risk_section(results: list[dict], fitted: dict[str, dict], margin: float) ->
     }
 
 
+HELD_OUT = "held out: "
+"""An ``unmodelled`` entry starting so: the row's feature is modelled now, but the row is kept
+out of the fitted bands (the reason follows)."""
+
+
 def modelled(results: list[dict]) -> list[dict]:
     """The rows whose every input fitcheck models: the bands and the margin are fitted on these.
     A row whose run used something fitcheck does not model (the CSV's ``unmodelled`` column
@@ -440,7 +445,14 @@ def report(results: list[dict], csv_path: str, fitted: dict[str, dict],
     summary.append("non-OOM rows the planner calls at risk: "
                    + (", ".join(f"{r['row']['id']} ({r['p_oom']:.0%})" for r in ok_risk)
                       or "none"))
-    left = [r for r in every if r["unmodelled"]]
+    held = [r for r in every if r["unmodelled"].startswith(HELD_OUT)]
+    left = [r for r in every if r["unmodelled"] and r not in held]
+    if held:
+        summary.append("rows modelled but held out of the bands (†; scored, not in the figures "
+                       "above, the bands or the risk): " + "; ".join(
+                           f"{r['row']['id']} "
+                           f"{'-' if r['err'] is None else format(r['err'], '+.1%')} "
+                           f"({r['unmodelled'][len(HELD_OUT):]})" for r in held))
     summary.append("rows using what fitcheck does not model (†; scored, not in the figures above, "
                    "the bands or the risk): " + ("; ".join(
                        f"{r['row']['id']} {'-' if r['err'] is None else format(r['err'], '+.1%')} "
@@ -509,7 +521,10 @@ def report(results: list[dict], csv_path: str, fitted: dict[str, dict],
     ]
     for r in every:
         doc.append(f"- **{r['row']['id']}**: {r['row']['notes']} Source: {r['row']['source']}"
-                   + (f" NOT MODELLED: {r['unmodelled']}." if r["unmodelled"] else ""))
+                   + ("" if not r["unmodelled"] else
+                      f" HELD OUT OF THE BANDS: {r['unmodelled'][len(HELD_OUT):]}."
+                      if r["unmodelled"].startswith(HELD_OUT) else
+                      f" NOT MODELLED: {r['unmodelled']}."))
     # The checkpointing term is the largest modelling choice: show where each 'selective' row's
     # measurement falls between the planner's none / selective / full predictions.
     sel = [r for r in results if r["row"]["checkpointing"] == "selective" and r["err"] is not None]

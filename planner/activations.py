@@ -43,6 +43,12 @@ from planner.spec import (
 )
 
 FP32 = 4
+# Activation offloading (torchtune/training/_activation_offloading.py, ``OffloadActivations``;
+# TRL's trl/models/activation_offloading.py, which axolotl uses, is the same class): tensors
+# under ``min_offload_size`` bytes stay where they are, and with streams the forward keeps the
+# last ``max_fwd_stash_size`` offloaded tensors alive on the GPU until their copies are done.
+OFFLOAD_MIN_BYTES = 1024
+OFFLOAD_FWD_STASH = 5
 # LayerNorm / RMSNorm per-row statistics (mean, rstd): fp32 on CUDA (acc type).
 STAT = 4
 
@@ -90,6 +96,20 @@ class ActivationPlan:
     """What the first block that computes gradients does not keep when no gradient flows
     into it (frozen embeddings): its input norm's fp32 input and rstd."""
     notes: tuple[str, ...] = ()
+    offload: bool = False
+    """Activation offloading: the saved tensors of the blocks and of the root before the
+    output layer go to pinned host RAM (the fields below; 0 without it)."""
+    offload_small_per_block: int = 0
+    """What each block keeps in tensors under OFFLOAD_MIN_BYTES (not offloaded)."""
+    offload_stash: int = 0
+    """The forward stash: of the last OFFLOAD_FWD_STASH offloaded tensors of the forward, the
+    blocks' (kept on the GPU until their copies are waited on, into the first backward node)."""
+    offload_stash_root: int = 0
+    """The root's part of that stash (the final norm's tensors)."""
+    offload_root: int = 0
+    """Of root_saved, what is offloaded (everything but the output layer's and the loss's)."""
+    offload_root_before: int = 0
+    """Of that, what the root saves before the first block."""
 
     def scaled(self, k: float) -> ActivationPlan:
         """Every activation term times k (a calibration's correction)."""
@@ -104,7 +124,12 @@ class ActivationPlan:
             block_backward_transient=int(self.block_backward_transient * k),
             kept_logits=int(self.kept_logits * k),
             frozen_block_kept=int(self.frozen_block_kept * k),
-            first_block_less=int(self.first_block_less * k))
+            first_block_less=int(self.first_block_less * k),
+            offload_small_per_block=int(self.offload_small_per_block * k),
+            offload_stash=int(self.offload_stash * k),
+            offload_stash_root=int(self.offload_stash_root * k),
+            offload_root=int(self.offload_root * k),
+            offload_root_before=int(self.offload_root_before * k))
 
     @property
     def block_bytes(self) -> int:
@@ -131,6 +156,38 @@ class ActivationPlan:
     def saved_total(self) -> int:
         """Activations alive at the end of forward."""
         return self.blocks_kept + self.root_bytes
+
+    @property
+    def host_bytes(self) -> int:
+        """Pinned host RAM of one rank under activation offloading: a copy of every offloaded
+        tensor (``torch.empty_like(..., pin_memory=True)`` per pack), all alive at the end of
+        forward."""
+        if not self.offload:
+            return 0
+        return max(0, self.blocks_kept - self.n_layers * self.offload_small_per_block) \
+            + self.offload_root
+
+    @property
+    def gpu_blocks_kept(self) -> int:
+        """What the blocks hold on the GPU at the moments: everything without offloading;
+        with it, the small tensors, plus the larger of the forward stash (alive from the end
+        of forward into the first backward node) and one block's offloaded tensors brought
+        back for its backward (a bound: the hooks hold two autograd nodes' worth at once)."""
+        if not self.offload:
+            return self.blocks_kept
+        back = max(0, self.block_kept - self.offload_small_per_block)
+        return min(self.blocks_kept, self.n_layers * self.offload_small_per_block
+                   + max(back, self.offload_stash))
+
+    @property
+    def gpu_root(self) -> int:
+        """The root's saved tensors on the GPU: the output layer's and the loss's, the small
+        ones, and the final norm's still in the forward stash."""
+        return self.root_bytes - self.offload_root + self.offload_stash_root
+
+    @property
+    def gpu_root_before(self) -> int:
+        return self.root_before_blocks - self.offload_root_before
 
 
 def regime_for(precision: Precision, uses_autocast: bool) -> tuple[AmpRegime, int, int]:
@@ -663,7 +720,8 @@ def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Preci
                      uses_autocast: bool, loss: LossKind = LossKind.FP32, loss_chunks: int = 8,
                      keep_logits: bool = False, compiled: bool = False,
                      finetune: FineTune | None = None, tp: int = 1,
-                     adapter_bytes: int = 0, compiled_loss: bool = False) -> ActivationPlan:
+                     adapter_bytes: int = 0, compiled_loss: bool = False,
+                     offload: bool = False) -> ActivationPlan:
     t = batch * seq
     regime, c, r = regime_for(precision, uses_autocast)
     ft = finetune or FineTune()
@@ -680,10 +738,11 @@ def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Preci
         # Only the block input is kept (non-reentrant checkpoint holds its inputs); in
         # backward one block is recomputed at a time.
         kept = -(-r * t * h // tp)
+        kept_list = [Saved("block.input", kept)]
         recompute = block_total
     elif checkpointing is Checkpointing.SELECTIVE:
-        kept = sum(x.nbytes for x in tp_saved(op_sac_kept(model, t, batch, seq, attention, c, r),
-                                              tp))
+        kept_list = tp_saved(op_sac_kept(model, t, batch, seq, attention, c, r), tp)
+        kept = sum(x.nbytes for x in kept_list)
         # in backward the block is re-run: everything it saves comes back, except what the
         # policy kept (already counted in `kept`)
         recompute = block_total - -(-_sac_overlap(model, eager_saved, regime) // tp)
@@ -704,6 +763,8 @@ def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Preci
                              "(MoE or an unlisted block family): eager activations counted")
             else:
                 saved, kept = [Saved("compiled.block", measured)], measured
+    if checkpointing not in (Checkpointing.FULL, Checkpointing.SELECTIVE):
+        kept_list = saved  # the eager list, or the compiled block's one total
     lt = loss_terms(model, t, c, r, loss, loss_chunks, compiled_loss)
     head_frozen = ft.head_frozen(model.tied_embeddings)
     root = root_saved(model, t, seq, regime, c, r)
@@ -742,7 +803,15 @@ def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Preci
         # the first block a gradient reaches has an input that needs none: its RMSNorm keeps
         # neither the fp32 input nor rstd (traced: 4·t·h + 4·t)
         first_less = sum(x.nbytes for x in saved if x.name in ("norm1.input_fp32", "norm1.rstd"))
+    off: dict = {}
+    if offload:
+        off = _offload_terms(kept_list, root, model.n_layers)
+        if checkpointing is Checkpointing.NONE:
+            notes.append("activation offloading without checkpointing: every saved tensor of "
+                         "every block crosses PCIe twice (torchtune's recipes refuse this "
+                         "combination; TRL and axolotl run it)")
     return ActivationPlan(
+        offload=offload, **off,
         block_saved=tuple(saved),
         block_kept=kept,
         first_block_less=first_less,
@@ -758,6 +827,30 @@ def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Preci
         frozen_block_kept=frozen_kept,
         notes=tuple(notes),
     )
+
+
+def _offload_terms(kept_list: list[Saved], root: list[Saved], n_layers: int) -> dict:
+    """What OffloadActivations moves, from the per-tensor lists. ``root`` is what the root
+    saves before the loss (the loss runs outside the context in torchtune's recipes); the
+    output layer runs under ``NoOpManager`` (``get_act_offloading_ctx_manager``), so its
+    saved input stays. Every other tensor of at least OFFLOAD_MIN_BYTES is offloaded."""
+    def big(x: Saved) -> bool:
+        return x.nbytes >= OFFLOAD_MIN_BYTES
+
+    small = sum(x.nbytes for x in kept_list if not big(x))
+    before = [x for x in root if x.name.startswith(("embed_norm", "embed.", "rope.")) and big(x)]
+    after = [x for x in root if not x.name.startswith(("embed_norm", "embed.", "rope.",
+                                                       "lm_head.")) and big(x)]
+    # forward order: the root's first tensors, every block's, the final norm's
+    order = [(x.nbytes, True) for x in before] \
+        + [(x.nbytes, False) for x in kept_list if big(x)] * n_layers \
+        + [(x.nbytes, True) for x in after]
+    stash = order[-OFFLOAD_FWD_STASH:]
+    return {"offload_small_per_block": small,
+            "offload_stash": sum(n for n, in_root in stash if not in_root),
+            "offload_stash_root": sum(n for n, in_root in stash if in_root),
+            "offload_root": sum(x.nbytes for x in before + after),
+            "offload_root_before": sum(x.nbytes for x in before)}
 
 
 __all__ = ["AmpRegime", "ActivationPlan", "Saved", "plan_activations", "regime_for"]

@@ -333,6 +333,12 @@ FIELDS: tuple[Field, ...] = (
     Field(path="training.keep_logits", flag="--keep-logits", check=validate.boolean,
           is_flag=True, help="The loop keeps the logits alive through backward (a reference "
           "held past the loss)."),
+    Field(path="training.activation_offload", flag="--activation-offload",
+          check=validate.boolean, is_flag=True,
+          help="Saved activations copied to pinned host RAM in forward and brought back in "
+          "backward (torchtune enable_activation_offloading, axolotl/TRL "
+          "activation_offloading: OffloadActivations); the output layer and the loss stay "
+          "on the GPU."),
     Field(path="training.compile", flag="--compile", check=_choice(CompileMode),
           choices=_names(CompileMode), default=_train_default("compile"),
           help="torch.compile: none, each transformer block (torchtitan), or the whole "

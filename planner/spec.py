@@ -575,6 +575,9 @@ class TrainingSpec:
     keep_logits: bool = False
     """The loop holds the logits through backward (their fp32 copy is freed once log_softmax
     has run: autograd saves its output, not its input; traced)."""
+    activation_offload: bool = False
+    """Saved activations offloaded to pinned host RAM (torchtune/TRL ``OffloadActivations``):
+    the GPU keeps what is in flight, the host a copy of every offloaded tensor."""
     compile: CompileMode = CompileMode.NONE
     allocator: Allocator = Allocator.DEFAULT
     fsdp_version: int = 2

@@ -467,6 +467,9 @@ class StepInputs:
     tp_bytes: Any = 0.0
     """Bytes of one sequence-parallel all-gather / reduce-scatter: micro-batch x seq x hidden
     x compute bytes."""
+    act_offload_bytes: Any = 0.0
+    """Activation offloading: bytes one micro-batch copies to the host in forward (and back
+    in backward)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -584,6 +587,10 @@ def step_core(x: StepInputs) -> StepEstimate:
                             + off.grads_down_step * x.grad_b
                             + off.params_up_step * x.gather_b
                             + off.params_up_micro * ga * x.master_b)
+    # activation offloading: every offloaded tensor goes down in forward and up in backward,
+    # each micro-batch; OffloadActivations runs the copies on a side stream meant to overlap
+    # compute, counted here as not hidden (the upper bound, as for the offload above)
+    pcie_bytes = pcie_bytes + 2.0 * ga * x.act_offload_bytes
     offload_s = pcie_bytes / x.pcie + off.cpu_step * p_local / x.cpu_rate
 
     step_s = compute_s + exposed_s + offload_s
@@ -704,8 +711,22 @@ def step_inputs_at(model: ModelSpec, training: TrainingSpec, candidate: Candidat
         recompute=RECOMPUTE[_ckpt(candidate.checkpointing)],
         offload=OFFLOAD_TRAFFIC[candidate.offload],
         tp=float(candidate.tp),
+        act_offload_bytes=_act_offload_bytes(model, training, candidate) * mb * seq * 1.0,
         tp_bytes=mb * seq * model.hidden * (fd.param if fsdp else precision.compute_bytes) * 1.0,
         **finetune_inputs(model, training, rates.hbm))
+
+
+def _act_offload_bytes(model: ModelSpec, training: TrainingSpec, candidate: Candidate) -> float:
+    """Offloaded bytes per token of a micro-batch (0 without --activation-offload), from the
+    activation count at the request's own sequence length and micro-batch; the sweep scales it
+    by its tokens (exact where the saved tensors grow linearly with the tokens, as with
+    flash-style attention)."""
+    if not training.activation_offload:
+        return 0.0
+    from planner.memory.estimator import activation_plan
+
+    plan = activation_plan(model, training, candidate)
+    return plan.host_bytes / training.tokens_per_micro_batch
 
 
 def step_inputs(model: ModelSpec, training: TrainingSpec, cluster: Cluster, candidate: Candidate,

@@ -238,8 +238,9 @@ CASES: dict[str, dict] = {
         unmodelled=["expert parallel degree 4", "experts implementation", "lora_mlp_kernel",
                     "lora_qkv_kernel", "lora_o_kernel"], model="qwen3-30b-a3b", n=4),
     "axolotl_gpt-oss_gpt-oss-20b-fft-fsdp2-offload.yaml": dict(
-        values={"offload": "params_and_optimizer", "training.fsdp_version": 2},
-        unmodelled=["activation offloading", "kernels hub", "model_quantization_config:",
+        values={"offload": "params_and_optimizer", "training.fsdp_version": 2,
+                "training.activation_offload": True},  # modelled since issue 26
+        unmodelled=["kernels hub", "model_quantization_config:",
                     "model_quantization_config_kwargs"], model="qwen3-30b-a3b", n=8),
     "axolotl_llama-3_instruct-dpo-lora-8b.yml": dict(  # LoRA: no reference copy
         values={"finetune.quantize_base": "int8", "finetune.lora_rank": 32},
@@ -412,8 +413,8 @@ CASES: dict[str, dict] = {
         values={"training.seq": 4096, "training.grad_accum": 2,
                 "training.optimizer": "adamw-8bit", "training.fsdp_version": 2,
                 "strategy": "full_shard", "training.loss": "fused",  # CutCrossEntropyPlugin
-                "checkpointing": "full"},
-        unmodelled=["activation offloading", "Mxfp4Config", "dequantize"],
+                "checkpointing": "full", "training.activation_offload": True},
+        unmodelled=["Mxfp4Config", "dequantize"],
         model="qwen3-30b-a3b", n=8),
     "axolotl_llama-3_3b-qat-nvfp4.yaml": dict(
         values={"model.preset": "llama3.2-3b", "training.micro_batch": 64,

@@ -118,9 +118,11 @@ def test_a_16bit_model_under_plain_ddp_trains_pure_bf16_but_not_under_fsdp():
 # ---- axolotl ------------------------------------------------------------------------------
 
 def test_axolotl_checkpointing_with_activation_offloading_is_no_conflict():
+    # issue 26: activation_offloading true is modelled (training.activation_offload)
     j = read_job(str(DATA / "axolotl_gpt-oss_gpt-oss-20b-fft-fsdp2-offload.yaml"))
     assert j.values["checkpointing"] == "full"
-    assert any("activation offloading to host RAM" in u for u in j.unmodelled)
+    assert j.values["training.activation_offload"] is True
+    assert not any("activation offloading" in u for u in j.unmodelled)
 
 
 def test_axolotl_hsdp_tp_is_16_gpus_not_fsdp_on_8():

@@ -71,7 +71,8 @@ def activation_plan(model: ModelSpec, training: TrainingSpec, candidate: Candida
                             compiled=training.compile is not CompileMode.NONE,
                             finetune=ft, tp=candidate.tp,
                             adapter_bytes=adapter_input_bytes(training, candidate),
-                            compiled_loss=training.compile.loss_compiled)
+                            compiled_loss=training.compile.loss_compiled,
+                            offload=training.activation_offload)
 
 
 def adapter_input_bytes(training: TrainingSpec, candidate: Candidate) -> int:
@@ -298,7 +299,8 @@ def evaluate(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, 
                        gpus_per_node=gpus_per_node, capacity=capacity, context=context,
                        host_capacity=host_capacity, margin=margin, ov=ov,
                        cached=[cached_leftover(p, step, model) for p in phases],
-                       host_per_rank=step.states.host_per_rank, notes=tuple(notes),
+                       host_per_rank=step.states.host_per_rank + acts.host,
+                       notes=tuple(notes),
                        allocator=training.allocator,
                        init_host=init_host_bytes(model, training, candidate,
                                                  vec.minimum(n_gpus, gpus_per_node)),

@@ -42,11 +42,14 @@ class Activations:
     root_before: Any = 0
     """Saved by the root before the first block (embedding norm and dropout mask, RoPE's
     tables): what the root holds while the blocks run forward."""
+    host: Any = 0
+    """Pinned host RAM of one rank for offloaded activations (--activation-offload)."""
 
     @classmethod
     def of(cls, plan: ActivationPlan) -> Activations:
-        return cls(kept_per_block=plan.block_kept, kept_blocks=plan.blocks_kept,
-                   root=plan.root_bytes, root_before=plan.root_before_blocks,
+        return cls(kept_per_block=plan.block_kept, kept_blocks=plan.gpu_blocks_kept,
+                   root=plan.gpu_root, root_before=plan.gpu_root_before,
+                   host=plan.host_bytes,
                    loss_out=plan.root_saved[-1].nbytes,
                    loss_fwd=plan.loss_forward_transient, loss_bwd=plan.loss_backward_transient,
                    block_bwd=plan.block_backward_transient, recompute=plan.recompute,

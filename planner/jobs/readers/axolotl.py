@@ -7,8 +7,9 @@ gradient_accumulation_steps (1; or batch_size / micro_batch_size); bf16 (default
 a bf16-capable GPU; axolotl then loads the model in bf16) / fp16 -> amp precision,
 bfloat16/float16 -> pure 16-bit, float32; fp8 -> training.float8; optimizer (default
 adamw_torch_fused); gradient_checkpointing (true -> full; offload/offload_disk not modelled),
-activation_offloading (not modelled, beside checkpointing); flash_attention / sdp_attention /
-flex_attention / sage_attention / attn_implementation -> attention; torch_compile;
+activation_offloading true -> training.activation_offload (legacy / disk: not modelled);
+flash_attention / sdp_attention / flex_attention / sage_attention / attn_implementation ->
+attention; torch_compile;
 liger_fused_linear_cross_entropy / cut_cross_entropy -> fused loss, chunked_cross_entropy
 (_num_chunks) -> chunked; adapter lora/qlora with lora_r, lora_dropout, lora_target_linear /
 lora_target_modules, lora_modules_to_save, load_in_4bit / load_in_8bit, bnb_config_kwargs,
@@ -161,8 +162,14 @@ def checkpointing(r: Reader, doc: dict) -> None:
         r.set("checkpointing", "full" if r.boolean(gc, "gradient_checkpointing") else "none",
               "gradient_checkpointing")
     ao = doc.get("activation_offloading")
-    if ao not in (None, False, "false"):
-        r.set("training.activation_offload", ao, "activation_offloading")
+    if isinstance(ao, str) and ao.lower() not in ("true", "false"):
+        # "legacy" (offloading checkpoint wrapper) and "disk": other mechanisms, not modelled
+        r.set("training.activation_offload", Vocab(ao.lower()), "activation_offloading")
+    elif ao not in (None, False, "false"):
+        # true: TRL's OffloadActivations around the training step (axolotl's
+        # ActivationOffloadingMixin), the class torchtune's recipes use
+        r.set("training.activation_offload", r.boolean(ao, "activation_offloading"),
+              "activation_offloading")
 
 
 def attention(r: Reader, doc: dict) -> None:

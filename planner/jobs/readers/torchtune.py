@@ -10,8 +10,8 @@ gradient_accumulation_steps; tokenizer.max_seq_len -> seq (null: the dataset dec
 gradients and optimizer states are in bfloat16"), fp32 -> fp32; optimizer._component_ (+ fused
 / foreach) -> optimizer; loss._component_ (LinearCrossEntropyLoss, CEWithChunkedOutputLoss ->
 chunked:num_output_chunks); enable_activation_checkpointing -> full (ac_mode selective: not
-modelled); enable_activation_offloading -> not modelled; compile true -> each layer and the
-loss; fsdp_cpu_offload -> params_and_optimizer; fsdp_reshard_after_forward false ->
+modelled); enable_activation_offloading -> training.activation_offload; compile true -> each
+layer and the loss; fsdp_cpu_offload -> params_and_optimizer; fsdp_reshard_after_forward false ->
 shard_grad_op; data_parallel_shard_dim / _replicate_dim / tensor_parallel_dim /
 context_parallel_dim -> strategy and parallel.*. The recipe decides the strategy: a
 *_distributed recipe (the config's name says which: *_single_device.yaml runs on one GPU)
