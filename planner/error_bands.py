@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from planner.spec import CompileMode, Strategy
+from planner.spec import CompileMode, Strategy, efficiency_provenance
 
 DATA_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "error_bands.json")
 SCHEMA_VERSION = 1
@@ -354,7 +354,7 @@ class Band:
     p90_under: float
     efficiency: str | None = None
     """step_time with a GPU: the provenance of its compute efficiency (measured / derived /
-    assumed; planner.throughput.efficiency_provenance); None: no GPU given."""
+    assumed; planner.spec.efficiency_provenance); None: no GPU given."""
     widened_by: float = 0.0
     """Added to median_abs and p90_abs when the efficiency is not measured
     (EFFICIENCY_WIDENING); the measured fields stay as measured."""
@@ -397,8 +397,6 @@ def band(quantity: str, strategy: Strategy, compile: CompileMode = CompileMode.N
         return None
     prov, widen = None, 0.0
     if gpu is not None and quantity == "step_time":
-        from planner.throughput import efficiency_provenance
-
         prov = efficiency_provenance(gpu, compile)
         widen = efficiency_widening(prov, compile)
     return Band(quantity=quantity, family=fam, measured_family=measured, n=int(entry["n"]),

@@ -765,3 +765,19 @@ class TracedModel:
                 "experts": self.experts, "experts_per_token": self.top_k,
                 "tied_embeddings": self.tied_embeddings, "q_dim": self.q_dim,
                 "notes": list(self.notes)}
+
+
+def efficiency_provenance(gpu: GpuProfile, compile: CompileMode = CompileMode.NONE) -> str:
+    """'measured', 'derived' or 'assumed': read from the source of the efficiency
+    ``planner.throughput.default_compute_efficiency`` uses (hardware_profiles/*.toml
+    ``[sources]``, or ``calibration <id>`` once a calibration replaced it). A source starting "fitted" or
+    "measured", or a calibration, is measured; "derived", derived; anything else, or none (a
+    user's file without a source), assumed."""
+    key = ("compiled_compute_efficiency" if compile is not CompileMode.NONE
+           and gpu.compiled_compute_efficiency is not None else "compute_efficiency")
+    src = gpu.sources.get(key, "").strip().lower()
+    if src.startswith(("fitted", "measured", "calibration ")):
+        return "measured"
+    if src.startswith("derived"):
+        return "derived"
+    return "assumed"

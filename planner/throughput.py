@@ -47,6 +47,7 @@ from planner.spec import (
     Precision,
     Strategy,
     TrainingSpec,
+    efficiency_provenance,
 )
 
 __all__ = [
@@ -381,22 +382,6 @@ EFFICIENCY_PROVENANCES = ("measured", "derived", "assumed")
 """Where a profile's compute efficiency comes from: fitted on runs of that GPU family (or a
 calibration measured on it), derived from a measured sibling by the roofline (docs/throughput.md
 section 2), or assumed."""
-
-
-def efficiency_provenance(gpu: GpuProfile, compile: CompileMode = CompileMode.NONE) -> str:
-    """'measured', 'derived' or 'assumed': read from the source of the efficiency
-    ``default_compute_efficiency`` uses (hardware_profiles/*.toml ``[sources]``, or
-    ``calibration <id>`` once a calibration replaced it). A source starting "fitted" or
-    "measured", or a calibration, is measured; "derived", derived; anything else, or none (a
-    user's file without a source), assumed."""
-    key = ("compiled_compute_efficiency" if compile is not CompileMode.NONE
-           and gpu.compiled_compute_efficiency is not None else "compute_efficiency")
-    src = gpu.sources.get(key, "").strip().lower()
-    if src.startswith(("fitted", "measured", "calibration ")):
-        return "measured"
-    if src.startswith("derived"):
-        return "derived"
-    return "assumed"
 
 
 # --------------------------------------------------------------------------------------------
