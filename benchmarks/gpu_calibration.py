@@ -49,19 +49,11 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from planner.calibration import SCHEMA_VERSION, architecture_family, parse_calibration  # noqa: E402
 from planner.hardware import load_gpu  # noqa: E402
-from planner.memory import Estimate, Overheads, Phase, estimate  # noqa: E402
-from planner.spec import (  # noqa: E402
-    Allocator,
-    Candidate,
-    Cluster,
-    CompileMode,
-    GpuProfile,
-    ModelSpec,
-    TrainingSpec,
-)
+from planner.memory import Estimate, Overheads, Phase  # noqa: E402
+from planner.spec import Allocator, CompileMode, GpuProfile  # noqa: E402
 from planner.throughput import estimate_step, peak_flops  # noqa: E402
-from probes.models import reference_spec  # noqa: E402
-from probes.runner import spec_from_dict  # noqa: E402
+from probes import gpu_records  # noqa: E402
+from probes.gpu_records import Row, rows_of  # noqa: E402
 
 GiB, MiB = 2**30, 2**20
 CAL_DIR = REPO / "hardware_profiles" / "calibrations"
@@ -96,45 +88,9 @@ benchmarks/public_memory_calibration.py)."""
 
 
 def read_runs(folder: Path) -> list[dict[str, Any]]:
-    out = []
-    for path in sorted(folder.glob("run*-records.jsonl")):
-        run = path.name.split("-", 1)[0]
-        for line in path.read_text().splitlines():
-            if line.strip():
-                out.append({**json.loads(line), "_run": run})
+    out = gpu_records.read_runs(folder)
     if not out:
         raise SystemExit(f"gpu_calibration: no run*-records.jsonl in {folder}")
-    return out
-
-
-@dataclasses.dataclass
-class Row:
-    rec: dict[str, Any]
-    model: ModelSpec
-    training: TrainingSpec
-    cand: Candidate
-    cluster: Cluster
-
-    @property
-    def id(self) -> str:
-        return self.rec["id"]
-
-    def est(self, ov: Overheads) -> Estimate:
-        return estimate(self.model, self.training, self.cluster, self.cand, overheads=ov)
-
-
-def rows_of(records: list[dict[str, Any]], kind: str, gpu: GpuProfile) -> list[Row]:
-    out = []
-    for r in records:
-        if r.get("record") != kind:
-            continue
-        model = reference_spec(spec_from_dict(ModelSpec, r["model"]))
-        training = spec_from_dict(TrainingSpec, r["training"])
-        cand = spec_from_dict(Candidate, r["candidate"])
-        w = int(r["world_size"])
-        cluster = Cluster(gpu=gpu, n_gpus=w, gpus_per_node=min(w, gpu.gpus_per_node),
-                          host_ram_bytes_per_node=gpu.host_ram_bytes_per_node)
-        out.append(Row(r, model, training, cand, cluster))
     return out
 
 

@@ -369,25 +369,13 @@ def _gpu_run_outcomes() -> tuple[list[str], list[str]]:
     """(outcome of every case that ran out of memory, of every case that completed) in
     benchmarks/gpu_runs/ (H200 and H100), with the shipped risk and the GPU's profile."""
     from planner.hardware import load_gpu
-    from planner.memory import estimate
-    from planner.spec import Candidate, Cluster, ModelSpec, TrainingSpec
-    from probes.models import reference_spec
-    from probes.runner import spec_from_dict
+    from probes.gpu_records import read_runs, rows_of
 
     oom, done = [], []
     for folder, profile in (("2026-11-26-h200", "h200"), ("2026-11-26-h100", "h100-80")):
-        gpu = load_gpu(profile)
-        for path in sorted((ROOT / "benchmarks" / "gpu_runs" / folder).glob("run*-records.jsonl")):
-            for rec in map(json.loads, path.read_text().splitlines()):
-                if rec["record"] != "case":
-                    continue
-                w = rec["world_size"]
-                e = estimate(reference_spec(spec_from_dict(ModelSpec, rec["model"])),
-                             spec_from_dict(TrainingSpec, rec["training"]),
-                             Cluster(gpu=gpu, n_gpus=w, gpus_per_node=min(w, 8),
-                                     host_ram_bytes_per_node=gpu.host_ram_bytes_per_node),
-                             spec_from_dict(Candidate, rec["candidate"]))
-                (done if rec["ok"] else oom).append(e.outcome)
+        records = read_runs(ROOT / "benchmarks" / "gpu_runs" / folder)
+        for r in rows_of(records, "case", load_gpu(profile)):
+            (done if r.rec["ok"] else oom).append(r.est().outcome)
     return oom, done
 
 
