@@ -135,9 +135,8 @@ def parse_at_risk(raw: str) -> str:
     except ValueError:
         p = math.nan
     if not 0 < p < 1:  # NaN too
-        raise ValueError(f"must be one of {', '.join(AT_RISK_POLICIES)} or a probability of "
-                         f"running out of memory above which to reject (0 < P < 1, or a "
-                         f"percentage), got {raw[:40]!r}")
+        raise ValueError(f"must be one of {', '.join(AT_RISK_POLICIES)} or a probability "
+                         f"0 < P < 1 (or a percentage), got {raw[:40]!r}")
     return f"{p:g}"
 
 

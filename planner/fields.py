@@ -17,7 +17,7 @@ from typing import Any
 
 from planner import validate
 from planner.errors import FitcheckError, InputDataError, UsageError
-from planner.error_bands import AT_RISK_POLICIES, DEFAULT_AT_RISK, DEFAULT_MARGIN, parse_at_risk
+from planner.error_bands import DEFAULT_AT_RISK, DEFAULT_MARGIN, parse_at_risk
 from planner.spec import (
     Allocator,
     Attention,
@@ -153,11 +153,7 @@ def _at_risk(raw: Any) -> str:
     above which a job at risk is rejected (planner.error_bands.parse_at_risk)."""
     text = validate.text(raw, limit=20) if not isinstance(raw, (int, float)) or \
         isinstance(raw, bool) else str(raw)
-    try:
-        return parse_at_risk(text)
-    except ValueError:
-        raise ValueError(f"must be one of {', '.join(AT_RISK_POLICIES)} or a probability "
-                         f"0 < P < 1 (or a percentage), got {validate._show(raw)}") from None
+    return parse_at_risk(text)
 
 
 def parse_tp(raw: Any) -> int | str:
