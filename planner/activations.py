@@ -28,8 +28,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
-from dataclasses import dataclass
 
+from planner.lazy_dataclass import dataclass
 from planner.spec import (
     Attention,
     Checkpointing,

@@ -31,9 +31,10 @@ import json
 import math
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
+from planner.lazy_dataclass import dataclass
 from planner.errors import InputDataError
 from planner.spec import GpuProfile, ModelSpec
 

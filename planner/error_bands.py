@@ -29,9 +29,9 @@ import json
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from planner.lazy_dataclass import dataclass
 from planner.spec import CompileMode, Strategy, efficiency_provenance
 
 DATA_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "error_bands.json")

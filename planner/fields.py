@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
+from planner.lazy_dataclass import dataclass
 from planner import validate
 from planner.errors import FitcheckError, InputDataError, UsageError
 from planner.error_bands import DEFAULT_AT_RISK, DEFAULT_MARGIN, parse_at_risk

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
-from dataclasses import dataclass
 
+from planner.lazy_dataclass import dataclass
 from planner.spec import (
     LINEAR_MODULES,
     FineTune,

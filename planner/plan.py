@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
+from planner.lazy_dataclass import dataclass
 from planner import vec
 from planner.candidates import (
     EQUIVALENT,

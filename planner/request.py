@@ -11,9 +11,10 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
+from planner.lazy_dataclass import dataclass
 from planner.errors import InputDataError
 from planner.notices import Kind, Notice
 from planner.fields import FIELDS, FLAGS, Naming, parse

@@ -49,9 +49,9 @@ import os
 import shlex
 import subprocess
 import sys
-from dataclasses import dataclass
 from typing import Any, BinaryIO
 
+from planner.lazy_dataclass import dataclass
 from planner.errors import (
     EXIT_BAD_DATA,
     EXIT_CRASH,

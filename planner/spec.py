@@ -9,8 +9,10 @@ planner and the trace probes describe one model.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import Any
+
+from planner.lazy_dataclass import dataclass
 
 
 class MlpKind(enum.StrEnum):

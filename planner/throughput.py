@@ -30,9 +30,9 @@ Conventions
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Any
 
+from planner.lazy_dataclass import dataclass
 from planner import vec
 from planner.spec import (
     Checkpointing,

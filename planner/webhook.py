@@ -26,11 +26,12 @@ import sys
 import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from enum import Enum
 from http import HTTPStatus
 from typing import Any
 
+from planner.lazy_dataclass import dataclass
 from planner.gate import ADMIT, REJECT, SpecError, error_verdict, gate
 from planner.specfile import parse_spec_text
 

@@ -28,9 +28,10 @@ import enum
 import functools
 import json
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from planner.lazy_dataclass import dataclass
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 TABLES = ("deepspeed", "accelerate", "transformers", "trl", "llamafactory", "llamafactory_v1",

@@ -17,9 +17,9 @@ own launcher); a file with a single registry function needs no name.
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
 from typing import Any
 
+from planner.lazy_dataclass import dataclass
 from planner.jobs.record import JobError
 
 MAX_CALL_DEPTH = 8

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import Any
 
+from planner.lazy_dataclass import dataclass
 from planner.errors import InputDataError
 
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
+from planner.lazy_dataclass import dataclass
 from planner import vec
 from planner.spec import Candidate
 

@@ -8,9 +8,9 @@ inputs only.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
+from planner.lazy_dataclass import dataclass
 from planner.activations import ActivationPlan
 from planner import vec
 from planner.memory.breakdown import Breakdown, Phase, largest

@@ -11,9 +11,9 @@ state (``torch/optim/adam.py``: ``exp_avg``, ``exp_avg_sq`` = ``zeros_like(param
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Any
 
+from planner.lazy_dataclass import dataclass
 from planner.vec import ceil_div
 from planner.params import ParamCounts, Trainable, count, numel, tensor_groups, trainable
 from planner.memory.zero import (

@@ -13,9 +13,9 @@ One function per family of strategies, each returning the same ``Working`` recor
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
+from planner.lazy_dataclass import dataclass
 from planner.memory.breakdown import Overheads
 from planner.memory.states import FP32, Dtypes, train_dtypes
 from planner.memory.zero import keeps_every_grad, ordered_sizes, zero_buffers, zero_step_temps

@@ -13,9 +13,9 @@ docs/accuracy.md). Notation: T trainable elements, N the ZeRO degree, Tn = ceil(
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from typing import Any
 
+from planner.lazy_dataclass import dataclass
 from planner import vec
 from planner.params import Trainable, numel, tensor_groups
 from planner.spec import (

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from planner.lazy_dataclass import dataclass
 from planner.candidates import CHECKPOINTING_ORDER, OFFLOAD_ORDER
 from planner.errors import UsageError
 from planner.fields import BY_PATH, FIELDS, FLAGS, Naming

@@ -19,11 +19,12 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 import numpy as np
 
+from planner.lazy_dataclass import dataclass
 from planner.candidates import OFFLOAD_ORDER, label, tp_problem
 from planner.error_bands import RiskBand
 from planner.memory import PHASES, Estimate, Phase

@@ -6,9 +6,9 @@ import os
 import tempfile
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from planner.lazy_dataclass import dataclass
 from planner.errors import UsageError
 from planner.report.progress import Progress
 from planner.report.request import ReportRequest, parse_list

@@ -6,9 +6,10 @@ resolution of its printed rounding (planner/runs/units.py) and the place it was 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
+from planner.lazy_dataclass import dataclass
 from planner.memory import Phase
 from planner.runs.units import Figure
 

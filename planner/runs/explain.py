@@ -9,9 +9,10 @@ planner/runs/render.py prints as text or JSON and the front end draws.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
+from planner.lazy_dataclass import dataclass
 from planner.candidates import label, preference_key
 from planner.errors import UsageError
 from planner.memory import Breakdown, Estimate, Phase, estimate

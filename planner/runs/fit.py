@@ -42,9 +42,10 @@ import datetime as _dt
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
+from planner.lazy_dataclass import dataclass
 from planner.calibration import SCHEMA_VERSION, apply, parse_calibration
 from planner.errors import InputDataError
 from planner.memory import Estimate, Overheads, estimate

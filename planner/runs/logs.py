@@ -43,8 +43,8 @@ import csv
 import io
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 
+from planner.lazy_dataclass import dataclass
 from planner.runs.evidence import Moment, Quantity, Sample
 from planner.runs.units import Figure, GiB, MiB, figure
 

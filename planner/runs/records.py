@@ -13,9 +13,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
-from dataclasses import dataclass
 from typing import Any
 
+from planner.lazy_dataclass import dataclass
 import planner.spec as spec_mod
 from planner.errors import InputDataError
 from planner.runs.evidence import Moment, Quantity, Run, Sample

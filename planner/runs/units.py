@@ -12,7 +12,8 @@ this module.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+
+from planner.lazy_dataclass import dataclass
 
 __all__ = ["BINARY", "DECIMAL", "GiB", "KiB", "MiB", "Figure", "figure", "gib", "parse_size",
            "size"]
