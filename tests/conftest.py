@@ -2,9 +2,10 @@
 the session's trace cache.
 
 Tiers (markers declared in pyproject.toml). A test that traces, starts a process or a server,
-or reruns a generator is marked; what is left is the planner in this process (a test over
-about a second there is a generated-input property, draws plots, or is the first to import
-torch for probes.models' reference specs).
+or reruns a generator is marked, and so is one that takes seconds in this process (``slow``);
+what is left is the planner in this process, the fast unit tier (<= 30 s with ``-n auto`` on
+two cores; a test over about a second there is the first to import torch for probes.models'
+reference specs, or a property's few examples).
 
 - unit (no marker): the planner in this process; a fresh interpreter only to check what an
   import pulls in (a fraction of a second). The quickest tier:
@@ -16,11 +17,13 @@ torch for probes.models' reference specs).
 - ``slurm`` (with ``integration``): a real Slurm on localhost (munged, slurmctld, slurmd:
   Debian's packages, root); skipped with the reason where they are missing, required where
   .ci/run installed them (``FITCHECK_REQUIRE_SLURM=1``). ``python -m pytest -q -m slurm``.
-- ``slow``: traces of real-size models (minutes each; they belong in benchmarks/). Left out
-  unless the ``-m`` expression names it: ``python -m pytest -q -m slow``.
+- ``slow``: seconds each in this process: a generated-input property's many examples (its
+  few run in the unit tier: fuzz_cases.EXAMPLES), report sweeps and plots, timing ratios.
+  CI runs them; ``python -m pytest -q -n auto -m slow`` alone. (Traces of real-size models
+  are benchmarks, not tests.)
 
-Everything but ``slow``, in parallel (README's test command, what CI runs):
-``python -m pytest -q -n auto``. Tests are xdist-safe: each writes under its own ``tmp_path``,
+Everything, in parallel (README's test command, what CI runs): ``python -m pytest -q -n
+auto``. Tests are xdist-safe: each writes under its own ``tmp_path``,
 servers bind port 0, and no test depends on another having run.
 
 Trace cache: every test in the session (all xdist workers) shares one on-disk trace cache
@@ -92,16 +95,6 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     except OSError:
         return None
     return True if TRACE_MODULE.search(text) else None
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``slow`` runs only when the ``-m`` expression names it (``-m slow``): not in CI."""
-    if "slow" in config.getoption("markexpr"):
-        return
-    slow = [item for item in items if item.get_closest_marker("slow")]
-    if slow:
-        config.hook.pytest_deselected(items=slow)
-        items[:] = [item for item in items if not item.get_closest_marker("slow")]
 
 
 @pytest.fixture(scope="session", autouse=True)

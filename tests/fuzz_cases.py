@@ -7,10 +7,38 @@ Values are drawn to hit the edges people and attackers reach: zero, negatives, h
 
 from __future__ import annotations
 
+import pytest
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from planner.fields import FIELDS, SECTIONS
 from planner.presets import list_presets
+
+FEW = 20
+"""A property's examples in the fast unit tier; the rest of its examples run in CI (``slow``)."""
+
+
+def tiers(total: int, few: int = FEW) -> list:
+    """``@pytest.mark.parametrize("examples", tiers(N))``: a property's N examples split into
+    ``few`` in the unit tier and N - few in a twin marked ``slow`` (CI runs both; another
+    seed, so other draws)."""
+    return [pytest.param(few, id="few"), pytest.param(total - few, id="many",
+                                                      marks=pytest.mark.slow)]
+
+
+def run_examples(examples: int, check, *strategies: st.SearchStrategy,
+                 suppress: tuple[HealthCheck, ...] = (HealthCheck.too_slow,)) -> None:
+    """``check(*drawn)`` on ``examples`` draws of ``strategies`` (hypothesis; reproducible:
+    no example database, and the seed is the count, so each tier draws its own examples)."""
+    @settings(max_examples=examples, deadline=None, suppress_health_check=list(suppress),
+              database=None)
+    @seed(examples)
+    @given(st.tuples(*strategies))
+    def drawn(args: tuple) -> None:
+        check(*args)
+
+    drawn()
+
 
 PRESETS = list_presets()
 GPUS = ["h100-80", "a100-40", "a100-80", "rtx-4090", "mi300x", "l4", "v100-16"]

@@ -140,6 +140,7 @@ def test_h200_calibration_ships_its_measured_efficiency():
     assert none["inputs"]["hardware"]["compute_efficiency_provenance"] == "derived"
 
 
+@pytest.mark.slow  # a report's plots (matplotlib: seconds)
 def test_report_plots_mark_the_derived_gpu():
     pytest.importorskip("matplotlib")
     pytest.importorskip("pandas")

@@ -257,6 +257,7 @@ def test_cli_refuses_a_malicious_snapshot(tmp_path):
     assert not (tmp_path / "pwned").exists()
 
 
+@pytest.mark.slow  # matplotlib plots (seconds)
 def test_plot_and_html(tmp_path):
     pytest.importorskip("matplotlib")
     png, html = tmp_path / "x.png", tmp_path / "x.html"

@@ -11,19 +11,18 @@ import json
 import pytest
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from conftest import run  # noqa: E402
-from fuzz_cases import command_lines, plans, specs  # noqa: E402
+from fuzz_cases import command_lines, plans, run_examples, specs, tiers  # noqa: E402
 from planner.fields import SPEC  # noqa: E402
 from planner.memory import estimate  # noqa: E402
 from planner.plan import find, plan  # noqa: E402
 from planner.request import build_request  # noqa: E402
 from planner.spec import Candidate, Checkpointing, Offload, Strategy  # noqa: E402
 
-FAST = settings(max_examples=120, deadline=None, derandomize=True,
-                suppress_health_check=[HealthCheck.too_slow])
+EXAMPLES = 120
+"""Examples per property: FEW in the unit tier, the rest in CI (fuzz_cases.tiers)."""
 
 
 def check_cli_result(r) -> None:
@@ -35,15 +34,17 @@ def check_cli_result(r) -> None:
         assert r.stdout == ""
 
 
-@FAST
-@given(command_lines())
-def test_cli_bad_values_never_crash(args):
-    check_cli_result(run(*args))
+@pytest.mark.parametrize("examples", tiers(EXAMPLES))
+def test_cli_bad_values_never_crash(examples):
+    run_examples(examples, lambda args: check_cli_result(run(*args)), command_lines())
 
 
-@FAST
-@given(specs(), st.sampled_from(["admit", "reject"]))
-def test_gate_never_crashes_and_never_admits_a_bad_spec(spec, on_error):
+@pytest.mark.parametrize("examples", tiers(EXAMPLES))
+def test_gate_never_crashes_and_never_admits_a_bad_spec(examples):
+    run_examples(examples, _gate_never_crashes, specs(), st.sampled_from(["admit", "reject"]))
+
+
+def _gate_never_crashes(spec, on_error):
     r = run("gate", "-", "--on-error", on_error, input=json.dumps(spec))
     check_cli_result(r)
     if r.exit_code == 0:
@@ -62,25 +63,34 @@ def _used(values: dict, **override) -> int:
     return estimate(r.model, r.training, r.cluster, c).required_bytes
 
 
-@FAST
-@given(plans())
-def test_more_gpus_in_a_node_never_need_more_memory(values):
+@pytest.mark.parametrize("examples", tiers(EXAMPLES))
+def test_more_gpus_in_a_node_never_need_more_memory(examples):
+    run_examples(examples, _more_gpus_in_a_node_never_need_more_memory, plans())
+
+
+def _more_gpus_in_a_node_never_need_more_memory(values):
     used = [_used(values, **{"hardware.n": n, "hardware.gpus_per_node": 8}) for n in (2, 4, 8)]
     assert used[0] >= used[1] >= used[2], used
 
 
-@FAST
-@given(plans())
-def test_more_tokens_never_need_less_memory(values):
+@pytest.mark.parametrize("examples", tiers(EXAMPLES))
+def test_more_tokens_never_need_less_memory(examples):
+    run_examples(examples, _more_tokens_never_need_less_memory, plans())
+
+
+def _more_tokens_never_need_less_memory(values):
     mb, seq = values["training.micro_batch"], values["training.seq"]
     base = _used(values, **{"hardware.n": 8})
     assert _used(values, **{"hardware.n": 8, "training.micro_batch": mb * 2}) >= base
     assert _used(values, **{"hardware.n": 8, "training.seq": seq * 2}) >= base
 
 
-@FAST
-@given(plans())
-def test_found_values_fit(values):
+@pytest.mark.parametrize("examples", tiers(EXAMPLES))
+def test_found_values_fit(examples):
+    run_examples(examples, _found_values_fit, plans())
+
+
+def _found_values_fit(values):
     r = _request(values, **{"hardware.n": 8, "checkpointing": "auto", "offload": None})
     for question in ("min-gpus", "max-micro-batch"):
         f = find(r, question)

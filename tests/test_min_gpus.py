@@ -13,10 +13,10 @@ import json
 import pytest
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import HealthCheck  # noqa: E402
 
 from conftest import run  # noqa: E402
-from fuzz_cases import min_gpus_requests  # noqa: E402
+from fuzz_cases import min_gpus_requests, run_examples, tiers  # noqa: E402
 from planner.errors import FitcheckError  # noqa: E402
 from planner.fields import SPEC  # noqa: E402
 from planner.plan import fits_any, min_gpus  # noqa: E402
@@ -90,10 +90,13 @@ def test_a_count_that_fits_between_two_that_do_not():
     assert json.loads(r.stdout)["found"]["value"] == 8
 
 
-@settings(max_examples=40, deadline=None, derandomize=True,
-          suppress_health_check=list(HealthCheck))
-@given(min_gpus_requests())
-def test_a_found_minimum_is_the_first_count_that_fits(values):
+@pytest.mark.parametrize("examples", tiers(40, few=10))
+def test_a_found_minimum_is_the_first_count_that_fits(examples):
+    run_examples(examples, _found_minimum_is_the_first, min_gpus_requests(),
+                 suppress=tuple(HealthCheck))
+
+
+def _found_minimum_is_the_first(values):
     """MoE (padded experts) and dense requests, FSDP / ZeRO / DDP, offload, TP, node sizes,
     host RAM: the search's answer is the oracle's."""
     try:

@@ -127,6 +127,7 @@ def test_best_flag_is_the_planners_recommendation(tables):
             str(c.strategy), str(c.checkpointing), str(c.offload), c.tp), (m, g, n, seq)
 
 
+@pytest.mark.slow  # three models x two GPUs, every candidate at two counts (seconds)
 def test_min_gpus_match_the_planner():
     # calibration none throughout: ``fits`` below is the raw formulas (estimate on the profile)
     req = request.build_request(models="llama3-8b,llama3-70b,llama3.1-405b",
@@ -215,6 +216,7 @@ def test_unusable_out_is_a_usage_error(tmp_path):
                        str(blocker), "--format", "csv"), "--out", "not a directory")
 
 
+@pytest.mark.slow  # draws every plot as PNG and SVG (matplotlib: seconds)
 def test_html_is_self_contained_with_one_plot_per_kind(tmp_path):
     pytest.importorskip("matplotlib")
     r = run("--models", "llama3-8b,llama3-70b", "--gpus", "h100-80,a100-80", "--n", "8,16,32",
@@ -317,6 +319,7 @@ def test_prices():
     assert request.parse_prices(None, ["a"]) is None
 
 
+@pytest.mark.slow  # 12 random sweeps, checked element by element against the plan (seconds)
 def test_vectorized_sweep_equals_the_scalar_planner_on_random_samples():
     """The report evaluates planner.memory.evaluate and throughput.step_core on arrays; every
     element must equal the scalar estimate() / estimate_step() of its configuration, term by
@@ -394,6 +397,7 @@ def test_vectorized_sweep_equals_the_scalar_planner_on_random_samples():
                             getattr(s, k), (trial, c, k)
 
 
+@pytest.mark.slow  # an HTML report with its plots (matplotlib: seconds)
 def test_config_paths_are_labelled_by_name_and_html_has_no_raw_markdown(tmp_path):
     cfg = os.path.join(os.path.dirname(__file__), "data", "configs", "mistral-7b.json")
     assert request.model_label(cfg, [cfg, "llama3-8b"]) == "mistral-7b"

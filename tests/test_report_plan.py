@@ -14,10 +14,11 @@ import pytest
 
 pd = pytest.importorskip("pandas")
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from conftest import run  # noqa: E402
+from fuzz_cases import run_examples, tiers  # noqa: E402
 from planner.errors import UsageError  # noqa: E402
 from planner.fields import BY_PATH  # noqa: E402
 from planner.report import request as report_request  # noqa: E402
@@ -160,11 +161,9 @@ def check_agrees(v: dict) -> None:
     assert (None if pd.isna(mins["min_gpus"]) else int(mins["min_gpus"])) == plain["value"], v
 
 
-@settings(max_examples=50, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow])
-@given(requests())
-def test_the_reports_row_is_the_plans_candidate(v):
-    check_agrees(v)
+@pytest.mark.parametrize("examples", tiers(50, few=5))
+def test_the_reports_row_is_the_plans_candidate(examples):
+    run_examples(examples, check_agrees, requests())
 
 
 @pytest.mark.parametrize("v", [

@@ -87,11 +87,12 @@ BASE = {"model.preset": "qwen1.5-moe-a2.7b", "hardware.gpu": "h100-80", "hardwar
         "offload": "auto", "checkpointing": "auto"}
 
 
-@pytest.mark.parametrize("field,small,big", [
-    ("model.layers", 32, 100_000), ("model.experts", 8, 1 << 16),
-    ("model.vocab", 32_000, 1 << 24), ("training.seq", 2048, 1 << 24),
-    ("training.micro_batch", 1, 1 << 20), ("training.grad_accum", 1, 1 << 20),
-    ("hardware.n", 8, 1 << 20), ("hardware.gpus_per_node", 8, 4096)])
+@pytest.mark.parametrize("field,small,big", [("model.layers", 32, 100_000), *(
+    pytest.param(*case, marks=pytest.mark.slow)  # ~1 s each: the layers in the unit tier
+    for case in [("model.experts", 8, 1 << 16), ("model.vocab", 32_000, 1 << 24),
+                 ("training.seq", 2048, 1 << 24), ("training.micro_batch", 1, 1 << 20),
+                 ("training.grad_accum", 1, 1 << 20), ("hardware.n", 8, 1 << 20),
+                 ("hardware.gpus_per_node", 8, 4096)])])
 def test_estimating_a_request_does_not_grow_with_a_number(field, small, big):
     """63 candidates (strategies x offload x checkpointing x TP) of an MoE model, ZeRO-3 among
     them: the same work at both sizes (measured here 0.9-1.2x)."""
