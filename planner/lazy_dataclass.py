@@ -28,6 +28,7 @@ to the standard library's version of it.
 
 from __future__ import annotations
 
+import abc
 import builtins
 import dataclasses
 import inspect
@@ -84,42 +85,141 @@ def _process(cls: type, *, repr: bool, eq: bool, frozen: bool, match_args: bool,
         for name in ("__setattr__", "__delattr__"):
             if name in own:  # the standard library's message (dataclasses._process_class)
                 raise TypeError(f"Cannot overwrite attribute {name} in class {cls.__name__}")
-    class_hash = cls.__dict__.get("__hash__", _MISSING)
-    has_explicit_hash = not (class_hash is _MISSING
-                             or (class_hash is None and "__eq__" in own))
     blank_doc = not cls.__doc__
     if blank_doc:
-        cls.__doc__ = "-"  # keeps dataclasses from running inspect.signature on a stub init
-    cls = dataclasses.dataclass(cls, init=False, repr=False, eq=False, frozen=False,
-                                match_args=match_args, kw_only=kw_only, slots=slots)
-    params = cls.__dataclass_params__
+        cls.__doc__ = "-"  # keeps dataclasses from running inspect.signature (set below)
+    plain = _plain(cls)
+    if plain:
+        attrs = _fields_of_plain_class(cls, match_args=match_args, kw_only=kw_only)
+        fields = tuple(attrs["__dataclass_fields__"].values())
+    else:
+        cls = dataclasses.dataclass(cls, init=False, repr=False, eq=False, frozen=False,
+                                    match_args=match_args, kw_only=kw_only, slots=slots)
+        attrs, fields = {}, dataclasses.fields(cls)
+    params = attrs.get("__dataclass_params__") or cls.__dataclass_params__
     params.init, params.repr, params.eq, params.frozen = True, repr, eq, frozen
-    fields = dataclasses.fields(cls)
     _check_default_order(fields)
+    final: list[type] = []  # the class the methods belong to, once made
+    attrs.update(_methods(cls, own, fields, final, repr=repr, eq=eq, frozen=frozen,
+                          slots=slots))
     if blank_doc:
-        cls.__doc__ = cls.__name__ + _text_signature(fields)
+        attrs["__doc__"] = cls.__name__ + _text_signature(fields)
+    if plain and slots:  # one new class with everything in it (each dunder set on a class
+        cls = _slotted(cls, fields, attrs)  # afterwards costs an update of the type)
+    else:
+        for name, value in attrs.items():
+            setattr(cls, name, value)
+    if plain:
+        abc.update_abstractmethods(cls)
+    final.append(cls)
+    return cls
+
+
+def _methods(cls: type, own: set[str], fields: tuple[dataclasses.Field, ...],
+             final: list[type], *, repr: bool, eq: bool, frozen: bool,  # noqa: A002
+             slots: bool) -> dict[str, Any]:
+    """The methods dataclasses would add to ``cls`` (none that the class defines itself)."""
+    out: dict[str, Any] = {}
     if "__init__" not in own:
-        cls.__init__ = _lazy_init(cls, frozen)
+        out["__init__"] = _lazy_init(cls, frozen, fields, final)
     if repr and "__repr__" not in own:
-        cls.__repr__ = _named(cls, _repr_fn(tuple(f.name for f in fields if f.repr)))
+        out["__repr__"] = _named(cls, _repr_fn(tuple(f.name for f in fields if f.repr)))
     if eq and "__eq__" not in own:
-        cls.__eq__ = _named(cls, _eq_fn(_getter([f.name for f in fields if f.compare])))
-    if eq and not has_explicit_hash:
+        out["__eq__"] = _named(cls, _eq_fn(_getter([f.name for f in fields if f.compare])))
+    class_hash = cls.__dict__.get("__hash__", _MISSING)
+    explicit_hash = not (class_hash is _MISSING or (class_hash is None and "__eq__" in own))
+    if eq and not explicit_hash:
         # dataclasses._hash_action: eq without frozen sets __hash__ = None; eq and frozen add one
-        cls.__hash__ = _named(cls, _hash_fn(_getter(
+        out["__hash__"] = _named(cls, _hash_fn(_getter(
             [f.name for f in fields if (f.compare if f.hash is None else f.hash)]))) \
             if frozen else None
     if frozen:
         names = tuple(f.name for f in fields)
-        cls.__setattr__ = _named(cls, _frozen_setattr(cls, names))
-        cls.__delattr__ = _named(cls, _frozen_delattr(cls, names))
+        out["__setattr__"] = _named(cls, _frozen_setattr(final, names))
+        out["__delattr__"] = _named(cls, _frozen_delattr(final, names))
         if slots:  # dataclasses._add_slots: a frozen slotted class pickles through these
-            own_now = set(cls.__dict__)
-            if "__getstate__" not in own_now:
-                cls.__getstate__ = _getstate
-            if "__setstate__" not in own_now:
-                cls.__setstate__ = _setstate
-    return cls
+            for name, fn in (("__getstate__", _getstate), ("__setstate__", _setstate)):
+                if name not in own:
+                    out[name] = fn
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The fields of a plain class, as dataclasses._process_class finds them
+
+
+_PARAMS = dataclasses.dataclass(init=False, repr=False, eq=False)(
+    type("_Params", (), {})).__dataclass_params__
+"""A ``__dataclass_params__`` to copy (its class is private to dataclasses)."""
+_PRIVATE = getattr(dataclasses, "_FIELD", None) is not None \
+    and "_field_type" in getattr(dataclasses.Field, "__slots__", ())
+"""dataclasses.fields() keeps the Field objects whose ``_field_type`` is ``_FIELD``: set here
+for a plain class; without them (another Python) the standard library finds the fields."""
+_SPECIAL = ("ClassVar", "InitVar", "KW_ONLY")
+
+
+def _plain(cls: type) -> bool:
+    """A class this module finds the fields of itself: no base class, and no annotation that
+    dataclasses treats specially (ClassVar, InitVar, KW_ONLY: those go to the standard
+    library's processing)."""
+    if not _PRIVATE or cls.__bases__ != (object,) or "__slots__" in cls.__dict__:
+        return False
+    text = " ".join(a if isinstance(a, str) else repr(a)
+                    for a in cls.__dict__.get("__annotations__", {}).values())
+    return not any(word in text for word in _SPECIAL)
+
+
+def _fields_of_plain_class(cls: type, *, match_args: bool, kw_only: bool) -> dict[str, Any]:
+    """dataclasses._process_class with no method written (``_get_field``, the class
+    attributes, ``__match_args__``), for a class ``_plain`` accepts: the attributes to give
+    the class (``__dataclass_fields__``, ``__dataclass_params__``, ``__match_args__``)."""
+    annotations = cls.__dict__.get("__annotations__", {})
+    fields: dict[str, dataclasses.Field] = {}
+    for name, annotation in annotations.items():
+        default = cls.__dict__.get(name, _MISSING)
+        f = default if isinstance(default, dataclasses.Field) else dataclasses.field(
+            default=default)
+        f.name, f.type, f._field_type = name, annotation, dataclasses._FIELD
+        if f.kw_only is _MISSING:
+            f.kw_only = kw_only
+        if f.default.__class__.__hash__ is None:  # a list, dict or set shared by instances
+            raise ValueError(f"mutable default {type(f.default)} for field {name} is not "
+                             "allowed: use default_factory")
+        fields[name] = f
+        if isinstance(default, dataclasses.Field):
+            if f.default is _MISSING:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, f.default)
+    for name, value in cls.__dict__.items():
+        if isinstance(value, dataclasses.Field) and name not in annotations:
+            raise TypeError(f"{name!r} is a field but has no type annotation")
+    params = object.__new__(type(_PARAMS))
+    for name in type(_PARAMS).__slots__:
+        setattr(params, name, getattr(_PARAMS, name))
+    for name, value in (("match_args", match_args), ("kw_only", kw_only)):
+        if hasattr(params, name):  # Python 3.12 on
+            setattr(params, name, value)
+    out = {"__dataclass_fields__": fields, "__dataclass_params__": params}
+    if match_args and "__match_args__" not in cls.__dict__:
+        out["__match_args__"] = tuple(f.name for f in fields.values()
+                                      if f.init and not f.kw_only)
+    return out
+
+
+def _slotted(cls: type, fields: tuple[dataclasses.Field, ...], methods: dict[str, Any]) -> type:
+    """dataclasses._add_slots (no base class here, so no inherited slots), with the methods
+    in the new class's namespace."""
+    body = dict(cls.__dict__)
+    body["__slots__"] = tuple(f.name for f in fields)
+    for name in (*body["__slots__"], "__dict__", "__weakref__"):
+        body.pop(name, None)
+    body.update(methods)
+    slotted = type(cls)(cls.__name__, cls.__bases__, body)
+    slotted.__qualname__ = cls.__qualname__
+    if hasattr(slotted.__dataclass_params__, "slots"):  # Python 3.12 on
+        slotted.__dataclass_params__.slots = True
+    return slotted
 
 
 def _check_default_order(fields: tuple[dataclasses.Field, ...]) -> None:
@@ -138,7 +238,8 @@ def _text_signature(fields: tuple[dataclasses.Field, ...]) -> str:
     """``str(inspect.signature(cls))`` of the generated ``__init__``, as dataclasses puts it
     into a class's missing docstring."""
     def param(f: dataclasses.Field) -> str:
-        text = f"{f.name}: {inspect.formatannotation(f.type)}"
+        shown = repr(f.type) if isinstance(f.type, str) else inspect.formatannotation(f.type)
+        text = f"{f.name}: {shown}"
         if f.default is not _MISSING:
             return f"{text} = {f.default!r}"
         if f.default_factory is not _MISSING:
@@ -164,12 +265,12 @@ HOT = 32
 one sets the fields (compiling a 48-field ``__init__`` costs more than 32 generic calls)."""
 
 
-def _lazy_init(cls: type, frozen: bool) -> Callable:
+def _lazy_init(cls: type, frozen: bool, fields: tuple[dataclasses.Field, ...],
+               final: list[type]) -> Callable:
     """An ``__init__`` that sets the fields as the generated one does (the same order, default
     factories called the same way, then ``__post_init__``) without compiling anything; on its
     HOT-th call, or on any call the generated one would reject (so the TypeError is Python's
     own), it compiles and installs the generated one."""
-    fields = dataclasses.fields(cls)
     pos = tuple(f.name for f in fields if f.init and not f.kw_only)
     accepted = frozenset(f.name for f in fields if f.init)
     required = frozenset(f.name for f in fields if f.init and f.default is _MISSING
@@ -186,8 +287,8 @@ def _lazy_init(cls: type, frozen: bool) -> Callable:
         if calls >= HOT or compiled or len(args) > len(pos) or not accepted.issuperset(kwargs) \
                 or not given.keys().isdisjoint(kwargs) or not required <= given.keys() | kwargs:
             if not compiled:
-                compiled.append(init_of(cls, frozen))
-                cls.__init__ = compiled[0]
+                compiled.append(init_of(final[0], frozen))
+                final[0].__init__ = compiled[0]
             compiled[0](self, *args, **kwargs)
             return
         given.update(kwargs)
@@ -292,8 +393,9 @@ def _hash_fn(key: Callable[[Any], tuple]) -> Callable:
     return __hash__
 
 
-def _frozen_setattr(cls: type, names: tuple[str, ...]) -> Callable:
+def _frozen_setattr(final: list[type], names: tuple[str, ...]) -> Callable:
     def __setattr__(self: Any, name: str, value: Any) -> None:
+        cls = final[0]
         if type(self) is cls or name in names:
             raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
         super(cls, self).__setattr__(name, value)
@@ -301,8 +403,9 @@ def _frozen_setattr(cls: type, names: tuple[str, ...]) -> Callable:
     return __setattr__
 
 
-def _frozen_delattr(cls: type, names: tuple[str, ...]) -> Callable:
+def _frozen_delattr(final: list[type], names: tuple[str, ...]) -> Callable:
     def __delattr__(self: Any, name: str) -> None:
+        cls = final[0]
         if type(self) is cls or name in names:
             raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
         super(cls, self).__delattr__(name)

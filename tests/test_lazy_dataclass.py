@@ -17,6 +17,7 @@ import re
 import subprocess
 import sys
 from dataclasses import KW_ONLY, field
+from typing import ClassVar
 from pathlib import Path
 
 import pytest
@@ -80,8 +81,22 @@ def _classes(deco):
     class Empty:
         pass
 
+    class Mixin:
+        def double(self) -> int:
+            return 2 * self.a
+
+    @deco(frozen=True, slots=True)
+    class WithBase(Mixin):  # a base class: the standard library finds the fields
+        a: int
+        b: list = field(default_factory=list)
+
+    @deco(frozen=True)
+    class WithClassVar:  # so does a ClassVar
+        a: int
+        limit: ClassVar[int] = 3
+
     return {c.__name__: c for c in (Frozen, Positional, One, Mutable, OwnMethods, HashField,
-                                    Empty)}
+                                    Empty, WithBase, WithClassVar)}
 
 
 STD = _classes(dataclasses.dataclass)
@@ -95,6 +110,8 @@ ARGS = {  # two different instances of each class: (args, kwargs), made afresh f
     "OwnMethods": lambda: [((1,), {}), ((1, 2), {})],
     "HashField": lambda: [((), dict(a=1)), ((), dict(a=1, b=5, c=6))],
     "Empty": lambda: [((), {}), ((), {})],
+    "WithBase": lambda: [((1,), {}), ((2, [3]), {})],
+    "WithClassVar": lambda: [((1,), {}), ((), dict(a=2))],
 }
 
 
