@@ -149,8 +149,9 @@ def _methods(cls: type, own: set[str], fields: tuple[dataclasses.Field, ...],
 
 
 _PARAMS = dataclasses.dataclass(init=False, repr=False, eq=False)(
-    type("_Params", (), {})).__dataclass_params__
-"""A ``__dataclass_params__`` to copy (its class is private to dataclasses)."""
+    type("_Params", (), {"__doc__": "-"})).__dataclass_params__
+"""A ``__dataclass_params__`` to copy (its class is private to dataclasses; the docstring
+spares dataclasses an inspect.signature)."""
 _PRIVATE = getattr(dataclasses, "_FIELD", None) is not None \
     and "_field_type" in getattr(dataclasses.Field, "__slots__", ())
 """dataclasses.fields() keeps the Field objects whose ``_field_type`` is ``_FIELD``: set here
