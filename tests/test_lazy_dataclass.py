@@ -265,3 +265,24 @@ def test_every_planner_dataclass_and_a_plan_match_dataclasses():
     assert std.keys() == lazy.keys()
     for key in std:
         assert lazy[key] == std[key], key
+
+
+def test_planner_modules_take_dataclass_from_lazy_dataclass():
+    """A dataclass made by dataclasses.dataclass in planner/ or hardware_profiles/ costs its
+    compiled methods at every start (issue 23, item 8): import the decorator from
+    planner.lazy_dataclass instead."""
+    import ast
+
+    offenders = []
+    for pkg in ("planner", "hardware_profiles"):
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            if path.name == "lazy_dataclass.py":
+                continue
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.ImportFrom) and node.module == "dataclasses" \
+                        and any(a.name == "dataclass" for a in node.names):
+                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} imports it")
+                elif isinstance(node, ast.Attribute) and node.attr == "dataclass" \
+                        and isinstance(node.value, ast.Name) and node.value.id == "dataclasses":
+                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} uses it")
+    assert offenders == []

@@ -10,7 +10,6 @@ reading the result back that it asks for exactly the recommended candidate.
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import os
 import tempfile
@@ -19,6 +18,7 @@ from typing import Any
 
 from planner.jobs.edit import json_set, toml_set, yaml_set
 from planner.jobs.record import Job, JobError, JobFormat
+from planner.lazy_dataclass import dataclass
 from planner.spec import Candidate, Checkpointing, Offload, Strategy
 
 FSDP1 = (Strategy.NO_SHARD, Strategy.SHARD_GRAD_OP, Strategy.FULL_SHARD, Strategy.HYBRID_SHARD)
@@ -30,7 +30,7 @@ FSDP_NAMES = {Strategy.FULL_SHARD: "FULL_SHARD", Strategy.SHARD_GRAD_OP: "SHARD_
               Strategy.NO_SHARD: "NO_SHARD", Strategy.HYBRID_SHARD: "HYBRID_SHARD"}
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Knobs:
     """What a job file can say: the strategies, offloads and checkpointing modes to choose
     among (empty: the file cannot say it; it stays as the job has it)."""
@@ -46,7 +46,7 @@ class Knobs:
     (HF Trainer's ``fsdp`` option is FSDP1 unless fsdp_config says version 2)."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Rewrite:
     path: str
     old: str
