@@ -455,6 +455,20 @@ FIELDS: tuple[Field, ...] = (
           choices=("cpu", "nvme"), shown_default="cpu",
           help="ZeRO-3 offload target: cpu (ZeRO-Offload) or nvme (ZeRO-Infinity: host RAM "
           "holds only the swapper's pinned buffers)."),
+    Field(path="deepspeed.grad_accum_dtype", flag="--ds-grad-accum-dtype",
+          check=_choice(Dtype), choices=_names(Dtype), shown_default="the model's",
+          help="data_types.grad_accum_dtype. fp32 with --precision bf16-amp on zero1 without "
+          "offload: DeepSpeed's BF16_Optimizer (a full-size fp32 gradient buffer, 4 B/param, "
+          "beside the bf16 grads); ZeRO-2/3 do not read it."),
+    Field(path="deepspeed.bf16_master_weights_and_grads",
+          flag="--ds-bf16-master-weights-and-grads", check=_ds_bool, is_flag=True,
+          help="bf16.bf16_master_weights_and_grads: the ZeRO master partition and the "
+          "gradient partition it steps in bf16 (2 B instead of 4). Without "
+          "--ds-bf16-optimizer-states DeepSpeed needs optimizer offload (DeepSpeedCPUAdam)."),
+    Field(path="deepspeed.bf16_optimizer_states", flag="--ds-bf16-optimizer-states",
+          check=_ds_bool, is_flag=True,
+          help="bf16.bf16_optimizer_states: the optimizer's moments in bf16 too (needs "
+          "--ds-bf16-master-weights-and-grads)."),
     # ---- hardware ----------------------------------------------------------------------
     Field(path="hardware.gpu", flag="--gpu", metavar="NAME|PATH", check=validate.text, files=True,
           help="GPU profile id (see --list-gpus) or a path to a TOML profile."),

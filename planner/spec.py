@@ -531,6 +531,25 @@ class DeepSpeedConfig:
     offload_device: str = "cpu"
     """Where ZeRO-3's offload goes: "cpu" (ZeRO-Offload) or "nvme" (ZeRO-Infinity: the states
     live on NVMe; host RAM holds only the swapper's pinned buffers)."""
+    grad_accum_dtype: Dtype | None = None
+    """``data_types.grad_accum_dtype`` (None: the model's dtype). A bf16 model with fp32
+    accumulation under ZeRO stage 1 without offload runs ``BF16_Optimizer``
+    (``bf16_optimizer``); the ZeRO optimizers of stages 2-3 (and stage 1 under offload) do
+    not read it."""
+    bf16_master_weights_and_grads: bool = False
+    """``bf16.bf16_master_weights_and_grads``: the ZeRO optimizer's master partition and the
+    gradient partition it steps are bf16 (``base_optimizer.py`` ``_configure_master_weights``)."""
+    bf16_optimizer_states: bool = False
+    """``bf16.bf16_optimizer_states``: the optimizer's moments in bf16 too (the optimizer
+    steps bf16 master weights); without it they stay fp32, which DeepSpeed allows only under
+    ZeRO-Offload with DeepSpeedCPUAdam."""
+
+    def bf16_optimizer(self, strategy: Strategy, offload: Offload, precision: Precision) -> bool:
+        """The engine wraps the optimizer in ``BF16_Optimizer`` rather than the ZeRO optimizer:
+        a bf16 model, fp32 gradient accumulation, ZeRO stage 1, no optimizer offload
+        (``engine.py`` ``_do_optimizer_sanity_check``, DeepSpeed 0.19.6-0.19.8)."""
+        return (strategy is Strategy.ZERO1 and offload is Offload.NONE
+                and precision is Precision.BF16_AMP and self.grad_accum_dtype is Dtype.FP32)
 
     def overlap(self, stage3: bool) -> bool:
         """overlap_comm as DeepSpeed resolves it (``overlap_comm_valid``)."""
