@@ -347,6 +347,11 @@ class ModelSpec:
     loss_upcast: bool = True
     """The class's own loss upcasts the logits to fp32 (HF ForCausalLMLoss); False: it takes
     cross-entropy in the logits' dtype (BertForMaskedLM's CrossEntropyLoss)."""
+    loss_upcast_since: tuple[int, int] = (4, 31)
+    """The first transformers release whose class upcasts (planner/loss_dtype.py): 4.31 for
+    LlamaForCausalLM (``logits = logits.float()``; not in 4.30.2) and the families that copied
+    its head later; 4.49 for GPT-2, Falcon and BLOOM (``self.loss_function``, ForCausalLMLoss;
+    4.48.0 still took CrossEntropyLoss on the low-precision logits)."""
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab"):
@@ -549,7 +554,7 @@ class DeepSpeedConfig:
         a bf16 model, fp32 gradient accumulation, ZeRO stage 1, no optimizer offload
         (``engine.py`` ``_do_optimizer_sanity_check``, DeepSpeed 0.19.6-0.19.8)."""
         return (strategy is Strategy.ZERO1 and offload is Offload.NONE
-                and precision is Precision.BF16_AMP and self.grad_accum_dtype is Dtype.FP32)
+                and precision is Precision.BF16_AMP and self.grad_accum_dtype == Dtype.FP32)
 
     def overlap(self, stage3: bool) -> bool:
         """overlap_comm as DeepSpeed resolves it (``overlap_comm_valid``)."""
@@ -617,6 +622,9 @@ class TrainingSpec:
     finetune: FineTune = field(default_factory=FineTune)
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
     """The DeepSpeed engine's settings, for the ZeRO candidates."""
+    transformers_version: str | None = None
+    """The transformers release the model's own loss comes from ("major.minor"); None: a
+    recent one (planner/loss_dtype.py)."""
 
     def __post_init__(self) -> None:
         for name in ("seq", "micro_batch", "grad_accum", "loss_chunks"):

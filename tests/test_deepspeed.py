@@ -537,3 +537,23 @@ def test_deepcompile_is_named_not_modelled(tmp_path):
     unmodelled = json.loads(r.stdout)["job"]["unmodelled"]
     assert any("compile.deepcompile" in str(u) and "selective_gather" in str(u)
                for u in unmodelled), unmodelled
+
+
+def test_a_config_with_fp32_accumulation_plans_bf16_optimizer(tmp_path):
+    # the DeepSpeed JSON path end to end: bf16 + data_types.grad_accum_dtype fp32 + stage 1.
+    # At the step: bf16 module 2 PSI, bf16 grads 2 PSI, master + Adam 12 TN + the fp32 buffer
+    # 4 PSI (37,061,285,888), the all-reduce's bf16 copy 2 PSI
+    src = tmp_path / "ds.json"
+    src.write_text(json.dumps({"zero_optimization": {"stage": 1}, "bf16": {"enabled": True},
+                               "data_types": {"grad_accum_dtype": "fp32"},
+                               "train_micro_batch_size_per_gpu": 1}))
+    r = cli("--deepspeed-config", str(src), "--model", "llama2-7b", "--gpu", "h100-80", "--n",
+            "8", "--checkpointing", "full", "--json")
+    assert r.exit_code in (0, 3), r.output
+    doc = json.loads(r.stdout)
+    assert doc["job"]["unmodelled"] == []
+    b = doc["candidates"][0]["breakdown_bytes"]
+    assert doc["candidates"][0]["peak_phase"] == "optimizer"
+    assert (b["params"], b["gradients"], b["optimizer_states"], b["optimizer_temporaries"]) == (
+        2 * PSI, 2 * PSI, 37_061_285_888, 2 * PSI)
+    assert any(a.startswith("DeepSpeed: grad_accum_dtype fp32") for a in doc["assumptions"])
