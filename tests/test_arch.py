@@ -46,6 +46,12 @@ def test_qk_norm_and_moe_parts() -> None:
     ds = variants_of(PRESETS["deepseek-v2-lite"])
     assert ds.mlp.shared.width == 2816 and ds.dense_mlp.width == 10944
     assert ds.mlp.dense is ds.dense_mlp
+    gemma = variants_of(PRESETS["gemma2-9b"]).attention
+    assert (type(gemma.window).__name__, type(gemma.softcap).__name__) \
+        == ("SlidingWindow", "TanhSoftcap")
+    llama = variants_of(PRESETS["llama3-8b"]).attention
+    assert (type(llama.window).__name__, type(llama.softcap).__name__) \
+        == ("FullAttention", "FullAttention")
     mixtral = variants_of(PRESETS["mixtral-8x7b"])
     assert mixtral.mlp.shared is None and mixtral.dense_mlp is None
 
@@ -144,3 +150,22 @@ def test_plan_activations_reads_the_variants() -> None:
                             attention=Attention.SDPA, checkpointing=Checkpointing.NONE,
                             uses_autocast=False)
     assert plan.block_bytes == 78_592
+
+
+def test_window_and_softcap_by_hand() -> None:
+    """TINY with one of its two blocks sliding over 16 tokens and soft-capped logits; 32
+    tokens, c = 2."""
+    m = dataclasses.replace(TINY, sliding_window=16, sliding_layers=1, attn_softcap=True)
+    sdpa = {s.name: s.nbytes for s in block_saved(m, 32, 1, 32, Attention.SDPA,
+                                                  AmpRegime.MODULE, 2, 2)}
+    # the (1, 1, 32, 32) additive mask in c, kept by 1 of 2 blocks: 2 * 32 * 32 * 1 // 2
+    assert sdpa["sdpa.window_mask"] == 1024
+    assert "attn.softcap_tanh" not in sdpa  # flash SDPA takes no soft-cap
+    eager = {s.name: s.nbytes for s in block_saved(m, 32, 1, 32, Attention.EAGER,
+                                                   AmpRegime.MODULE, 2, 2)}
+    # tanh's output over the (1, 4 heads, 32, 32) scores in c: 2 * 4 * 32 * 32
+    assert eager["attn.softcap_tanh"] == 8192
+    assert "sdpa.window_mask" not in eager
+    # within the window: no mask
+    short = block_saved(m, 16, 1, 16, Attention.SDPA, AmpRegime.MODULE, 2, 2)
+    assert "sdpa.window_mask" not in {s.name for s in short}

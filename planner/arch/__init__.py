@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterator
 
-from planner.arch.attention import Mha, Mla
+from planner.arch.attention import FullAttention, Mha, Mla, SlidingWindow, TanhSoftcap
 from planner.arch.base import Ctx, Saved, Shape
 from planner.arch.layout import Parallel, PostNorm, PreNorm, Sandwich
 from planner.arch.mlp import Gated, Gelu, Moe
@@ -77,6 +77,7 @@ class Arch:
 _NORMS = {"layernorm": LayerNorm(), "rmsnorm": RMSNorm(), "layernorm-plain": PlainLayerNorm()}
 _QK = {"none": NoQkNorm(), "head": HeadQkNorm(), "full": FullQkNorm()}
 _POSITIONS = {"rope": Rope(), "learned": Learned(), "alibi": Alibi()}
+_FULL = FullAttention()
 
 
 def _layout(m):
@@ -97,7 +98,12 @@ def variants_of(m) -> Arch:
     """The variants a ModelSpec's flags describe."""
     kind = Gated if m.mlp.gated else Gelu
     position = _POSITIONS[m.position]
-    attention = Mla() if m.mla else Mha(_QK[m.qk_norm], position)
+    if m.mla:
+        attention = Mla()
+    else:
+        attention = Mha(_QK[m.qk_norm], position,
+                        SlidingWindow() if m.sliding_layers else _FULL,
+                        TanhSoftcap() if m.attn_softcap else _FULL)
     dense = kind(m.dense_ffn_hidden) if m.n_dense_layers else None
     if m.is_moe:
         mlp = Moe(kind(m.ffn_hidden), kind(m.shared_ffn) if m.shared_ffn else None, dense)

@@ -21,16 +21,61 @@ from planner.arch.base import (
 from planner.spec import Attention
 
 
+class FullAttention:
+    """Every layer attends to every earlier token through the kernel's own causal mask: no
+    parameters, nothing kept, no matmul (also: no soft-capping)."""
+
+    __slots__ = ()
+
+    def params(self, m, prefix: str) -> Iterator[tuple[str, Shape]]:
+        return iter(())
+
+    def saved(self, m, x: Ctx) -> list[Saved]:
+        return []
+
+    def matmul_weights(self, m) -> int:
+        return 0
+
+
+class SlidingWindow(FullAttention):
+    """sliding_layers of the blocks attend to the last sliding_window tokens (Mistral-7B-v0.1,
+    Phi-3-mini, Gemma-2/3's local layers)."""
+
+    __slots__ = ()
+
+    def saved(self, m, x: Ctx) -> list[Saved]:
+        """Under SDPA past the window a sliding layer gets transformers' boolean (B, 1, T, T)
+        mask, which SDPA turns into an additive mask of q's dtype on each call and the kernel
+        keeps for backward (sdp::convert_boolean_attn_mask); averaged over the blocks (traced:
+        Phi-3-mini, window 2047, seq 2048: 8 MiB per layer). Eager attention's mask: not
+        counted apart."""
+        if x.seq <= m.sliding_window:
+            return []
+        return [Saved("sdpa.window_mask",
+                      x.c * x.batch * x.seq * x.seq * m.sliding_layers // m.n_layers)]
+
+
+class TanhSoftcap(FullAttention):
+    """Gemma-2's soft-capped attention logits (eager_attention_forward in transformers'
+    modeling_gemma2.py): s = tanh(s / cap) * cap; tanh saves its output, (B, heads, T, T) in
+    c. Flash SDPA kernels take no soft-cap: under SDPA nothing is kept apart."""
+
+    __slots__ = ()
+
+    def saved(self, m, x: Ctx) -> list[Saved]:
+        return [Saved("attn.softcap_tanh", x.c * x.batch * m.n_heads * x.seq * x.seq)]
+
+
 class Mha:
     """q, k, v, o projections (GQA/MQA: k and v of n_kv_heads), an optional qk-norm, RoPE or
-    ALiBi or none, then SDPA or eager attention. Sliding-window layers and Gemma-2's logit
-    soft-capping are read from the model. Phi-3's fused qkv_proj (``fused_qkv``): one linear
-    whose output q, k, v are views of."""
+    ALiBi or none, then SDPA or eager attention; ``window``: full or sliding-window layers
+    (SDPA's mask), ``softcap``: none or Gemma-2's (eager's scores). Phi-3's fused qkv_proj
+    (``fused_qkv``): one linear whose output q, k, v are views of."""
 
-    __slots__ = ("qk", "position")
+    __slots__ = ("qk", "position", "window", "softcap")
 
-    def __init__(self, qk, position) -> None:
-        self.qk, self.position = qk, position
+    def __init__(self, qk, position, window=FullAttention(), softcap=FullAttention()) -> None:
+        self.qk, self.position, self.window, self.softcap = qk, position, window, softcap
 
     def params(self, m, prefix: str) -> Iterator[tuple[str, Shape]]:
         h, qkv_bias = m.hidden, m.bias or m.qkv_bias
@@ -39,6 +84,8 @@ class Mha:
         yield from linear(f"{prefix}attn.v", m.kv_dim, h, qkv_bias)
         yield from linear(f"{prefix}attn.o", h, m.q_dim, m.bias or m.attn_out_bias)
         yield from self.qk.params(m, prefix)
+        yield from self.window.params(m, prefix)
+        yield from self.softcap.params(m, prefix)
 
     def readers(self, m) -> tuple[str, ...]:
         """The linears that read the block's normed input."""
@@ -67,14 +114,7 @@ class Mha:
         # attn.o copies it (traced: Phi3Attention, PhiAttention).
         if m.fused_qkv or m.partial_rotary:
             out.append(Saved("attn.o.input_copy", c * t * qd))
-        if m.sliding_layers and x.seq > m.sliding_window:
-            # past the window a sliding layer's SDPA gets transformers' boolean (B, 1, T, T)
-            # mask, which SDPA turns into an additive mask of q's dtype on each call and the
-            # kernel keeps for backward (sdp::convert_boolean_attn_mask); averaged over the
-            # blocks (traced: Phi-3-mini, window 2047, seq 2048: 8 MiB per layer)
-            out.append(Saved("sdpa.window_mask",
-                             c * x.batch * x.seq * x.seq * m.sliding_layers // m.n_layers))
-        return out
+        return out + self.window.saved(m, x)
 
     def _eager(self, m, x: Ctx, rope: str) -> list[Saved]:
         """k, v repeated to n_heads for GQA (repeat_interleave copies), scores
@@ -86,9 +126,7 @@ class Mha:
         out = [Saved(f"attn.q{rope}", c * t * qd),
                Saved("attn.k_expanded" if kvd != qd else f"attn.k{rope}", c * t * qd),
                Saved("attn.v_expanded" if kvd != qd else "attn.v", c * t * qd)]
-        if m.attn_softcap:
-            # Gemma-2 eager_attention_forward: tanh(s / cap) * cap; tanh saves its output
-            out.append(Saved("attn.softcap_tanh", c * scores))
+        out += self.softcap.saved(m, x)
         out.append(Saved("attn.probs_fp32", FP32 * scores))
         if m.dropout:
             # dropout(probs): p @ v saves the dropped copy; native_dropout keeps a bool mask
@@ -113,7 +151,8 @@ class Mha:
 
     def matmul_weights(self, m) -> int:
         """Matmul weights a token multiplies: q (q_dim x h), k and v (kv_dim x h), o."""
-        return m.hidden * (2 * m.q_dim + 2 * m.kv_dim)
+        return m.hidden * (2 * m.q_dim + 2 * m.kv_dim) + self.qk.matmul_weights(m) \
+            + self.window.matmul_weights(m) + self.softcap.matmul_weights(m)
 
     def attn_width(self, m) -> int:
         return m.q_dim
