@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner import vec
+from planner.arch import variants_of
 from planner.spec import (
     Checkpointing,
     Candidate,
@@ -133,35 +134,19 @@ DEFAULT_ASSUMPTIONS = ThroughputAssumptions()
 def matmul_params(model: ModelSpec) -> tuple[int, int]:
     """(matmul weights per block that a token multiplies, output-head weights).
 
-    Per block: q (q_dim x h), k and v (kv_dim x h), o (h x q_dim), the MLP matrices
-    (3 for gated MLPs, 2 otherwise; ``experts_per_token`` of them for MoE) and the MoE router.
-    Biases and norms are excluded (they are not matmuls). Head: vocab x hidden. Multi-head
-    latent attention, shared experts and dense blocks: read off the block's tensors.
+    Per block, each variant's own count (planner/arch/, ``flops``): q (q_dim x h), k and v
+    (kv_dim x h), o (h x q_dim) or multi-head latent attention's projections; the MLP
+    matrices (3 for gated MLPs, 2 otherwise; ``experts_per_token`` of them for MoE, plus the
+    router, shared experts and gate); an MoE model with dense blocks: the average block.
+    Biases and norms are excluded (they are not matmuls). Head: vocab x hidden.
     """
-    h = model.hidden
-    if model.mla or model.shared_ffn or model.n_dense_layers or model.shared_expert_gate:
-        # the block's own tensors (planner.params): every matrix, routed experts weighted by
-        # top-k / experts; an MoE model with dense blocks: the average block
-        from planner.params import block_tensors, numel
+    return variants_of(model).block_matmul_weights(model), model.vocab * model.hidden
 
-        def mm(dense: bool) -> int:
-            total = 0
-            for name, shape in block_tensors(model, dense=dense):
-                if len(shape) < 2:
-                    continue
-                k = numel(shape)
-                routed = name.startswith("mlp.w_") and not dense
-                total += k * model.experts_per_token // model.n_experts if routed else k
-            return total
 
-        L, nd = model.n_layers, model.n_dense_layers
-        block = (mm(False) * (L - nd) + (mm(True) * nd if nd else 0)) // L
-        return block, model.vocab * h
-    attn = h * (2 * model.q_dim + 2 * model.kv_dim)
-    mlp = (3 if model.mlp.gated else 2) * h * model.ffn_hidden
-    if model.is_moe:
-        mlp = mlp * model.experts_per_token + h * model.n_experts
-    return attn + mlp, model.vocab * h
+def attn_width(model: ModelSpec) -> int:
+    """Width of the QK^T and AV products per layer (the attention variant's: n_heads ·
+    head_dim)."""
+    return variants_of(model).attention.attn_width(model)
 
 
 def model_flops_per_token(model: ModelSpec, seq: int) -> float:
@@ -172,7 +157,7 @@ def model_flops_per_token(model: ModelSpec, seq: int) -> float:
     forward + backward; not halved for causal masking, as PaLM / torchtitan / llm-foundry).
     """
     block, head = matmul_params(model)
-    return 6.0 * (model.n_layers * block + head) + 12.0 * model.n_layers * seq * model.q_dim
+    return 6.0 * (model.n_layers * block + head) + 12.0 * model.n_layers * seq * attn_width(model)
 
 
 def recompute_flops_per_token(model: ModelSpec, seq: int, checkpointing: Checkpointing) -> float:
@@ -180,7 +165,7 @@ def recompute_flops_per_token(model: ModelSpec, seq: int, checkpointing: Checkpo
     rc = RECOMPUTE[_ckpt(checkpointing)]
     block, _ = matmul_params(model)
     return (rc.matmul * 2.0 * model.n_layers * block
-            + rc.attention * 4.0 * model.n_layers * seq * model.q_dim)
+            + rc.attention * 4.0 * model.n_layers * seq * attn_width(model))
 
 
 def training_flops_per_token(model: ModelSpec, seq: int, checkpointing: Checkpointing) -> float:
@@ -681,7 +666,7 @@ def step_inputs_at(model: ModelSpec, training: TrainingSpec, candidate: Candidat
     fd = training.fsdp_dtypes
     p_block, p_head = matmul_params(model)
     return StepInputs(
-        n_layers=float(model.n_layers), q_dim=float(model.q_dim), seq=seq * 1.0,
+        n_layers=float(model.n_layers), q_dim=float(attn_width(model)), seq=seq * 1.0,
         mb=mb * 1.0, ga=float(training.grad_accum), n=n * 1.0, gpn=gpn * 1.0,
         p_total=float(total_params(model)), p_block=float(p_block), p_head=float(p_head),
         peak=rates.peak_fsdp if fsdp else rates.peak, eff=rates.eff, bw_intra=rates.bw_intra,
