@@ -40,6 +40,10 @@ CASES: dict[str, dict[str, Any]] = {
            "stage3_param_persistence_threshold": 100, "sub_group_size": 20_000},
     "z3-one-group": {"stage": 3, "reduce_bucket_size": 30_000,
                      "stage3_param_persistence_threshold": 100},
+    # ZeRO++ hpZ: the secondary partition over both ranks (qwZ and qgZ need DeepSpeed's CUDA
+    # quantizer op: not on the CPU accelerator)
+    "z3-hpz": {"stage": 3, "reduce_bucket_size": 30_000,
+               "stage3_param_persistence_threshold": 100, "zero_hpz_partition_size": 2},
 }
 
 
@@ -122,8 +126,13 @@ def _worker(rank: int, name: str, port: int, out: str) -> None:
     steps: list[int] = []
     inner_step = opt.step
 
+    secondary: list[int] = []
+
     def step(*a: Any, **k: Any) -> Any:
         steps.append(sum(_nbytes(p.grad) for g in opt.param_groups for p in g["params"]))
+        # hpZ's secondary partitions at the step (freed after it, in _post_step)
+        secondary.append(sum(_nbytes(getattr(p, "ds_secondary_tensor", None))
+                             for p in model.parameters()))
         return inner_step(*a, **k)
 
     opt.step = step
@@ -135,6 +144,12 @@ def _worker(rank: int, name: str, port: int, out: str) -> None:
         engine.step()
     if stage != 3:
         rec.update(seen)
+    if case.get("zero_hpz_partition_size", 1) > 1:
+        # the second step's: after one _post_step has dropped the secondary copies (the
+        # first step's is the same, 115,008 B: every parameter has one at both)
+        rec["hpz_secondary_at_step"] = secondary[-1]
+        rec["hpz_secondary_after_step"] = sum(_nbytes(getattr(p, "ds_secondary_tensor", None))
+                                              for p in model.parameters())
     rec["step_fp32_grads"] = max(steps)
     rec["steps_per_step"] = len(steps) // 2
     rec["adam_state"] = sum(_nbytes(v) for s in opt.state.values() for v in s.values()

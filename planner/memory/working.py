@@ -277,6 +277,7 @@ def zero_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate,
                      degree=opt_shard, b=d.param, sizes=ordered_sizes(model, T),
                      grad_accum=training.grad_accum,
                      check_overflow=training.precision.amp and d.param < FP32,
+                     param_fp16=training.precision is Precision.FP16_AMP,
                      temps=zero_step_temps(s, training, local, largest, opt_shard, td.state,
                                            ordered_sizes(model, T)))
     return Working(
