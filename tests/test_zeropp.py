@@ -220,3 +220,25 @@ def test_reader_warns_that_deepspeed_ignores_zeropp_below_stage_3(tmp_path):
     assert "deepspeed.zero_hpz_partition_size" not in j.values
     said = [w for w in j.warnings if "ZeRO++" in w]
     assert len(said) == 2 and all("stage 2" in w for w in said), said
+
+
+# ---- the fewest-GPUs search -----------------------------------------------------------------
+
+@pytest.mark.parametrize("h", [4, 8, 16])
+def test_fewest_gpus_searches_the_counts_hpz_divides(h):
+    # llama3-70b ZeRO-3 with full checkpointing: hpZ's Psi/h secondary copy (35 GB at h = 4)
+    # does not shrink with the GPUs, so a smaller group needs more of them. The oracle: every
+    # count h divides (h, 2h, ... past a node: whole nodes), each planned on its own; the
+    # search must land on its first fit, never on a count DeepSpeed refuses (24 for h = 16)
+    from planner.plan import fits_any, min_gpus
+    from planner.request import build_request
+
+    v = {"model.preset": "llama3-70b", "hardware.gpu": "h100-80", "strategy": "zero3",
+         "offload": "none", "checkpointing": "full", "deepspeed.zero_hpz_partition_size": h}
+    r = build_request(v)
+    first = next(n for n in range(h, 257, h) if (n % 8 == 0 or n < 8)
+                 and fits_any(r.with_gpus(n)))
+    assert min_gpus(r) == first
+    # fewer GPUs than without hpZ are never enough: the secondary copy only adds
+    plain = build_request({k: x for k, x in v.items() if "hpz" not in k})
+    assert first >= min_gpus(plain)
