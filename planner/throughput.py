@@ -628,9 +628,10 @@ def zeropp_times(x: StepInputs, m: Any, bw: Any, hop: Any, calls_param: Any, t_a
       instead of 2: (N-1)/N P ag_b over the ring.
     - hpZ (``_partition_param_sec``; ``partitioned_param_coordinator.py`` gathers from
       ``ds_secondary_tensor`` over ``zero_param_process_group`` while it exists): the first
-      forward gathers over all N; every later gather (the backward, recompute, later
-      micro-batches' forwards) over the h ranks of the group, inside a node: (h-1)/h P ag_b
-      on NVLink.
+      forward gathers the trainable parameters over all N (``_post_step`` dropped their
+      secondary copies; frozen ones keep theirs); every later gather (the backward,
+      recompute, later micro-batches' forwards) runs over the h ranks of the group, inside a
+      node: (h-1)/h P ag_b on NVLink.
     - qgZ (``comm/coalesced_collectives.py`` ``all_to_all_quant_reduce``, used by
       ``stage3.py`` ``__avg_scatter_grads`` when world // local > 1): each gradient matrix is
       quantized to int4 (``qgz_b`` = 0.5 B and an fp32 scale per group of min(rows, cols)
@@ -653,6 +654,9 @@ def zeropp_times(x: StepInputs, m: Any, bw: Any, hop: Any, calls_param: Any, t_a
     bw_h, hop_h = ring_link(x, h)
     t_later = vec.where(h > 1.0, (h - 1.0) / h * p * ag_b / bw_h + calls_param * (h - 1.0)
                         * hop_h, t_first)
+    # frozen parameters (LoRA, frozen layers) keep their secondary copy across steps
+    frozen = 1.0 - (x.p_total if x.p_grad is None else x.p_grad) / x.p_total
+    t_first = vec.where(h > 1.0, t_first + frozen * (t_later - t_first), t_first)
     local = x.gpn  # DeepSpeed: local_world_size = device_count(), nodes = world // local
     k = vec.maximum(vec.floor_int(x.n / x.gpn) * 1.0, 1.0)
     mats = x.qgz_mat_elems * x.qgz_b

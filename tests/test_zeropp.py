@@ -242,3 +242,19 @@ def test_fewest_gpus_searches_the_counts_hpz_divides(h):
     # fewer GPUs than without hpZ are never enough: the secondary copy only adds
     plain = build_request({k: x for k, x in v.items() if "hpz" not in k})
     assert first >= min_gpus(plain)
+
+
+def test_hpz_frozen_parameters_gather_inside_the_node_from_the_first_forward():
+    # stage3.py invalidate_secondary_tensor drops only the trainable parameters' secondary
+    # copies: with every block frozen but the last, the first forward gathers the frozen
+    # share inside the node too; free NVLink: what is left on the network is the trainable
+    # share of the first gather plus the reduce-scatter of the trainable gradients
+    t = TrainingSpec(deepspeed=DeepSpeedConfig(zero_hpz_partition_size=8))
+    t = dataclasses.replace(t, finetune=dataclasses.replace(t.finetune, train_last_layers=1))
+    c = Candidate(strategy=Strategy.ZERO3, offload=Offload.NONE, checkpointing=Checkpointing.FULL)
+    x = step_inputs(LLAMA3_8B, t, cluster(16), c)
+    x = dataclasses.replace(x, bw_intra=1e30, lat_intra=0.0, lat_inter=0.0)
+    trained = x.p_grad
+    assert 0 < trained < P
+    want = (15 / 16 * 2 * trained + 15 / 16 * 2 * trained) / 8 / x.bw_inter
+    assert float(step_core(x).comm_s) == pytest.approx(want, rel=1e-9)
