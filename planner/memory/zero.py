@@ -209,9 +209,10 @@ def zero_states(model: ModelSpec, training: TrainingSpec, strategy: Strategy, of
 QWZ_GROUP = 4096
 """qwZ's quantization group (elements per fp32 scale): ``CUDAQuantizer.quantize``
 (``partition_parameters.py``) takes ceil(numel / 8000) groups (``target_group_size``) and adds
-groups until 8 x groups divides numel, so a group holds at most 8000 elements; the
-power-of-two matrices of a Llama shape land on 4096 (4096 x 4096: 2098 groups rounded up to a
-power of two, 4096, of 4096 elements). The scales are 4 / 4096 B per element: 0.1 %."""
+groups until 8 x groups divides numel, so a group holds at most 8000 elements. Llama's
+matrices land on 4096 to 7168 (4096 x 4096: numel / 8 = 2^21, so 2098 groups become 4096 of
+4096 elements; 14336 x 4096: 7 x 2^20 / 8192 groups, 7168 elements); 4096 is taken, the
+larger share of scales: 4 / 4096 B per element, 0.1 %."""
 
 
 def hpz_group(ds: DeepSpeedConfig, n: Any) -> Any:
@@ -249,10 +250,10 @@ def qwz_gather_bytes(in_flight: Any, module: Any, *, param_fp16: bool) -> Any:
     ``quant_scale_buffer``); the one waited on is dequantized into a whole fp16 copy of the
     module (the quantizer kernel writes fp16), whose slices are concatenated per parameter;
     a parameter that is not fp16 (bf16, fp32) is that fp16 concatenation converted: the
-    fp16 concatenation of the largest parameter beside it for a moment. The unquantized path gathers into the parameters' own buffer,
-    so all of this is extra. ``in_flight``: elements being gathered (the module in use and
-    the prefetch); ``module``: the one being waited on (bounded, as ZeRO-3's gathering
-    above, by the largest parameter)."""
+    fp16 concatenation of the largest parameter beside it for a moment. The unquantized path
+    gathers into the parameters' own buffer, so all of this is extra. ``in_flight``:
+    elements being gathered (the module in use and the prefetch); ``module``: the one being
+    waited on (bounded, as ZeRO-3's gathering above, by the largest parameter)."""
     int8 = in_flight + ceil_div(in_flight, QWZ_GROUP) * FP32
     return int8 + 2 * module + (0 if param_fp16 else 2 * module)
 

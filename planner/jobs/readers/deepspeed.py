@@ -9,8 +9,9 @@ from the GPU count as DeepSpeed does (runtime/config.py _set_batch_related_param
 (filled in by the HF Trainer or accelerate) takes the value of an accompanying file or flag,
 else the default with a warning. The zero_optimization buffer knobs and ZeRO++'s keys
 (zero_quantized_weights, zero_hpz_partition_size, zero_quantized_gradients; stage 3 only, as
-DeepSpeed reads them) go to deepspeed.<key> (the stage3_ spelling); an optimizer block -> deepspeed.fused_adam (DeepSpeed's FusedAdam; with
-params.torch_adam, torch's AdamW), none -> the client's optimizer. Every other key is what the
+DeepSpeed reads them) go to deepspeed.<key> (the stage3_ spelling); an optimizer block ->
+deepspeed.fused_adam (DeepSpeed's FusedAdam; with params.torch_adam, torch's AdamW), none ->
+the client's optimizer. Every other key is what the
 table says: not modelled (a line unless at its default), irrelevant, or unknown (DeepSpeed
 ignores unknown top-level keys: a warning).
 """
