@@ -105,6 +105,26 @@ def test_qwz_gather_buffers_by_hand():
         2_677_244_736  # the sum above
 
 
+# ---- qgZ: the reduction's temporaries ---------------------------------------------------------
+
+def test_qgz_replaces_the_bucket_copies_across_nodes():
+    # ZeRO-3 backward, default 5e8 bucket, overlap_comm: 3 reductions in flight, each a
+    # flattened copy of the bucket (5e8 x 2 B); the 525,336,576-element embedding, larger than
+    # the bucket, reduced from its own gradient beside them. qgZ on 2 nodes of 8 reduces the
+    # matrices one at a time: the largest, the embedding, n (1 + 3/8) bytes: int4 sent and
+    # received 2 x 262,668,288, the reduced 1/8 re-quantized and received 2 x 32,833,536, the
+    # fp16 dequantized 1/8 131,334,144: 722,337,792 B, 3 in flight = 2,167,013,376 B instead
+    # of 3,000,000,000 B: 832,986,624 B less
+    plain = zero3(DeepSpeedConfig(), n=16)
+    qgz = zero3(DeepSpeedConfig(zero_quantized_gradients=True), n=16)
+    assert plain.phases["block_bwd"].comm_buffers - qgz.phases["block_bwd"].comm_buffers == \
+        832_986_624
+    # one node: DeepSpeed's plain reduce-scatter, the same buffers
+    one = zero3(DeepSpeedConfig(zero_quantized_gradients=True), n=8)
+    assert one.phases["block_bwd"].comm_buffers == \
+        zero3(DeepSpeedConfig(), n=8).phases["block_bwd"].comm_buffers
+
+
 # ---- the step time: cross-node volume -----------------------------------------------------
 
 def _network_only(n: int, **ds) -> float:

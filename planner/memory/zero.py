@@ -258,6 +258,18 @@ def qwz_gather_bytes(in_flight: Any, module: Any, *, param_fp16: bool) -> Any:
     return int8 + 2 * module + (0 if param_fp16 else 2 * module)
 
 
+def qgz_temp_bytes(n: int, local: Any) -> Any:
+    """qgZ's temporaries while one gradient matrix of n elements is reduced
+    (``comm/coalesced_collectives.py`` ``all_to_all_quant_reduce``, L = ``local`` GPUs per
+    node): the int4 codes and the buffer the intra-node all-to-all receives them in (n / 2
+    each), the reduced n / L re-quantized and received across nodes (n / 2L each), the fp16
+    dequantized n / L: n (1 + 3 / L) bytes. The fp32 scales (max(rows, cols) per buffer: 0.5 MB
+    for a 128256 x 4096 embedding) are left out. It replaces the flattened bucket copy of the
+    reduce-scatter path; the matrices of a bucket are reduced one after another."""
+    local = vec.maximum(local, 1)
+    return 2 * ceil_div(n, 2) + 2 * ceil_div(n, 2 * local) + 2 * ceil_div(n, local)
+
+
 def zeropp_problem(ds: DeepSpeedConfig, strategies: tuple[Strategy, ...], n: int,
                    gpus_per_node: int) -> tuple[str, str] | None:
     """(the field, why) a ZeRO++ setting cannot run here, or None.
@@ -322,7 +334,8 @@ class ZeroBuffers:
 def zero_buffers(strategy: Strategy, offload: Offload, ds: DeepSpeedConfig, *, train: int,
                  largest_tensor: int, largest_train: int, degree: Any, b: int, temps: Any,
                  sizes: tuple[int, ...] = (), grad_accum: int = 1,
-                 check_overflow: bool = False, param_fp16: bool = False) -> ZeroBuffers:
+                 check_overflow: bool = False, param_fp16: bool = False,
+                 qgz_local: Any = 0) -> ZeroBuffers:
     """Buckets (``reduce_bucket_size`` elements of the 16-bit dtype, allocated at full size
     whatever the model's size):
 
@@ -361,6 +374,9 @@ def zero_buffers(strategy: Strategy, offload: Offload, ds: DeepSpeedConfig, *, t
         in_flight = vec.minimum(rounds, 3) if overlap else 1
         buckets = B * b if ds.contiguous_gradients else 0
         bwd = in_flight * filled * b + big * b
+        if ds.zero_quantized_gradients:  # ZeRO++ qgZ across nodes: per matrix, no bucket copy
+            bwd = vec.where(qgz_local > 0, in_flight * qgz_temp_bytes(largest_train, qgz_local)
+                            + big * b, bwd)
         prefetch = min(int(ds.stage3_prefetch_bucket_size), ds.stage3_max_live_parameters)
         gathered = (largest_tensor + prefetch) * b
         if ds.zero_quantized_weights:  # ZeRO++ qwZ: the int8 and fp16 copies (above)
