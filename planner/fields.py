@@ -73,6 +73,21 @@ def parse_strategies(raw: Any) -> tuple[Strategy, ...]:
     return tuple(out)
 
 
+def parse_transformers_version(raw: Any) -> str:
+    """'4.45.2' or '4.45' -> '4.45': the release the model's loss code comes from."""
+    if isinstance(raw, float):  # 4.50 read as a number is 4.5
+        raise ValueError(f"must be a release written as text (\"4.50\"), got {raw!r}")
+    text = str(raw).strip().lstrip("v")
+    parts = text.split(".")
+    if isinstance(raw, bool) or len(parts) < 2 or not all(p.isdigit() for p in parts[:2]):
+        raise ValueError(f"must be a transformers release such as 4.46 or 4.45.2, got "
+                         f"{validate._show(raw)}")
+    major, minor = int(parts[0]), int(parts[1])
+    if major < 4 or major > 99:
+        raise ValueError(f"must be transformers 4.x or later, got {validate._show(raw)}")
+    return f"{major}.{minor}"
+
+
 def parse_loss(raw: Any) -> tuple[LossKind, int]:
     """'fp32', 'bf16', 'fused', 'chunked' or 'chunked:N' -> (kind, chunks)."""
     text = validate.text(raw, limit=40).lower()
@@ -334,6 +349,12 @@ FIELDS: tuple[Field, ...] = (
           help="Cross-entropy: fp32 upcast of the logits (default), bf16 logits, chunked into "
           "N pieces each upcast on its own (torchtune; N default 8), or fused linear + loss "
           "(Liger)."),
+    Field(path="training.transformers_version", flag="--transformers-version",
+          metavar="X.Y[.Z]", check=parse_transformers_version, shown_default="recent",
+          help="The transformers release of the model's own loss: where no autocast runs "
+          "(DeepSpeed's bf16 module, pure bf16) it decides whether --loss fp32 upcasts the "
+          "logits (Llama-style classes since 4.31, GPT-2/Falcon/BLOOM since 4.49) or takes "
+          "cross-entropy in bf16 (docs/model.md \"Loss\")."),
     Field(path="training.keep_logits", flag="--keep-logits", check=validate.boolean,
           is_flag=True, help="The loop keeps the logits alive through backward (a reference "
           "held past the loss)."),
@@ -479,6 +500,20 @@ FIELDS: tuple[Field, ...] = (
           choices=("cpu", "nvme"), shown_default="cpu",
           help="ZeRO-3 offload target: cpu (ZeRO-Offload) or nvme (ZeRO-Infinity: host RAM "
           "holds only the swapper's pinned buffers)."),
+    Field(path="deepspeed.grad_accum_dtype", flag="--ds-grad-accum-dtype",
+          check=_choice(Dtype), choices=_names(Dtype), shown_default="the model's",
+          help="data_types.grad_accum_dtype. fp32 with --precision bf16-amp on zero1 without "
+          "offload: DeepSpeed's BF16_Optimizer (a full-size fp32 gradient buffer, 4 B/param, "
+          "beside the bf16 grads); ZeRO-2/3 do not read it."),
+    Field(path="deepspeed.bf16_master_weights_and_grads",
+          flag="--ds-bf16-master-weights-and-grads", check=_ds_bool, is_flag=True,
+          help="bf16.bf16_master_weights_and_grads: the ZeRO master partition and the "
+          "gradient partition it steps in bf16 (2 B instead of 4). Without "
+          "--ds-bf16-optimizer-states DeepSpeed needs optimizer offload (DeepSpeedCPUAdam)."),
+    Field(path="deepspeed.bf16_optimizer_states", flag="--ds-bf16-optimizer-states",
+          check=_ds_bool, is_flag=True,
+          help="bf16.bf16_optimizer_states: the optimizer's moments in bf16 too (needs "
+          "--ds-bf16-master-weights-and-grads)."),
     # ---- hardware ----------------------------------------------------------------------
     Field(path="hardware.gpu", flag="--gpu", metavar="NAME|PATH", check=validate.text, files=True,
           help="GPU profile id (see --list-gpus) or a path to a TOML profile."),

@@ -347,6 +347,11 @@ class ModelSpec:
     loss_upcast: bool = True
     """The class's own loss upcasts the logits to fp32 (HF ForCausalLMLoss); False: it takes
     cross-entropy in the logits' dtype (BertForMaskedLM's CrossEntropyLoss)."""
+    loss_upcast_since: tuple[int, int] = (4, 31)
+    """The first transformers release whose class upcasts (planner/loss_dtype.py): 4.31 for
+    LlamaForCausalLM (``logits = logits.float()``; not in 4.30.2) and the families that copied
+    its head later; 4.49 for GPT-2, Falcon and BLOOM (``self.loss_function``, ForCausalLMLoss;
+    4.48.0 still took CrossEntropyLoss on the low-precision logits)."""
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab"):
@@ -544,6 +549,25 @@ class DeepSpeedConfig:
     offload_device: str = "cpu"
     """Where ZeRO-3's offload goes: "cpu" (ZeRO-Offload) or "nvme" (ZeRO-Infinity: the states
     live on NVMe; host RAM holds only the swapper's pinned buffers)."""
+    grad_accum_dtype: Dtype | None = None
+    """``data_types.grad_accum_dtype`` (None: the model's dtype). A bf16 model with fp32
+    accumulation under ZeRO stage 1 without offload runs ``BF16_Optimizer``
+    (``bf16_optimizer``); the ZeRO optimizers of stages 2-3 (and stage 1 under offload) do
+    not read it."""
+    bf16_master_weights_and_grads: bool = False
+    """``bf16.bf16_master_weights_and_grads``: the ZeRO optimizer's master partition and the
+    gradient partition it steps are bf16 (``base_optimizer.py`` ``_configure_master_weights``)."""
+    bf16_optimizer_states: bool = False
+    """``bf16.bf16_optimizer_states``: the optimizer's moments in bf16 too (the optimizer
+    steps bf16 master weights); without it they stay fp32, which DeepSpeed allows only under
+    ZeRO-Offload with DeepSpeedCPUAdam."""
+
+    def bf16_optimizer(self, strategy: Strategy, offload: Offload, precision: Precision) -> bool:
+        """The engine wraps the optimizer in ``BF16_Optimizer`` rather than the ZeRO optimizer:
+        a bf16 model, fp32 gradient accumulation, ZeRO stage 1, no optimizer offload
+        (``engine.py`` ``_do_optimizer_sanity_check``, DeepSpeed 0.19.6-0.19.8)."""
+        return (strategy is Strategy.ZERO1 and offload is Offload.NONE
+                and precision is Precision.BF16_AMP and self.grad_accum_dtype == Dtype.FP32)
 
     @property
     def zeropp(self) -> bool:
@@ -617,6 +641,9 @@ class TrainingSpec:
     finetune: FineTune = field(default_factory=FineTune)
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
     """The DeepSpeed engine's settings, for the ZeRO candidates."""
+    transformers_version: str | None = None
+    """The transformers release the model's own loss comes from ("major.minor"); None: a
+    recent one (planner/loss_dtype.py)."""
 
     def __post_init__(self) -> None:
         for name in ("seq", "micro_batch", "grad_accum", "loss_chunks"):

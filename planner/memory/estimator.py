@@ -11,6 +11,7 @@ import dataclasses
 from typing import Any
 
 from planner.activations import plan_activations
+from planner.loss_dtype import with_loss_dtype
 from planner.candidates import check_supported, degree_of
 from planner import vec
 from planner.error_bands import DEFAULT_MARGIN, is_finetune, risk_band
@@ -62,7 +63,9 @@ def activation_plan(model: ModelSpec, training: TrainingSpec, candidate: Candida
         # outputs after its forward: the loss computed inside forward (HF models, the
         # reference module) has already run on param_dtype logits (traced: no change)
         precision = Precision.FP32 if training.fsdp_dtypes.param == FP32 else Precision.BF16
-    return plan_activations(model, batch=training.micro_batch, seq=training.seq,
+    # the model's own loss upcasts or not as its transformers release does (loss_dtype.py)
+    return plan_activations(with_loss_dtype(model, training), batch=training.micro_batch,
+                            seq=training.seq,
                             precision=precision, attention=training.attention,
                             checkpointing=candidate.checkpointing,
                             uses_autocast=uses_autocast_amp(candidate.strategy) and not ft.lora,

@@ -30,6 +30,27 @@ from planner.spec import (
 from planner.vec import ceil_div
 
 FP32 = 4
+BF16 = 2
+
+
+def master_bytes(ds: DeepSpeedConfig, master: int, state: int) -> tuple[int, int]:
+    """The ZeRO optimizer's master partition and optimizer-state bytes per element, from the
+    strategy's (``master``, ``state``: fp32 under mixed precision).
+
+    ``bf16_master_weights_and_grads`` (``base_optimizer.py`` ``_configure_master_weights``)
+    makes the master partition bf16 (``stage_1_and_2.py``: ``single_partition_of_fp32_groups``
+    cloned ``.to(master_weights_and_grads_dtype)``; ``stage3.py``:
+    ``fp32_partitioned_groups_flat``), and with it the gradient partition the optimizer steps
+    (``zero_buffers``, the host's under offload); the optimizer's moments are
+    ``zeros_like(param)`` of those bf16 partitions with ``bf16_optimizer_states`` (FusedAdam,
+    torch AdamW; DeepSpeedCPUAdam with ``fp32_optimizer_states=False``, engine.py
+    ``_configure_basic_optimizer``), else fp32 (DeepSpeedCPUAdam's default; DeepSpeed
+    refuses the combination without ZeRO-Offload). Measured: tests/data/deepspeed_cpu.json
+    ``z2-bf16-master``, ``z3-bf16-master``. A partition kept in fp32 (a LoRA adapter in
+    fp32, ``master`` 0) is left alone."""
+    if not ds.bf16_master_weights_and_grads or master == 0:
+        return master, state
+    return BF16, BF16 if ds.bf16_optimizer_states else state
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,6 +64,8 @@ class ZeroStates:
     hpZ's secondary partition (``hpz_secondary_bytes``)."""
     optimizer_temporaries: Any
     host_per_rank: Any
+    acc_buffer: Any = 0
+    """``BF16_Optimizer``'s fp32 gradient accumulation buffer (``bf16_states``)."""
 
 
 def persistent_elems(model: ModelSpec, threshold: int) -> int:
@@ -138,7 +161,7 @@ def ordered_sizes(model: ModelSpec, T: Trainable) -> Runs:
 
 def zero_states(model: ModelSpec, training: TrainingSpec, strategy: Strategy, offload: Offload,
                 T: Trainable, *, grad_b: int, param_b: int, states: Any, degree: Any,
-                temps: Any) -> ZeroStates:
+                temps: Any, master_b: int = FP32) -> ZeroStates:
     """Gradients, persistent parameters, the step's temporaries and host RAM of one rank.
 
     Gradients (16-bit, DeepSpeed's ``self.dtype``):
@@ -159,7 +182,10 @@ def zero_states(model: ModelSpec, training: TrainingSpec, strategy: Strategy, of
     partition (b Tn), and for ZeRO-1/2 a 4 L buffer for the largest parameter L
     (``temp_grad_buffer_for_cpu_offload``) and one more b Tn under accumulation; ZeRO-3 with
     ``offload_param`` adds the 16-bit parameter partitions: 18 Tn, 20 Ψ/N for full training
-    under bf16 Adam.
+    under bf16 Adam. With ``bf16_master_weights_and_grads`` the host's gradient partition is
+    in the master dtype (``master_b``: ``single_partition_of_fp32_groups[i].grad``).
+
+    ``BF16_Optimizer`` (``DeepSpeedConfig.bf16_optimizer``): ``bf16_states``.
     """
     ds = training.deepspeed
     Tn = ceil_div(T.train, degree)
@@ -177,7 +203,7 @@ def zero_states(model: ModelSpec, training: TrainingSpec, strategy: Strategy, of
     persist = persist + secondary
     if offload is not Offload.NONE:
         largest = max((numel(s) for _, s, _ in T.groups), default=0)
-        host = states + Tn * (FP32 + grad_b)
+        host = states + Tn * (master_b + grad_b)
         if strategy is not Strategy.ZERO3:
             host = host + FP32 * largest + (Tn * grad_b if accumulating and
                                              strategy is Strategy.ZERO2 else 0)
@@ -196,6 +222,8 @@ def zero_states(model: ModelSpec, training: TrainingSpec, strategy: Strategy, of
         grads = T.train * grad_b if strategy is Strategy.ZERO1 else 0
         return ZeroStates(gradients=grads, persistent_params=persist, optimizer_temporaries=0,
                           host_per_rank=host + secondary_host)
+    if ds.bf16_optimizer(strategy, offload, training.precision):
+        return bf16_states(T.train, grad_b, temps, ds.fused_adam)
     if keeps_every_grad(strategy, ds, training.grad_accum):
         grads = T.train * grad_b + (Tn * grad_b if ds.contiguous_gradients else 0)
     else:
@@ -305,6 +333,26 @@ def zeropp_problem(ds: DeepSpeedConfig, strategies: tuple[Strategy, ...], n: int
     return None
 
 
+def bf16_states(train: int, grad_b: int, temps: Any, fused_adam: bool) -> ZeroStates:
+    """``BF16_Optimizer`` (``deepspeed/runtime/bf16_optimizer.py``), which the engine picks over
+    ZeRO-1 for a bf16 model with fp32 gradient accumulation. ``_setup_for_real_optimizer``
+    flattens the bf16 module (as ZeRO-1), keeps an fp32 master partition (4 Tn, with the
+    optimizer state, counted by ``states.resident``) and allocates
+    ``fp32_groups_gradients_flat``: a zeroed buffer of the *whole* flat module in
+    ``grad_acc_dtype`` (4 T), alive from init to the end. Every ``param.grad`` stays bf16
+    (b T): ``backward_epilogue`` adds them into the buffer (``_update_hp_grad``),
+    ``clear_lp_grads`` zeroes them in place before the next backward, and
+    ``zero_grad(set_to_none=True)`` after the step frees them. No reduce buckets, no
+    partition copy: the step hands the optimizer a view of the buffer.
+
+    The buffer (``acc_buffer``) is counted with the optimizer states (the wrapper's,
+    allocated with the master copy and alive at every moment), the bf16 grads as gradients.
+    Measured on the CPU referee (tests/data/deepspeed_cpu.json ``z1-bf16-optimizer``)."""
+    return ZeroStates(gradients=train * grad_b, persistent_params=0,
+                      optimizer_temporaries=0 if fused_adam else temps,
+                      host_per_rank=0, acc_buffer=train * FP32)
+
+
 def keeps_every_grad(strategy: Strategy, ds: DeepSpeedConfig, grad_accum: int) -> bool:
     """ZeRO-1 holds every parameter's gradient until the step (it partitions only the
     optimizer state); ZeRO-2/3 hold their partition."""
@@ -334,7 +382,8 @@ class ZeroBuffers:
 def zero_buffers(strategy: Strategy, offload: Offload, ds: DeepSpeedConfig, *, train: int,
                  largest_tensor: int, largest_train: int, degree: Any, b: int, temps: Any,
                  sizes: tuple[int, ...] = (), grad_accum: int = 1,
-                 check_overflow: bool = False, param_fp16: bool = False,
+                 check_overflow: bool = False, master_b: int = FP32,
+                 bf16_optimizer: bool = False, param_fp16: bool = False,
                  qgz_local: Any = 0) -> ZeroBuffers:
     """Buckets (``reduce_bucket_size`` elements of the 16-bit dtype, allocated at full size
     whatever the model's size):
@@ -358,8 +407,14 @@ def zero_buffers(strategy: Strategy, offload: Offload, ds: DeepSpeedConfig, *, t
     does this per sub-group (``sub_group_size``), not for the whole partition. Under optimizer
     offload the step runs on the host. Before the copies the gradients are checked for
     overflow (``check_overflow``: fp16, and bf16 whose ``check_grad_overflow`` defaults to
-    true, ``runtime/precision_config.py``): the step moment is the larger of the two.
+    true, ``runtime/precision_config.py``): the step moment is the larger of the two. With bf16
+    master weights (``master_b`` = b) the conversion ``flat.to(master dtype)`` returns the flat
+    copy itself: b S, no second copy (measured: ``z2-bf16-master``).
+
+    ``BF16_Optimizer`` (``bf16_optimizer``): ``bf16_buffers``.
     """
+    if bf16_optimizer:
+        return bf16_buffers(train=train, b=b, temps=0 if ds.fused_adam else temps)
     overlap = ds.overlap(strategy is Strategy.ZERO3)
     B = int(ds.reduce_bucket_size)
     Tn = ceil_div(train, degree)
@@ -396,8 +451,9 @@ def zero_buffers(strategy: Strategy, offload: Offload, ds: DeepSpeedConfig, *, t
     else:
         S = step_elems(strategy, ds, Tn, ceil_div(largest_train, degree), sizes, degree)
         opt = 0 if ds.fused_adam else temps
-        # 4 S fp32 copy with the b S flat copy, or later with the optimizer's temporaries
-        copies = FP32 * S + vec.maximum(b * S - opt, 0)
+        # 4 S fp32 copy with the b S flat copy, or later with the optimizer's temporaries;
+        # a bf16 master takes the flat copy itself (``.to`` its own dtype copies nothing)
+        copies = b * S if master_b == b else master_b * S + vec.maximum(b * S - opt, 0)
         freed = train * b if keeps_every_grad(strategy, ds, grad_accum) else 0
         # before them, the overflow check (fp16, and bf16's check_grad_overflow default):
         # ZeRO-1/2 _has_inf_or_nan per partition gradient: x.float() (4n), isnan, isinf,
@@ -414,6 +470,23 @@ def zero_buffers(strategy: Strategy, offload: Offload, ds: DeepSpeedConfig, *, t
         freed = vec.where(first, 0, freed)
     return ZeroBuffers(buckets=buckets, bwd_buffers=bwd, gathered=gathered, step_extra=step,
                        step_grads_freed=freed, init_extra=init)
+
+
+def bf16_buffers(*, train: int, b: int, temps: Any) -> ZeroBuffers:
+    """``BF16_Optimizer``'s transient buffers. Backward allocates nothing of its own (no
+    buckets: the ZeRO optimizer's hooks are not installed). At the accumulation boundary the
+    engine all-reduces the fp32 buffer (``engine.py`` ``allreduce_gradients`` ->
+    ``buffered_allreduce_fallback`` -> ``allreduce_bucket``): the flat buffer is one bucket,
+    cast to ``communication_data_type`` (bf16 for a bf16 engine), a b T copy beside every
+    gradient, freed before the step (measured: the all-reduced tensor of ``z1-bf16-optimizer``
+    is 2 T bytes). The step has no overflow check (the wrapper has none), no flat or fp32
+    copy (``param_partition.grad`` is a view of the buffer) and frees no gradient. The
+    all-reduce moment holds what the step holds but the optimizer's temporaries (``temps``),
+    so it is the step moment's extra: the larger of the two. Initialization flattens the bf16
+    module (a second copy for a moment), as ZeRO-1/2 do."""
+    return ZeroBuffers(buckets=0, bwd_buffers=0, gathered=0,
+                       step_extra=vec.maximum(train * b - temps, 0), step_grads_freed=0,
+                       init_extra=train * b)
 
 
 def optimizer_temp_bytes(largest_tensor: int, local_elems: Any, training: TrainingSpec,
