@@ -234,6 +234,14 @@ def _ds_bool(raw: Any) -> bool:
     return validate.boolean(raw)
 
 
+def _hpz_size(raw: Any) -> int:
+    """ZeRO++ hpZ group size: a whole number of ranks; DeepSpeed's pydantic field takes >= 0
+    and turns hpZ on above 1, so 0 is the same as 1 (off)."""
+    if not isinstance(raw, bool) and (raw == 0 or (isinstance(raw, str) and raw.strip() == "0")):
+        return 1
+    return validate.count(raw, limit=1 << 20, what="a number of GPUs (0 or 1: off)")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Field:
     path: str
@@ -467,6 +475,22 @@ FIELDS: tuple[Field, ...] = (
           help="ZeRO-3: the model is built under deepspeed.zero.Init (default; the HF "
           "integration does so). --no-ds-zero-init: every rank builds the full model and "
           "the engine moves it to its GPU before partitioning."),
+    # ZeRO++ (ZeRO-3 only; docs/model.md "ZeRO++", docs/throughput.md "ZeRO++")
+    Field(path="deepspeed.zero_quantized_weights", flag="--ds-zero-quantized-weights",
+          check=_ds_bool, is_flag=True,
+          help="ZeRO++ qwZ (ZeRO-3): parameter all-gathers in int8 with per-group scales, "
+          "half the bytes of a 16-bit gather; the int8 and dequantized fp16 copies of the "
+          "module being gathered are extra memory."),
+    Field(path="deepspeed.zero_hpz_partition_size", flag="--ds-hpz-partition-size",
+          metavar="N", check=_hpz_size,
+          help="ZeRO++ hpZ (ZeRO-3): a secondary 16-bit parameter shard over N GPUs (a "
+          "node; N divides the GPUs per node), 1/N of the model per GPU, so every gather but "
+          "the first forward's stays inside the node. 0 or 1: off (default)."),
+    Field(path="deepspeed.zero_quantized_gradients", flag="--ds-zero-quantized-gradients",
+          check=_ds_bool, is_flag=True,
+          help="ZeRO++ qgZ (ZeRO-3, more than one node): gradients reduced by int4 "
+          "all-to-alls inside the node then across nodes, a quarter of the bytes of a 16-bit "
+          "reduce-scatter."),
     Field(path="deepspeed.fused_adam", flag="--ds-fused-adam", check=_ds_bool, is_flag=True,
           help="DeepSpeed's own optimizer (a config optimizer block: FusedAdam, no step "
           "temporaries; default). --no-ds-fused-adam: the client's torch optimizer "

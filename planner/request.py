@@ -36,6 +36,7 @@ from planner.spec import (
     TrainingSpec,
 )
 from planner.candidates import tp_problem
+from planner.memory.zero import zeropp_problem
 from planner.params import trainable
 from planner.throughput import DEFAULT_ASSUMPTIONS, ThroughputAssumptions
 
@@ -440,6 +441,11 @@ def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
         problem = tp_problem(model, tp, cluster.n_gpus, cluster.gpus_per_node)
         if problem:
             raise naming.fail("parallel.tp", problem)
+    strategies = v["strategy"] or tuple(Strategy)
+    problem_at = zeropp_problem(training.deepspeed, strategies, cluster.n_gpus,
+                                cluster.gpus_per_node)
+    if problem_at:
+        raise naming.fail(*problem_at)
     offload = v["offload"]
     problem = deepspeed_problem(training, offload, naming.name)
     if problem:
@@ -451,7 +457,7 @@ def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
     else:
         offloads = None if offload == "auto" else (offload,)
     options = Options(
-        strategies=v["strategy"] or tuple(Strategy),
+        strategies=strategies,
         offloads=offloads,
         checkpointing=v["checkpointing"], margin=v["margin"], at_risk=v["at_risk"],
         global_batch=v["training.global_batch"], tp=None if tp == "auto" else tp)

@@ -530,6 +530,19 @@ class DeepSpeedConfig:
     zero_init: bool = True
     """ZeRO-3: the model is built under ``deepspeed.zero.Init`` (partitioned as it is
     constructed; the HF integration does this when the config says stage 3)."""
+    # ---- ZeRO++ (Wang et al. 2023, arXiv 2306.10209; ZeRO-3 only: stage_1_and_2.py reads
+    # none of the three): planner/memory/zero.py (memory), planner/throughput.py (traffic)
+    zero_quantized_weights: bool = False
+    """qwZ: ZeRO-3's parameter all-gathers move int8 with an fp32 scale per group of at most
+    8000 elements (``partition_parameters.py`` ``CUDAQuantizer``), dequantized on arrival."""
+    zero_hpz_partition_size: int = 1
+    """hpZ: a secondary 16-bit copy of the parameters sharded over this many ranks (a node),
+    kept from the forward to the step; every gather but the first forward's reads it inside
+    the group (``_partition_param_sec``). 0 or 1: off."""
+    zero_quantized_gradients: bool = False
+    """qgZ: on more than one node, ZeRO-3 reduces each gradient matrix by int4 all-to-alls,
+    inside the node and then across nodes (``comm/coalesced_collectives.py``
+    ``all_to_all_quant_reduce``), instead of a reduce-scatter."""
     fused_adam: bool = True
     """The optimizer is DeepSpeed's own (an ``optimizer`` block: FusedAdam, DeepSpeedCPUAdam
     under offload), else the client's torch optimizer (the HF Trainer without one)."""
@@ -555,6 +568,12 @@ class DeepSpeedConfig:
         (``engine.py`` ``_do_optimizer_sanity_check``, DeepSpeed 0.19.6-0.19.8)."""
         return (strategy is Strategy.ZERO1 and offload is Offload.NONE
                 and precision is Precision.BF16_AMP and self.grad_accum_dtype == Dtype.FP32)
+
+    @property
+    def zeropp(self) -> bool:
+        """Any ZeRO++ variant on."""
+        return (self.zero_quantized_weights or self.zero_quantized_gradients
+                or self.zero_hpz_partition_size > 1)
 
     def overlap(self, stage3: bool) -> bool:
         """overlap_comm as DeepSpeed resolves it (``overlap_comm_valid``)."""

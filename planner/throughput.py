@@ -440,6 +440,22 @@ class StepInputs:
     act_offload_bytes: Any = 0.0
     """Activation offloading: bytes one micro-batch copies to the host in forward (and back
     in backward)."""
+    # ---- DeepSpeed ZeRO++ (ZeRO-3; defaults: off; ``zeropp_times``) -------------------------
+    ag_b: Any = None
+    """Bytes per parameter element a ZeRO-3 all-gather moves: qwZ's int8 and its scales;
+    None: gather_b."""
+    hpz: Any = 1.0
+    """hpZ's group (ranks; 1: off): every gather but the first forward's runs inside it."""
+    qgz: Any = 0.0
+    """1: qgZ's all-to-all gradient reduction (applies on more than one node)."""
+    qgz_b: Any = 0.0
+    """Bytes per gradient-matrix element qgZ moves: int4 and an fp32 scale per group."""
+    qgz_mat_elems: Any = 0.0
+    qgz_mats: Any = 0.0
+    """Elements and count of the gradient matrices qgZ reduces (four all-to-alls each)."""
+    qgz_vec_elems: Any = 0.0
+    qgz_vecs: Any = 0.0
+    """... of the 1-D gradients (norms, biases) it leaves to a reduce-scatter each."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -524,9 +540,14 @@ def step_core(x: StepInputs) -> StepEstimate:
     t_xar = vec.where(k > 1.0, 2.0 * (k - 1.0) / k * (grad_buf / m) / x.bw_inter
                       + calls_grad * 2.0 * (k - 1.0) * x.lat_inter, 0.0) * cm.hybrid
 
-    f_micro = cm.ag_fwd * t_ag  # hidden behind forward compute (prefetch)
+    # DeepSpeed ZeRO++ (ZeRO-3): qwZ's int8 gathers, hpZ's gathers inside its group after
+    # the first forward, qgZ's all-to-all reduction; the plain collectives when off
+    t_ag, t_ag2, t_rs = zeropp_times(x, m, bw, hop, calls_param, t_ag, t_rs)
+    # hidden behind forward compute (prefetch); per micro-batch on average: hpZ's secondary
+    # copy is made in the first forward and kept until the step
+    f_micro = cm.ag_fwd * (t_ag + (ga - 1.0) / ga * (t_ag2 - t_ag))
     # hidden behind backward
-    b_micro = cm.ag_bwd * t_ag + cm.rs_micro * (t_rs + t_xar) + cm.ar_micro * t_ar
+    b_micro = cm.ag_bwd * t_ag2 + cm.rs_micro * (t_rs + t_xar) + cm.ar_micro * t_ar
     b_step = cm.ar_step * t_ar + cm.rs_step * (t_rs + t_xar)  # last backward only
     e_step = cm.ag_step * t_ag  # after the optimizer step: exposed
     comm_s = ga * (f_micro + b_micro) + b_step + e_step
@@ -570,6 +591,93 @@ def step_core(x: StepInputs) -> StepEstimate:
         offload_s=offload_s, tokens_per_s_per_gpu=tokens_step / step_s,
         mfu=tokens_step * model_tok / (step_s * x.peak),
         flops_per_step=tokens_step * (model_tok + recompute_tok))
+
+
+def ring_link(x: StepInputs, group: Any) -> tuple[Any, Any]:
+    """(bus bandwidth, seconds per hop) of a ring over ``group`` consecutive ranks: NVLink
+    inside a node; across nodes min(intra, local x NIC), as ``step_core`` explains."""
+    spans = group > x.gpn
+    bw = vec.where(spans, vec.minimum(x.bw_intra, vec.minimum(group, x.gpn) * x.bw_inter),
+                   x.bw_intra)
+    return bw, vec.where(spans, x.lat_inter, x.lat_intra)
+
+
+def zeropp_times(x: StepInputs, m: Any, bw: Any, hop: Any, calls_param: Any, t_ag: Any,
+                 t_rs: Any) -> tuple[Any, Any, Any]:
+    """ZeRO-3's (first all-gather, later all-gathers, gradient reduction) seconds per pass
+    under DeepSpeed's ZeRO++ (Wang et al. 2023, arXiv 2306.10209, sec. 3; DeepSpeed v0.19.6),
+    the plain ``t_ag, t_ag, t_rs`` when it is off. Per GPU, P parameters, N GPUs, L per node:
+
+    - qwZ (``partition_parameters.py`` ``_all_gather_coalesced``, ``quantize``): every
+      gather moves int8 and an fp32 scale per group, ``ag_b`` = 1 + 4/4096 B per element
+      instead of 2: (N-1)/N P ag_b over the ring.
+    - hpZ (``_partition_param_sec``; ``partitioned_param_coordinator.py`` gathers from
+      ``ds_secondary_tensor`` over ``zero_param_process_group`` while it exists): the first
+      forward gathers the trainable parameters over all N (``_post_step`` dropped their
+      secondary copies; frozen ones keep theirs); every later gather (the backward,
+      recompute, later micro-batches' forwards) runs over the h ranks of the group, inside a
+      node: (h-1)/h P ag_b on NVLink.
+    - qgZ (``comm/coalesced_collectives.py`` ``all_to_all_quant_reduce``, used by
+      ``stage3.py`` ``__avg_scatter_grads`` when world // local > 1): each gradient matrix is
+      quantized to int4 (``qgz_b`` = 0.5 B and an fp32 scale per group of min(rows, cols)
+      elements), all-to-all inside the node ((L-1)/L of it leaves each GPU on NVLink), reduced
+      to P/L, re-quantized, all-to-all across the k = N/L nodes ((k-1)/k of P/L qgz_b over
+      each GPU's NIC), dequantized and summed. Each all-to-all (data, then scales: four per
+      matrix) costs one hop of latency (*assumed*: NCCL sends to every peer at once); 1-D
+      gradients go through a reduce-scatter each.
+
+    The paper's cross-node volume per step (sec. 3.4) is 3M for ZeRO-3 (forward gather,
+    backward gather, reduce-scatter, M the 16-bit model bytes) and 0.75M with all three
+    (0.5M + 0 + 0.25M); the source agrees, up to the scales (tests/test_zeropp.py).
+    """
+    ag_b = x.gather_b if x.ag_b is None else x.ag_b
+    p = x.p_total / x.tp
+    ring = (m - 1.0) / m
+    t_first = vec.where(ag_b != x.gather_b,
+                        t_ag + ring * p * (ag_b - x.gather_b) / bw, t_ag)
+    h = x.hpz
+    bw_h, hop_h = ring_link(x, h)
+    t_later = vec.where(h > 1.0, (h - 1.0) / h * p * ag_b / bw_h + calls_param * (h - 1.0)
+                        * hop_h, t_first)
+    # frozen parameters (LoRA, frozen layers) keep their secondary copy across steps
+    frozen = 1.0 - (x.p_total if x.p_grad is None else x.p_grad) / x.p_total
+    t_first = vec.where(h > 1.0, t_first + frozen * (t_later - t_first), t_first)
+    local = x.gpn  # DeepSpeed: local_world_size = device_count(), nodes = world // local
+    k = vec.maximum(vec.floor_int(x.n / x.gpn) * 1.0, 1.0)
+    mats = x.qgz_mat_elems * x.qgz_b
+    intra = (local - 1.0) / local * mats / x.bw_intra + 2.0 * x.qgz_mats * x.lat_intra
+    inter = (k - 1.0) / k * mats / local / x.bw_inter + 2.0 * x.qgz_mats * x.lat_inter
+    vecs = ring * x.qgz_vec_elems * x.grad_b / bw + x.qgz_vecs * (m - 1.0) * hop
+    t_red = vec.where((x.qgz > 0) * (k > 1.0), intra + inter + vecs, t_rs)
+    return t_first, t_later, t_red
+
+
+def zeropp_inputs(model: ModelSpec, training: TrainingSpec, candidate: Candidate, n: Any
+                  ) -> dict[str, Any]:
+    """The StepInputs fields of DeepSpeed's ZeRO++ (empty unless a ZeRO-3 candidate has it
+    on): ``zeropp_times`` reads them."""
+    ds = training.deepspeed
+    if candidate.strategy is not Strategy.ZERO3 or not ds.zeropp:
+        return {}
+    from planner.memory.zero import QWZ_GROUP, hpz_group
+    from planner.params import numel, trainable
+
+    out: dict[str, Any] = {"hpz": hpz_group(ds, n) * 1.0}
+    if ds.zero_quantized_weights:
+        out["ag_b"] = 1.0 + 4.0 / QWZ_GROUP
+    if ds.zero_quantized_gradients:
+        # int4 codes and an fp32 scale per group; max(rows, cols, world) groups a matrix
+        # (``intra_quant_group``): 0.5 numel + 4 max(rows, cols) bytes (world < both here)
+        groups = trainable(model, training.finetune).groups
+        mats = [(s, k) for _, s, k in groups if len(s) >= 2]
+        vecs = [(s, k) for _, s, k in groups if len(s) < 2]
+        elems = sum(numel(s) * k for s, k in mats)
+        wire = sum((numel(s) / 2 + 4.0 * max(s)) * k for s, k in mats)
+        out.update(qgz=1.0, qgz_b=wire / elems if elems else 0.5, qgz_mat_elems=float(elems),
+                   qgz_mats=float(sum(k for _, k in mats)),
+                   qgz_vec_elems=float(sum(numel(s) * k for s, k in vecs)),
+                   qgz_vecs=float(sum(k for _, k in vecs)))
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -683,7 +791,8 @@ def step_inputs_at(model: ModelSpec, training: TrainingSpec, candidate: Candidat
         tp=float(candidate.tp),
         act_offload_bytes=_act_offload_bytes(model, training, candidate) * mb * seq * 1.0,
         tp_bytes=mb * seq * model.hidden * (fd.param if fsdp else precision.compute_bytes) * 1.0,
-        **finetune_inputs(model, training, rates.hbm))
+        **finetune_inputs(model, training, rates.hbm),
+        **zeropp_inputs(model, training, candidate, n))
 
 
 def _act_offload_bytes(model: ModelSpec, training: TrainingSpec, candidate: Candidate) -> float:

@@ -52,6 +52,10 @@ CASES: dict[str, dict[str, Any]] = {
                        "stage3_param_persistence_threshold": 100,
                        "bf16": {"bf16_master_weights_and_grads": True,
                                 "bf16_optimizer_states": True}},
+    # ZeRO++ hpZ: the secondary partition over both ranks (qwZ and qgZ need DeepSpeed's CUDA
+    # quantizer op: not on the CPU accelerator)
+    "z3-hpz": {"stage": 3, "reduce_bucket_size": 30_000,
+               "stage3_param_persistence_threshold": 100, "zero_hpz_partition_size": 2},
 }
 NOT_ZERO = ("ga", "bf16", "data_types")
 """Case keys that are not zero_optimization's."""
@@ -141,8 +145,13 @@ def _worker(rank: int, name: str, port: int, out: str) -> None:
     steps: list[int] = []
     inner_step = opt.step
 
+    secondary: list[int] = []
+
     def step(*a: Any, **k: Any) -> Any:
         steps.append(sum(_nbytes(p.grad) for g in opt.param_groups for p in g["params"]))
+        # hpZ's secondary partitions at the step (freed after it, in _post_step)
+        secondary.append(sum(_nbytes(getattr(p, "ds_secondary_tensor", None))
+                             for p in model.parameters()))
         return inner_step(*a, **k)
 
     opt.step = step
@@ -155,6 +164,12 @@ def _worker(rank: int, name: str, port: int, out: str) -> None:
     if stage != 3 and "bf16_optimizer" not in rec:
         rec.update(seen)
     rec.update(rec.pop("_seen", {}))
+    if case.get("zero_hpz_partition_size", 1) > 1:
+        # the second step's: after one _post_step has dropped the secondary copies (the
+        # first step's is the same, 115,008 B: every parameter has one at both)
+        rec["hpz_secondary_at_step"] = secondary[-1]
+        rec["hpz_secondary_after_step"] = sum(_nbytes(getattr(p, "ds_secondary_tensor", None))
+                                              for p in model.parameters())
     rec["step_fp32_grads"] = max(steps)
     rec["steps_per_step"] = len(steps) // 2
     rec["adam_state"] = sum(_nbytes(v) for s in opt.state.values() for v in s.values()

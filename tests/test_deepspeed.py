@@ -336,6 +336,13 @@ def _planner_terms(name: str, rec: dict) -> dict[str, int]:
         out["grad_flat_buffer"] = e.phases["forward"].gradients
         out["bucket_at_init"] = e.phases["forward"].comm_buffers
         out["persistent_full"] = 2 * p
+        if ds.zero_hpz_partition_size > 1:  # ZeRO++ hpZ: the parameters held at the step
+            plain = estimate(MODEL, TrainingSpec(deepspeed=DeepSpeedConfig(
+                **{k: v for k, v in zo.items() if k != "zero_hpz_partition_size"}),
+                seq=16, micro_batch=2, optimizer_impl=OptimizerImpl.FOR_LOOP),
+                cluster(N, "h100-80"), Candidate(strategy=strategy))
+            out["hpz_secondary_at_step"] = (e.phases["optimizer"].params
+                                            - plain.phases["optimizer"].params)
     else:
         out["flat_params"] = e.phases["forward"].params
         # backward buffers: the buckets, the flattened copy of one bucket (not measurable on

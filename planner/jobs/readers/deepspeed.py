@@ -7,10 +7,13 @@ weights: bf16-amp / fp16-amp; neither -> fp32); train_micro_batch_size_per_gpu,
 gradient_accumulation_steps, train_batch_size -> the batch fields, the missing one derived
 from the GPU count as DeepSpeed does (runtime/config.py _set_batch_related_parameters). "auto"
 (filled in by the HF Trainer or accelerate) takes the value of an accompanying file or flag,
-else the default with a warning. The zero_optimization buffer knobs go to deepspeed.<key> (the
-stage3_ spelling); bf16.bf16_master_weights_and_grads, bf16.bf16_optimizer_states and
-data_types.grad_accum_dtype -> deepspeed.<key>; an optimizer block -> deepspeed.fused_adam (DeepSpeed's FusedAdam; with
-params.torch_adam, torch's AdamW), none -> the client's optimizer. Every other key is what the
+else the default with a warning. The zero_optimization buffer knobs and ZeRO++'s keys
+(zero_quantized_weights, zero_hpz_partition_size, zero_quantized_gradients; stage 3 only, as
+DeepSpeed reads them) go to deepspeed.<key> (the stage3_ spelling);
+bf16.bf16_master_weights_and_grads, bf16.bf16_optimizer_states and
+data_types.grad_accum_dtype -> deepspeed.<key>; an optimizer block -> deepspeed.fused_adam
+(DeepSpeed's FusedAdam; with params.torch_adam, torch's AdamW), none -> the client's
+optimizer. Every other key is what the
 table says: not modelled (a line unless at its default), irrelevant, or unknown (DeepSpeed
 ignores unknown top-level keys: a warning).
 """
@@ -204,12 +207,30 @@ def zero(r: Reader, zo: Any) -> None:
                        "accelerate fills it from zero3_save_16bit_model (default false)")
             continue
         v = _knob(v)
+        if key in ZEROPP and stage != 3:
+            zeropp_below_stage3(r, key, v, stage)
+            continue
         if isinstance(v, int) and not isinstance(v, bool) and v > DS_MAX_ELEMS:
             # more elements than any partition: the same as the bound (1e14 in the HF tests)
             r.warn(f"{r.name}: zero_optimization.{key} {v:.3g} is more than any model holds: "
                    f"read as {DS_MAX_ELEMS:,}")
             v = DS_MAX_ELEMS
         r.set(k.field, v, f"zero_optimization.{key}")
+
+
+ZEROPP = {"zero_quantized_weights": False, "zero_hpz_partition_size": 1,
+          "zero_quantized_gradients": False}
+"""ZeRO++'s keys and their off values: read by ZeRO-3 only (``engine.py`` hands them to
+``DeepSpeedZeroOptimizer_Stage3`` and ``zero.Init``; ``stage_1_and_2.py`` reads none)."""
+
+
+def zeropp_below_stage3(r: Reader, key: str, v: object, stage: int) -> None:
+    """A ZeRO++ key below stage 3: DeepSpeed runs without it, so the plan does too (a
+    warning when it is on)."""
+    if v is ZEROPP[key] or (key == "zero_hpz_partition_size" and v in (0, 1)):
+        return  # off
+    r.warn(f"{r.name}: zero_optimization.{key} {v!r} is ZeRO++, which DeepSpeed applies at "
+           f"stage 3 only: ignored at stage {stage}")
 
 
 def optimizer(r: Reader) -> None:
