@@ -25,6 +25,7 @@ from planner.spec import (
     DeepSpeedConfig,
     FineTune,
     FlatParams,
+    Float8Recipe,
     GpuProfile,
     MlpKind,
     ModelSpec,
@@ -324,6 +325,28 @@ def flat_params_problem(training: TrainingSpec, name: Any = str) -> str | None:
     return None
 
 
+def float8_problem(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile
+                   ) -> tuple[str, str] | None:
+    """(field, why) when ``--float8`` cannot be planned; None when it can or is not asked.
+    torchao refuses float8 all-gather with rowwise scaling (``Float8LinearConfig.__post_init__``:
+    "enable_fsdp_float8_all_gather only supports tensorwise scaling granularity")."""
+    from planner import float8
+
+    if training.float8_all_gather and training.float8 is not Float8Recipe.TENSORWISE:
+        return ("training.float8_all_gather", "needs --float8 tensorwise (torchao gathers "
+                f"float8 weights with tensorwise scales only), got {training.float8.value}")
+    if not float8.enabled(training):
+        return None
+    if gpu.fp8_tflops is None:
+        return ("training.float8", f"{gpu.id} has no float8 tensor cores (no fp8_tflops in "
+                "its profile): torchao float8 needs an H100, H200, B200, L4, L40S, RTX 4090, "
+                "MI300X or newer")
+    why = float8.unsupported(model)
+    if why:
+        return ("training.float8", why)
+    return None
+
+
 def deepspeed_from(v: Mapping[str, Any]) -> DeepSpeedConfig:
     """The DeepSpeed settings given (``deepspeed.*`` fields); DeepSpeed's defaults for the
     rest. "auto" stays until ``resolve_deepspeed`` knows the model."""
@@ -409,6 +432,9 @@ def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
                                    allow_files=allow_files)
     cluster = resolve_cluster(gpu, v["hardware.n"], v["hardware.gpus_per_node"],
                               v["hardware.host_ram_gib"], naming)
+    problem = float8_problem(model, training, gpu)
+    if problem:
+        raise naming.fail(*problem)
     tp = v["parallel.tp"]
     if tp != "auto":
         problem = tp_problem(model, tp, cluster.n_gpus, cluster.gpus_per_node)

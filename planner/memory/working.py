@@ -171,7 +171,7 @@ def autocast_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate
 def fsdp_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate,
                  precision: Precision, d: Dtypes, degree: Any, version: int = 2,
                  ft: FineTune = FineTune(), reduce_bytes: int | None = None,
-                 grads: Any = None) -> Working:
+                 grads: Any = None, float8_saving: int = 0) -> Working:
     """FSDP2 (``torch/distributed/fsdp/_fully_shard``): each unit is all-gathered to
     ``param_dtype`` before use; the root is not resharded after forward (``_fsdp_state.py``:
     ``post_forward_mesh_info = None`` for the root); in post-backward the unsharded grads are
@@ -189,7 +189,8 @@ def fsdp_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate,
     storage, and each linear is dequantized when used. Tensor parallel: a unit is 1/tp of the
     block (torchtitan applies TP, then ``fully_shard`` over the data-parallel mesh).
     ``grads``: the elements with gradients (``states.grad_counts``; default: the trainable
-    ones)."""
+    ones). ``float8_saving``: bytes a unit's all-gather output is smaller by when float8
+    weights are gathered in float8 (planner.float8.gather_saving)."""
     c, tp = d.compute, candidate.tp
     T = trainable(model, ft)
     G = grads or T
@@ -206,7 +207,7 @@ def fsdp_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate,
     Pb = Pb + gather_pad
     # the packed codes only: the quantization constants are not sharded (states.quantized_bytes)
     packed = ceil_div(T.quant_per_block, 2 if ft.quantize_base is Quantize.NF4 else 1)
-    unit = ceil_div((Pb - T.quant_per_block) * c + packed, tp)
+    unit = ceil_div((Pb - T.quant_per_block) * c + packed - float8_saving, tp)
     # the reduce-scatter input is padded alike (experts train unless under LoRA)
     Tb = ceil_div(G.train_per_block + (0 if ft.lora else gather_pad), tp)
     Tb_real = ceil_div(G.train_per_block, tp)

@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 from planner.jobs.readers.common import MISSING, Reader
-from planner.jobs.record import Vocab
+from planner.jobs.record import Unmodelled, Vocab
 
 TABLE = "torchtitan"
 FLAVORS = {  # torchtitan/models/<name>/__init__.py flavors -> fitcheck presets
@@ -283,17 +283,42 @@ def optimizer(r: Reader, o: dict) -> None:
 
 
 def float8(r: Reader, doc: dict) -> None:
+    """[float8] and [model] converters (torchtitan components/quantization/float8.py): the
+    "float8" converter (or the older enable_float8_linear) swaps the linears for torchao's
+    Float8Linear with recipe_name's config (none given: tensorwise); float8 all-gather as
+    enable_fsdp_float8_all_gather says. precompute_float8_dynamic_scale_for_fsdp folds the
+    per-weight amax all-reduces into one (no memory; its latency is not modelled either way);
+    force_recompute_fp8_weight_in_bwd is a no-op in torchao >= 0.11 (pytorch/ao#2251)."""
     f8 = r.mapping(doc.get("float8"), "[float8]")
-    if r.boolean(f8.get("enable_float8_linear"), "[float8] enable_float8_linear"):
-        r.set("training.float8", True, "[float8] enable_float8_linear")
+    if not f8:  # 0.2: [quantize.linear.float8]
+        q = r.mapping(r.mapping(doc.get("quantize"), "[quantize]").get("linear"),
+                      "[quantize.linear]")
+        f8 = r.mapping(q.get("float8"), "[quantize.linear.float8]")
     converters = r.mapping(doc.get("model"), "[model]").get("converters")
-    if isinstance(converters, list) and converters:
-        names = [str(c) for c in converters]
-        low = [n for n in names if "lora" not in n.lower()]
-        if low:
-            r.set("training.float8", Vocab(",".join(low)), "[model] converters")
-        if len(low) < len(names):
-            r.set("finetune.lora_rank", Vocab("torchtitan LoRA converter"), "[model] converters")
+    names = [str(c) for c in converters] if isinstance(converters, list) else []
+    other = [n for n in names if "lora" not in n.lower() and n != "float8"]
+    on = "float8" in names or r.boolean(f8.get("enable_float8_linear"),
+                                       "[float8] enable_float8_linear")
+    if on:
+        key = "[model] converters" if "float8" in names else "[float8] enable_float8_linear"
+        recipe = f8.get("recipe_name")
+        r.set("training.float8", Vocab(str(recipe)) if recipe else "tensorwise",
+              "[float8] recipe_name" if recipe else f"{key} (recipe_name not given: "
+              "tensorwise)")
+        if r.boolean(f8.get("enable_fsdp_float8_all_gather"),
+                     "[float8] enable_fsdp_float8_all_gather"):
+            r.set("training.float8_all_gather", True, "[float8] enable_fsdp_float8_all_gather")
+        fqns = f8.get("filter_fqns")
+        if isinstance(fqns, list) and [str(x) for x in fqns] not in ([], ["output"]):
+            r.set("training.float8_filter_fqns", Unmodelled(
+                fqns, f"float8 filter_fqns {','.join(map(str, fqns))} ({r.name} [float8] "
+                "filter_fqns: linears kept in bf16 beside the output head) is not modelled "
+                "yet"), "[float8] filter_fqns")
+    if other:
+        r.set("training.float8" if not on else "training.model_converters",
+              Vocab(",".join(other)), "[model] converters")
+    if len(names) > len(other) + ("float8" in names):
+        r.set("finetune.lora_rank", Vocab("torchtitan LoRA converter"), "[model] converters")
 
 
 def loss(r: Reader, value: Any) -> None:

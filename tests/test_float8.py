@@ -1,0 +1,91 @@
+"""torchao float8 training (--float8, --float8-all-gather): planner/float8.py.
+
+Expected numbers are derived by hand from torchao's source (planner/float8.py docstring) or
+measured by the fake-tensor referee (probes/trace.py with torchao's Float8Linear).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.float8 import cast_elements, gather_saving
+from planner.presets import PRESETS
+from planner.request import build_request
+from planner.spec import (Candidate, Checkpointing, Cluster, Float8Recipe, ModelSpec, Precision,
+                          Strategy, TrainingSpec)
+from planner.throughput import estimate_step
+
+
+def _req(**extra):
+    v = {"model.preset": "llama3-8b", "hardware.gpu": "h100-80", "hardware.n": 8,
+         "training.seq": 8192, "calibration": "none", **extra}
+    return build_request(v)
+
+
+def test_gather_saving_by_hand():
+    # llama3-8b block linears: q 4096x4096, k and v 1024x4096, o 4096x4096, gate/up/down
+    # 3 x 14336x4096 = 16,777,216 x 2 + 4,194,304 x 2 + 176,160,768 = 218,103,808 weights;
+    # bf16 -> float8 saves 1 B each, less 7 float32 scales (28 B)
+    tr = TrainingSpec(float8=Float8Recipe.TENSORWISE, float8_all_gather=True)
+    assert gather_saving(PRESETS["llama3-8b"], tr, 2) == 218_103_808 - 28
+    assert gather_saving(PRESETS["llama3-8b"], TrainingSpec(float8=Float8Recipe.TENSORWISE),
+                         2) == 0
+
+
+def test_cast_elements_by_hand():
+    # per token per block: inputs q,k,v 3x4096 + o 4096 + gate,up 2x4096 + down 14336 = 38,912;
+    # outputs 4096 + 2x1024 + 4096 + 2x14336 + 4096 = 43,008; forward casts the input once,
+    # backward the input again and the output gradient twice: 2 x (38,912 + 43,008) = 163,840
+    m = PRESETS["llama3-8b"]
+    per_token, per_micro = cast_elements(m, TrainingSpec(float8=Float8Recipe.TENSORWISE))
+    assert per_token == 32 * 163_840
+    assert per_micro == 32 * 2 * 218_103_808  # each weight cast in forward and in backward
+    _, gathered = cast_elements(m, TrainingSpec(float8=Float8Recipe.TENSORWISE,
+                                                float8_all_gather=True))
+    assert gathered == 0  # cast on the shard before the all-gather
+
+
+def test_float8_lowers_step_time_and_fsdp_buffers():
+    c = Candidate(strategy=Strategy.FULL_SHARD, checkpointing=Checkpointing.SELECTIVE)
+    base, f8 = _req(), _req(**{"training.float8": "tensorwise",
+                               "training.float8_all_gather": True})
+    t0 = estimate_step(base.model, base.training, base.cluster, c).step_time_s
+    t1 = estimate_step(f8.model, f8.training, f8.cluster, c).step_time_s
+    assert t1 < t0
+
+
+@pytest.mark.parametrize("extra, field", [
+    ({"hardware.gpu": "a100-80", "training.float8": "tensorwise"}, "--float8"),
+    ({"training.float8": "rowwise", "training.float8_all_gather": True}, "--float8-all-gather"),
+    ({"model.preset": "mixtral-8x7b", "training.float8": "tensorwise"}, "--float8"),
+])
+def test_refusals_name_the_field(extra, field):
+    with pytest.raises(Exception) as exc:
+        _req(**extra)
+    assert field in str(exc.value)
+
+
+@pytest.mark.trace
+@pytest.mark.parametrize("recipe, ag", [("tensorwise", False), ("tensorwise", True),
+                                        ("rowwise", False)])
+def test_planner_matches_float8_trace(recipe, ag):
+    pytest.importorskip("torchao.float8")
+    from probes.compare import compare
+    from probes.trace import trace_step
+    from planner.hardware import load_gpu
+
+    spec = ModelSpec(name="tiny", n_layers=2, hidden=256, n_heads=4, n_kv_heads=2,
+                     ffn_hidden=1024, vocab=1024)
+    tr = TrainingSpec(seq=1024, precision=Precision.BF16_AMP, float8=Float8Recipe(recipe),
+                      float8_all_gather=ag)
+    cand = Candidate(strategy=Strategy.FULL_SHARD)
+    gpu = load_gpu("h100-80")
+    cl = Cluster(gpu=gpu, n_gpus=4, gpus_per_node=8,
+                 host_ram_bytes_per_node=gpu.host_ram_bytes_per_node)
+    c = compare(spec, tr, cl, cand, trace_step(spec, tr, cand, world_size=4))
+    assert abs(c.peak.rel_error) <= 0.02, c.peak
+    # saved activations: torchao saves the bf16 input, as a bf16 linear does (to the byte
+    # up to the 8-byte scalars)
+    assert abs(c.categories["activations"].rel_error) < 1e-6
+    # the float8 all-gather output: 1 B per linear weight + scales (measured)
+    assert abs(c.categories["fsdp_buffers"].rel_error) < 1e-4
