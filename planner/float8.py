@@ -57,10 +57,12 @@ def linears_per_block(model: ModelSpec) -> int:
 
 
 def weights_per_block(model: ModelSpec) -> int:
-    """Elements of the float8 linears' weights in one block (biases stay high precision)."""
-    from planner.throughput import matmul_params
-
-    return matmul_params(model)[0]
+    """Elements of the float8 linears' weights in one block (biases stay high precision): q
+    (q_dim x h), k and v (kv_dim x h), o (h x q_dim), the MLP's 3 (gated) or 2 h x ffn
+    matrices -- planner.throughput.matmul_params' dense block."""
+    h = model.hidden
+    return h * (2 * model.q_dim + 2 * model.kv_dim) + \
+        (3 if model.mlp.gated else 2) * h * model.ffn_hidden
 
 
 def gather_saving(model: ModelSpec, training: TrainingSpec, compute_bytes: int) -> int:
