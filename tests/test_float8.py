@@ -89,3 +89,36 @@ def test_planner_matches_float8_trace(recipe, ag):
     assert abs(c.categories["activations"].rel_error) < 1e-6
     # the float8 all-gather output: 1 B per linear weight + scales (measured)
     assert abs(c.categories["fsdp_buffers"].rel_error) < 1e-4
+
+
+# ---------------------------------------------------------------------------------------------
+# Job readers: the float8 keys of each framework
+
+
+def _read(tmp_path, name, text):
+    from planner.jobs import read_job
+
+    p = tmp_path / name
+    p.write_text(text)
+    return read_job(str(p))
+
+
+def test_torchtitan_float8_section(tmp_path):
+    j = _read(tmp_path, "train.toml", '[model]\nname = "llama3"\nflavor = "8B"\n'
+              'converters = ["float8"]\n[float8]\nrecipe_name = "rowwise"\n')
+    assert j.values["training.float8"] == "rowwise"
+    j = _read(tmp_path, "train.toml", '[model]\nname = "llama3"\nflavor = "8B"\n'
+              'converters = ["float8"]\n[float8]\nenable_fsdp_float8_all_gather = true\n'
+              'filter_fqns = ["output", "layers.0.attention.wq"]\n')
+    assert j.values["training.float8"] == "tensorwise"  # no recipe_name: torchao's default
+    assert j.values["training.float8_all_gather"] is True
+    assert any("filter_fqns" in u for u in j.unmodelled)
+
+
+def test_accelerate_fp8_backends(tmp_path):
+    base = "distributed_type: FSDP\nnum_processes: 8\nmixed_precision: fp8\n"
+    j = _read(tmp_path, "acc.yaml", base + "fp8_config:\n  backend: AO\n")
+    assert j.values["training.float8"] == "tensorwise"
+    j = _read(tmp_path, "acc.yaml", base + "fp8_config:\n  backend: TE\n")
+    assert "training.float8" not in j.values
+    assert any("TransformerEngine" in u for u in j.unmodelled)

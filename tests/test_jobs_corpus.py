@@ -36,8 +36,10 @@ CASES: dict[str, dict] = {
                 "checkpointing": "full"}, unmodelled=[], n=64),
     f"{TT}/llama3/config_registry.py:llama3_405b": dict(  # compile + async TP + float8
         values={"model.preset": "llama3.1-405b", "training.micro_batch": 2, "parallel.tp": 8,
-                "training.compile": "blocks+loss"},  # CompileConfig default [model, loss]
-        unmodelled=["Float8LinearConverter", "async tensor parallel"], n=128),
+                "training.compile": "blocks+loss",  # CompileConfig default [model, loss]
+                # Float8LinearConverter.Config(filter_fqns=["lm_head"]): rowwise by default
+                "training.float8": "rowwise"},
+        unmodelled=["async tensor parallel"], n=128),
     f"{TT}/llama3/config_registry.py:llama3_8b_mxfp8": dict(
         values={"training.compile": "blocks"},  # components=["model"]
         unmodelled=["MXFP8LinearConverter"], n=8),
