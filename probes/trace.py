@@ -256,6 +256,10 @@ def check_supported(training: TrainingSpec, candidate: Candidate) -> None:
     if candidate.tp > 1 and not candidate.strategy.is_fsdp and candidate.strategy is not \
             Strategy.DDP:
         raise UnsupportedConfig(f"tensor parallel with {candidate.strategy.value}: not traced")
+    if training.float8 is not Float8Recipe.NONE and training.compile is not CompileMode.NONE:
+        raise UnsupportedConfig(
+            f"float8 {training.float8.value} with compile {training.compile.value}: not traced "
+            "(torchao's Float8Linear is traced eagerly; the compiled float8 graph is not)")
     if training.compile is CompileMode.MODEL:
         raise UnsupportedConfig(
             "compile model: not traced (Dynamo skips frames under the trace's dispatch modes;"

@@ -122,3 +122,13 @@ def test_accelerate_fp8_backends(tmp_path):
     j = _read(tmp_path, "acc.yaml", base + "fp8_config:\n  backend: TE\n")
     assert "training.float8" not in j.values
     assert any("TransformerEngine" in u for u in j.unmodelled)
+
+
+@pytest.mark.trace
+def test_float8_under_compile_is_refused_by_the_referee():
+    from probes.trace import UnsupportedConfig, check_supported
+    from planner.spec import CompileMode
+
+    with pytest.raises(UnsupportedConfig, match="float8 tensorwise with compile blocks"):
+        check_supported(TrainingSpec(float8=Float8Recipe.TENSORWISE, compile=CompileMode.BLOCKS),
+                        Candidate(strategy=Strategy.FULL_SHARD))
