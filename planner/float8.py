@@ -7,7 +7,8 @@ by hand where it cannot (the step time). docs/model.md "Float8 training" has the
 * Which linears: torchtitan's converter swaps every ``nn.Linear`` for ``Float8Linear`` except
   the output head (``filter_fqns = ["output"]``) and a linear whose dims are not divisible by
   16 (``torchtitan/components/quantization/utils.py`` ``module_filter_fn``): the blocks' q, k,
-  v, o and MLP projections.
+  v, o and MLP projections (``linears``). ``round_scales_to_power_of_2`` (rowwise) changes
+  the scales' values only.
 * What is saved for backward: ``matmul_with_hp_or_float8_args.forward`` (float8_linear.py)
   saves ``input_hp`` and ``weight_hp_t`` -- the high-precision input and weight, for every
   recipe; the float8 copies are made again in backward. So eager float8 saves exactly what a
@@ -51,18 +52,24 @@ def unsupported(model: ModelSpec) -> str | None:
     return None
 
 
+def linears(model: ModelSpec) -> list[tuple[int, int]]:
+    """(in, out) features of the block's linears torchtitan converts: q, k, v, o and the MLP's
+    2 or 3 projections, each only when both dims are divisible by 16 (``module_filter_fn``:
+    ``torch._scaled_mm`` needs it); the others stay bf16."""
+    h, q, kv, f = model.hidden, model.q_dim, model.kv_dim, model.ffn_hidden
+    mlp = [(h, f), (h, f), (f, h)] if model.mlp.gated else [(h, f), (f, h)]
+    every = [(h, q), (h, kv), (h, kv), (q, h), *mlp]
+    return [(k, n) for k, n in every if k % 16 == 0 and n % 16 == 0]
+
+
 def linears_per_block(model: ModelSpec) -> int:
-    """q, k, v, o and the MLP's 2 or 3 projections."""
-    return 4 + (3 if model.mlp.gated else 2)
+    return len(linears(model))
 
 
 def weights_per_block(model: ModelSpec) -> int:
-    """Elements of the float8 linears' weights in one block (biases stay high precision): q
-    (q_dim x h), k and v (kv_dim x h), o (h x q_dim), the MLP's 3 (gated) or 2 h x ffn
-    matrices -- planner.throughput.matmul_params' dense block."""
-    h = model.hidden
-    return h * (2 * model.q_dim + 2 * model.kv_dim) + \
-        (3 if model.mlp.gated else 2) * h * model.ffn_hidden
+    """Elements of the float8 linears' weights in one block (biases stay high precision); all
+    of planner.throughput.matmul_params' dense block when every dim divides by 16."""
+    return sum(k * n for k, n in linears(model))
 
 
 def gather_saving(model: ModelSpec, training: TrainingSpec, compute_bytes: int) -> int:
@@ -79,9 +86,10 @@ def backward_transient(model: ModelSpec, training: TrainingSpec, tokens: int, tp
     """Bytes a block's backward holds beyond a bf16 linear's: the eager cast of one
     tokens x ffn tensor (8 B per element). Under torch.compile the casts are fused kernels;
     this eager count is kept (the compiled one is not traced)."""
-    if not enabled(training):
+    if not enabled(training) or not linears(model):
         return 0
-    return -(-CAST_BYTES_PER_ELEM * tokens * model.ffn_hidden // tp)
+    widest = max(max(k, n) for k, n in linears(model))
+    return -(-CAST_BYTES_PER_ELEM * tokens * widest // tp)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -106,10 +114,8 @@ def cast_elements(model: ModelSpec, training: TrainingSpec) -> tuple[int, int]:
     (K per token). A float8-gathered weight arrives cast (``tensor_already_casted_to_fp8``):
     its casts happen on the 1/n shard before the all-gather, counted as none.
     ``rowwise_with_gw_hp`` casts neither operand of the weight gradient."""
-    h, q, kv, f = model.hidden, model.q_dim, model.kv_dim, model.ffn_hidden
-    gated = model.mlp.gated
-    ins = 3 * h + q + (2 * h if gated else h) + f  # q, k, v read h; o reads q; MLP
-    outs = q + 2 * kv + h + (2 * f if gated else f) + h
+    ins = sum(k for k, _ in linears(model))
+    outs = sum(n for _, n in linears(model))
     gw = 0 if training.float8 is Float8Recipe.ROWWISE_WITH_GW_HP else 1
     per_token = (1 + gw) * ins + (1 + gw) * outs
     weights = 0 if training.float8_all_gather else 2 * weights_per_block(model)
@@ -120,8 +126,8 @@ def step_terms(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *
                n: Any, peak: Any, peak_fp8: Any, hbm: Any) -> dict[str, Any]:
     """StepInputs fields (planner.throughput): the float8 matmuls' saving at the fp8 peak and
     the casts' time; ``f8_gather_saving``: the bytes float8 all-gather saves per full-model
-    gather (step_inputs_at lowers the gathered bytes per parameter by it). No measured float8 efficiency is used: the achieved fraction of peak is
-    the profile's, as for bf16 (docs/model.md "Float8 training" compares this with torchao's
+    gather (step_inputs_at lowers the gathered bytes per parameter by it). No measured float8
+    efficiency is used: the achieved fraction of peak is the profile's, as for bf16 (docs/model.md "Float8 training" compares this with torchao's
     published torchtitan runs)."""
     per_token, per_micro = cast_elements(model, training)
     traffic = CAST_TRAFFIC_EAGER if training.compile is CompileMode.NONE \
@@ -130,5 +136,6 @@ def step_terms(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *
     fd = training.fsdp_dtypes
     return {"f8_gather_saving": model.n_layers * gather_saving(model, training, fd.param),
             "f8_discount": 1.0 - peak / peak_fp8,
+            "f8_p_block": float(weights_per_block(model)),
             "f8_gw": 0.0 if training.float8 is Float8Recipe.ROWWISE_WITH_GW_HP else 1.0,
             "f8_cast_s": cast_bytes / hbm}

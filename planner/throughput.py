@@ -458,6 +458,8 @@ class StepInputs:
     # ---- float8 (planner/float8.py; defaults: none) ----------------------------------------
     f8_discount: Any = 0.0
     """Of each FLOP of a float8 matmul, the part saved: 1 - bf16 peak / fp8 peak."""
+    f8_p_block: Any = 0.0
+    """Of p_block, the float8 linears' weights (planner/float8.py ``linears``)."""
     f8_gw: Any = 1.0
     """1: the weight-gradient matmul runs in float8 too; 0: in bf16 (rowwise_with_gw_hp)."""
     f8_cast_s: Any = 0.0
@@ -512,7 +514,7 @@ def step_core(x: StepInputs) -> StepEstimate:
     # float8 (torchao Float8Linear on the blocks' linears): their forward, input-gradient and
     # weight-gradient matmuls (and the recomputed forward ones) at the fp8 peak, at the same
     # achieved fraction of it; the casts at HBM bandwidth, half in forward, half in backward
-    f8 = 2.0 * L * x.p_block * x.f8_discount
+    f8 = 2.0 * L * x.f8_p_block * x.f8_discount
     fwd_s = tokens_micro * (fwd_tok - f8) / rate + 0.5 * x.dequant_s + 0.5 * x.f8_cast_s
     # (a recomputed forward dequantizes again)
     bwd_s = (tokens_micro * (bwd_tok + recompute_tok - f8 * (1.0 + x.f8_gw + rc.matmul)) / rate

@@ -32,6 +32,19 @@ def test_gather_saving_by_hand():
                          2) == 0
 
 
+def test_linears_not_divisible_by_16_stay_bf16():
+    # ffn 1000 = 16 x 62.5: torchtitan's module_filter_fn keeps the MLP in bf16; q 256 x 256,
+    # k and v 128 x 256, o 256 x 256 convert: 65,536 x 2 + 32,768 x 2 = 196,608 weights, 4 scales
+    from planner.float8 import linears, weights_per_block
+
+    m = ModelSpec(name="odd", n_layers=2, hidden=256, n_heads=4, n_kv_heads=2, ffn_hidden=1000,
+                  vocab=1024)
+    assert len(linears(m)) == 4
+    assert weights_per_block(m) == 196_608
+    tr = TrainingSpec(float8=Float8Recipe.TENSORWISE, float8_all_gather=True)
+    assert gather_saving(m, tr, 2) == 196_608 - 16
+
+
 def test_cast_elements_by_hand():
     # per token per block: inputs q,k,v 3x4096 + o 4096 + gate,up 2x4096 + down 14336 = 38,912;
     # outputs 4096 + 2x1024 + 4096 + 2x14336 + 4096 = 43,008; forward casts the input once,
