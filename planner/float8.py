@@ -104,22 +104,23 @@ CAST_TRAFFIC_COMPILED = 5
 tensor (2), the scale-and-cast kernel reads it again and writes 1 byte (3)."""
 
 
-def cast_elements(model: ModelSpec, training: TrainingSpec) -> tuple[int, int]:
-    """(elements cast per token, per micro-batch) over all blocks.
+def cast_elements(model: ModelSpec, training: TrainingSpec) -> tuple[int, int, int, int]:
+    """Elements cast over all blocks: (forward per token, forward per micro-batch, backward per
+    token, backward per micro-batch).
 
     Per linear of in-features K and out-features N (float8_linear.py
     ``matmul_with_hp_or_float8_args``): forward casts the input (K per token) and the weight
-    (K x N); backward casts the output gradient twice (for the input gradient and, separately,
-    for the weight gradient: 2 N per token), the weight again (K x N) and the input again
+    (K x N); backward casts the output gradient for the input gradient (N per token) and,
+    separately, for the weight gradient (N), the weight again (K x N) and the input again
     (K per token). A float8-gathered weight arrives cast (``tensor_already_casted_to_fp8``):
     its casts happen on the 1/n shard before the all-gather, counted as none.
     ``rowwise_with_gw_hp`` casts neither operand of the weight gradient."""
     ins = sum(k for k, _ in linears(model))
     outs = sum(n for _, n in linears(model))
     gw = 0 if training.float8 is Float8Recipe.ROWWISE_WITH_GW_HP else 1
-    per_token = (1 + gw) * ins + (1 + gw) * outs
-    weights = 0 if training.float8_all_gather else 2 * weights_per_block(model)
-    return model.n_layers * per_token, model.n_layers * weights
+    weights = 0 if training.float8_all_gather else weights_per_block(model)
+    L = model.n_layers
+    return L * ins, L * weights, L * (outs + gw * (outs + ins)), L * weights
 
 
 def step_terms(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, tokens: Any,
@@ -129,13 +130,14 @@ def step_terms(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *
     gather (step_inputs_at lowers the gathered bytes per parameter by it). No measured float8
     efficiency is used: the achieved fraction of peak is the profile's, as for bf16 (docs/model.md "Float8 training" compares this with torchao's
     published torchtitan runs)."""
-    per_token, per_micro = cast_elements(model, training)
+    fwd_tok, fwd_micro, bwd_tok, bwd_micro = cast_elements(model, training)
     traffic = CAST_TRAFFIC_EAGER if training.compile is CompileMode.NONE \
         else CAST_TRAFFIC_COMPILED
-    cast_bytes = (per_token * tokens + per_micro) * traffic / candidate.tp
+    scale = traffic / candidate.tp / hbm
     fd = training.fsdp_dtypes
     return {"f8_gather_saving": model.n_layers * gather_saving(model, training, fd.param),
             "f8_discount": 1.0 - peak / peak_fp8,
             "f8_p_block": float(weights_per_block(model)),
             "f8_gw": 0.0 if training.float8 is Float8Recipe.ROWWISE_WITH_GW_HP else 1.0,
-            "f8_cast_s": cast_bytes / hbm}
+            "f8_cast_fwd_s": (fwd_tok * tokens + fwd_micro) * scale,
+            "f8_cast_bwd_s": (bwd_tok * tokens + bwd_micro) * scale}

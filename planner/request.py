@@ -454,8 +454,8 @@ def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
     if training.float8.value != "none":
         warnings.append(Notice(
             "float8 step time assumed: the linears' matmuls at the GPU's fp8 peak with the bf16 "
-            "efficiency; on torchao's published torchtitan runs (H100) it predicts 24-38 % more "
-            "tokens/s than measured for Llama3-8B, the measured rate for Llama3.1-405B "
+            "efficiency; on published torchtitan runs (H100) it predicts 11-36 % more tokens/s "
+            "than measured for Llama3-8B, within 4 % for Llama3.1-70B and 405B "
             "(docs/model.md \"Float8 training\")",
             Kind.FLOAT8))
     if runtime.calibration and runtime.calibration.get("stale") and \

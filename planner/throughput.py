@@ -462,8 +462,11 @@ class StepInputs:
     """Of p_block, the float8 linears' weights (planner/float8.py ``linears``)."""
     f8_gw: Any = 1.0
     """1: the weight-gradient matmul runs in float8 too; 0: in bf16 (rowwise_with_gw_hp)."""
-    f8_cast_s: Any = 0.0
-    """Seconds of float8 casts per micro-batch (memory-bound, at HBM bandwidth)."""
+    f8_cast_fwd_s: Any = 0.0
+    """Seconds of a forward's float8 casts per micro-batch (memory-bound, at HBM bandwidth);
+    a recomputed forward casts again."""
+    f8_cast_bwd_s: Any = 0.0
+    """The same for a backward's casts."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -513,12 +516,13 @@ def step_core(x: StepInputs) -> StepEstimate:
     rate = x.peak * x.eff * tp  # a TP group shares each micro-batch's matmuls
     # float8 (torchao Float8Linear on the blocks' linears): their forward, input-gradient and
     # weight-gradient matmuls (and the recomputed forward ones) at the fp8 peak, at the same
-    # achieved fraction of it; the casts at HBM bandwidth, half in forward, half in backward
+    # achieved fraction of it; the casts at HBM bandwidth (a recomputed forward casts again)
     f8 = 2.0 * L * x.f8_p_block * x.f8_discount
-    fwd_s = tokens_micro * (fwd_tok - f8) / rate + 0.5 * x.dequant_s + 0.5 * x.f8_cast_s
+    fwd_s = tokens_micro * (fwd_tok - f8) / rate + 0.5 * x.dequant_s + x.f8_cast_fwd_s
     # (a recomputed forward dequantizes again)
     bwd_s = (tokens_micro * (bwd_tok + recompute_tok - f8 * (1.0 + x.f8_gw + rc.matmul)) / rate
-             + 0.5 * x.dequant_s * (1.0 + rc.matmul) + 0.5 * x.f8_cast_s)
+             + 0.5 * x.dequant_s * (1.0 + rc.matmul)
+             + x.f8_cast_bwd_s + rc.matmul * x.f8_cast_fwd_s)
     compute_s = ga * (fwd_s + bwd_s)
 
     # ---- communication ----------------------------------------------------------------------

@@ -46,16 +46,21 @@ def test_linears_not_divisible_by_16_stay_bf16():
 
 
 def test_cast_elements_by_hand():
-    # per token per block: inputs q,k,v 3x4096 + o 4096 + gate,up 2x4096 + down 14336 = 38,912;
-    # outputs 4096 + 2x1024 + 4096 + 2x14336 + 4096 = 43,008; forward casts the input once,
-    # backward the input again and the output gradient twice: 2 x (38,912 + 43,008) = 163,840
+    # llama3-8b, per token per block: inputs q,k,v 3x4096 + o 4096 + gate,up 2x4096 + down
+    # 14336 = 38,912; outputs 4096 + 2x1024 + 4096 + 2x14336 + 4096 = 43,008. Forward casts the
+    # input (38,912); backward the output gradient twice and the input again
+    # (2 x 43,008 + 38,912 = 124,928); each weight once in forward and once in backward
     m = PRESETS["llama3-8b"]
-    per_token, per_micro = cast_elements(m, TrainingSpec(float8=Float8Recipe.TENSORWISE))
-    assert per_token == 32 * 163_840
-    assert per_micro == 32 * 2 * 218_103_808  # each weight cast in forward and in backward
-    _, gathered = cast_elements(m, TrainingSpec(float8=Float8Recipe.TENSORWISE,
-                                                float8_all_gather=True))
-    assert gathered == 0  # cast on the shard before the all-gather
+    fwd_tok, fwd_micro, bwd_tok, bwd_micro = cast_elements(
+        m, TrainingSpec(float8=Float8Recipe.TENSORWISE))
+    assert (fwd_tok, bwd_tok) == (32 * 38_912, 32 * 124_928)
+    assert fwd_micro == bwd_micro == 32 * 218_103_808
+    # gathered in float8: cast on the shard before the all-gather
+    assert cast_elements(m, TrainingSpec(float8=Float8Recipe.TENSORWISE,
+                                         float8_all_gather=True))[1] == 0
+    # rowwise_with_gw_hp: the weight gradient's operands stay bf16 (43,008 per token)
+    assert cast_elements(m, TrainingSpec(float8=Float8Recipe.ROWWISE_WITH_GW_HP))[2] == \
+        32 * 43_008
 
 
 def test_float8_lowers_step_time_and_fsdp_buffers():
