@@ -230,6 +230,29 @@ def float8_convert(net: nn.Module, training: TrainingSpec) -> None:
         return mod.in_features % 16 == 0 and mod.out_features % 16 == 0
 
     convert_to_float8_training(net, config=config, module_filter_fn=keep)
+    from torchao.float8.float8_linear import Float8Linear
+
+    for mod in net.modules():
+        if isinstance(mod, Float8Linear):
+            mod.forward = _autocast_input(mod.forward)
+
+
+def _autocast_input(forward: Callable) -> Callable:
+    """``Float8Linear.forward`` casts its input to the autocast dtype when CUDA autocast is on
+    (``torch.is_autocast_enabled()``); under the trace's CUDA autocast emulation (a
+    TorchFunctionMode, which that call does not see) the same cast, from the emulation's dtype."""
+    from probes.autocast_emul import CudaAutocastEmulation
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        from torch.overrides import _get_current_function_mode_stack
+
+        for mode in _get_current_function_mode_stack():
+            if isinstance(mode, CudaAutocastEmulation) and x.is_floating_point():
+                x = x.to(mode.dtype)
+                break
+        return forward(x)
+
+    return run
 
 
 

@@ -123,7 +123,9 @@ def working(model: ModelSpec, training: TrainingSpec, candidate: Candidate, degr
                             float8_saving=float8.gather_saving(model, training, d.compute))
     if candidate.strategy.is_zero:
         return zero_working(model, counts, candidate, training, d, opt_shard)
-    return autocast_working(model, counts, candidate, training.precision, d, ov, ft)
+    return autocast_working(model, counts, candidate, training.precision, d, ov, ft,
+                            float8_weights=float8.weights_per_block(model)
+                            if float8.enabled(training) else 0)
 
 
 def load_bytes(training: TrainingSpec, strategy: Strategy | None = None) -> int:

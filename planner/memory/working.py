@@ -131,7 +131,7 @@ def dequantized_linear(model: ModelSpec, ft: FineTune, c: int) -> int:
 
 def autocast_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate,
                      precision: Precision, d: Dtypes, ov: Overheads,
-                     ft: FineTune = FineTune()) -> Working:
+                     ft: FineTune = FineTune(), float8_weights: int = 0) -> Working:
     """torch.autocast over fp32 params (DDP, one GPU).
 
     autocast caches the bf16 cast of every matmul weight for the autocast region (forward +
@@ -142,11 +142,16 @@ def autocast_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate
     every gradient; unless ``gradient_as_bucket_view=True`` they are a second gradient copy.
     Under LoRA the frozen base is already in the low precision (no cast) and the adapters'
     casts are negligible; only trainable parameters have gradients and buckets.
+    ``float8_weights``: a block's weights in torchao ``Float8Linear`` modules, which never call
+    an autocast op on their weight (``matmul_with_hp_or_float8_args`` casts the fp32 weight
+    straight to float8 and saves the parameter itself): no cached copy (derived from the
+    source; the CPU autocast emulation of the trace does not reach them).
     """
     c = d.compute
     T = trainable(model, ft)
-    cache = matmul_weight_elems(model) * c if precision.amp and not ft.lora else 0
-    block_cast = (counts.per_block - norm_elems(model)) * c
+    cache = (matmul_weight_elems(model) - model.n_layers * float8_weights) * c \
+        if precision.amp and not ft.lora else 0
+    block_cast = (counts.per_block - norm_elems(model) - float8_weights) * c
     checkpointed = candidate.checkpointing is not Checkpointing.NONE
     if cache and checkpointed:
         cache_bwd = cache - model.n_layers * block_cast
