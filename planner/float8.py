@@ -22,8 +22,10 @@ by hand where it cannot (the step time). docs/model.md "Float8 training" has the
   ``Float8LinearConfig.__post_init__``): ``WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather``
   casts the local shard and all-gathers 1-byte data, the fp32 scale as metadata; the unsharded
   weight is a ``Float8TrainingTensor`` of 1 B per element.
-* ``force_recompute_fp8_weight_in_bwd`` is deprecated and does nothing in torchao >= 0.11
-  (config.py: a warning, pytorch/ao#2251): the fp8 weight was never saved above.
+* ``force_recompute_fp8_weight_in_bwd`` does nothing since pytorch/ao#2356 (2025-06; config.py
+  warns it is deprecated, pytorch/ao#2251): PyTorch core now frees the float8 weight cast
+  (pytorch/pytorch#148922). Older torchao saved that cast for backward unless it was set
+  (pytorch/ao#562); the planner counts the current behaviour.
 """
 
 from __future__ import annotations

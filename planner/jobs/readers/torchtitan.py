@@ -288,7 +288,7 @@ def float8(r: Reader, doc: dict) -> None:
     Float8Linear with recipe_name's config (none given: tensorwise); float8 all-gather as
     enable_fsdp_float8_all_gather says. precompute_float8_dynamic_scale_for_fsdp folds the
     per-weight amax all-reduces into one (no memory; its latency is not modelled either way);
-    force_recompute_fp8_weight_in_bwd is a no-op in torchao >= 0.11 (pytorch/ao#2251)."""
+    force_recompute_fp8_weight_in_bwd does nothing since pytorch/ao#2356 (2025-06)."""
     f8 = r.mapping(doc.get("float8"), "[float8]")
     if not f8:  # 0.2: [quantize.linear.float8]
         q = r.mapping(r.mapping(doc.get("quantize"), "[quantize]").get("linear"),
