@@ -25,6 +25,7 @@ from planner.spec import (
     CompileMode,
     Dtype,
     FlatParams,
+    Float8Recipe,
     GradSync,
     InitMode,
     LINEAR_MODULES,
@@ -368,6 +369,15 @@ FIELDS: tuple[Field, ...] = (
           choices=_names(CompileMode), default=_train_default("compile"),
           help="torch.compile: none, each transformer block (torchtitan), or the whole "
           "model."),
+    Field(path="training.float8", flag="--float8", check=_choice(Float8Recipe),
+          choices=_names(Float8Recipe), default=_train_default("float8"),
+          help="torchao float8 training of the blocks' linears (torchtitan's float8 "
+          "converter, axolotl fp8): tensorwise, rowwise or rowwise_with_gw_hp scaling; the "
+          "output head stays in bf16. Needs a GPU profile with an fp8 peak."),
+    Field(path="training.float8_all_gather", flag="--float8-all-gather",
+          check=validate.boolean, is_flag=True,
+          help="With --float8 tensorwise under FSDP: all-gather the float8 linears' weights in "
+          "float8 (torchao enable_fsdp_float8_all_gather): half the gathered bytes."),
     Field(path="training.allocator", flag="--allocator", check=_choice(Allocator),
           choices=_names(Allocator), default=_train_default("allocator"),
           help="CUDA caching allocator: default segments, or expandable "

@@ -296,7 +296,9 @@ def assumptions(answer: Answer) -> list[str]:
     loss = f"chunked:{t.loss_chunks}" if t.loss is LossKind.CHUNKED else str(t.loss)
     out.append(f"training loop: gradients synced {'every micro-batch' if t.grad_sync is GradSync.EVERY else 'on the last micro-batch only'}, "
                f"loss {loss}{' (logits kept through backward)' if t.keep_logits else ''}, "
-               f"compile {t.compile}, allocator {t.allocator}, FSDP{t.fsdp_version}, init {t.init}")
+               f"compile {t.compile}, allocator {t.allocator}, FSDP{t.fsdp_version}, init {t.init}"
+               + (f", float8 {t.float8}{' (float8 all-gather)' if t.float8_all_gather else ''}"
+                  if t.float8.value != "none" else ""))
     ds_line = deepspeed_assumption(t)
     if ds_line:
         out.append(ds_line)

@@ -196,6 +196,16 @@ class GradSync(enum.StrEnum):
     LAST = "last"  # only the last: DDP/FSDP1 no_sync(), FSDP2 set_requires_gradient_sync(False)
 
 
+class Float8Recipe(enum.StrEnum):
+    """torchao float8 training (``torchao.float8.Float8LinearRecipeName``): the linears of the
+    blocks swapped for ``Float8Linear`` (torchtitan's float8 converter; the output head kept)."""
+
+    NONE = "none"
+    TENSORWISE = "tensorwise"  # one scale per tensor, e4m3 forward / e5m2 grad_output
+    ROWWISE = "rowwise"  # a scale per row (axiswise), e4m3 everywhere
+    ROWWISE_WITH_GW_HP = "rowwise_with_gw_hp"  # rowwise, the weight gradient in bf16
+
+
 class LossKind(enum.StrEnum):
     """How the cross-entropy over the vocabulary is computed."""
 
@@ -622,6 +632,11 @@ class TrainingSpec:
     """Saved activations offloaded to pinned host RAM (torchtune/TRL ``OffloadActivations``):
     the GPU keeps what is in flight, the host a copy of every offloaded tensor."""
     compile: CompileMode = CompileMode.NONE
+    float8: Float8Recipe = Float8Recipe.NONE
+    """torchao float8 training of the blocks' linears (docs/model.md "Float8 training")."""
+    float8_all_gather: bool = False
+    """FSDP all-gathers the float8 linears' weights in float8 (torchao
+    ``enable_fsdp_float8_all_gather``; tensorwise only)."""
     allocator: Allocator = Allocator.DEFAULT
     fsdp_version: int = 2
     """FSDP1 (FullyShardedDataParallel) or FSDP2 (fully_shard), for the FSDP strategies."""
@@ -693,6 +708,8 @@ class GpuProfile:
     tf32_tflops: float
     fp32_tflops: float
     """Dense peak rates, TFLOP/s (no structured sparsity)."""
+    fp8_tflops: float | None = None
+    """Dense float8 tensor-core peak (e4m3/e5m2 inputs); None: the GPU has none."""
     hbm_bandwidth_bytes_per_s: float
     intra_node_link: str
     intra_node_bandwidth_bytes_per_s: float

@@ -456,6 +456,18 @@ class StepInputs:
     qgz_vec_elems: Any = 0.0
     qgz_vecs: Any = 0.0
     """... of the 1-D gradients (norms, biases) it leaves to a reduce-scatter each."""
+    # ---- float8 (planner/float8.py; defaults: none) ----------------------------------------
+    f8_discount: Any = 0.0
+    """Of each FLOP of a float8 matmul, the part saved: 1 - bf16 peak / fp8 peak."""
+    f8_p_block: Any = 0.0
+    """Of p_block, the float8 linears' weights (planner/float8.py ``linears``)."""
+    f8_gw: Any = 1.0
+    """1: the weight-gradient matmul runs in float8 too; 0: in bf16 (rowwise_with_gw_hp)."""
+    f8_cast_fwd_s: Any = 0.0
+    """Seconds of a forward's float8 casts per micro-batch (memory-bound, at HBM bandwidth);
+    a recomputed forward casts again."""
+    f8_cast_bwd_s: Any = 0.0
+    """The same for a backward's casts."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -503,9 +515,15 @@ def step_core(x: StepInputs) -> StepEstimate:
     tokens_micro = mb * seq
     tp = x.tp
     rate = x.peak * x.eff * tp  # a TP group shares each micro-batch's matmuls
-    fwd_s = tokens_micro * fwd_tok / rate + 0.5 * x.dequant_s
+    # float8 (torchao Float8Linear on the blocks' linears): their forward, input-gradient and
+    # weight-gradient matmuls (and the recomputed forward ones) at the fp8 peak, at the same
+    # achieved fraction of it; the casts at HBM bandwidth (a recomputed forward casts again)
+    f8 = 2.0 * L * x.f8_p_block * x.f8_discount
+    fwd_s = tokens_micro * (fwd_tok - f8) / rate + 0.5 * x.dequant_s + x.f8_cast_fwd_s
     # (a recomputed forward dequantizes again)
-    bwd_s = tokens_micro * (bwd_tok + recompute_tok) / rate + 0.5 * x.dequant_s * (1.0 + rc.matmul)
+    bwd_s = (tokens_micro * (bwd_tok + recompute_tok - f8 * (1.0 + x.f8_gw + rc.matmul)) / rate
+             + 0.5 * x.dequant_s * (1.0 + rc.matmul)
+             + x.f8_cast_bwd_s + rc.matmul * x.f8_cast_fwd_s)
     compute_s = ga * (fwd_s + bwd_s)
 
     # ---- communication ----------------------------------------------------------------------
@@ -743,6 +761,9 @@ class Rates:
     """Host <-> device bytes/s."""
     hbm: Any
     """Device memory bytes/s (dequantizing a quantized base)."""
+    peak_fp8: Any = 0.0
+    """Dense float8 peak FLOP/s (the bf16 peak where the GPU has none: float8 is refused
+    there before any step time is asked)."""
 
     @classmethod
     def of(cls, gpu: GpuProfile, training: TrainingSpec,
@@ -755,7 +776,8 @@ class Rates:
                    bw_intra=gpu.intra_node_bandwidth_bytes_per_s * a.intra_node_comm_efficiency,
                    bw_inter=gpu.inter_node_bandwidth_bytes_per_s * a.inter_node_comm_efficiency,
                    pcie=gpu.pcie_bandwidth_bytes_per_s * a.pcie_efficiency,
-                   hbm=gpu.hbm_bandwidth_bytes_per_s)
+                   hbm=gpu.hbm_bandwidth_bytes_per_s,
+                   peak_fp8=(gpu.fp8_tflops or gpu.bf16_tflops) * 1e12)
 
 
 def step_inputs_at(model: ModelSpec, training: TrainingSpec, candidate: Candidate,
@@ -773,6 +795,12 @@ def step_inputs_at(model: ModelSpec, training: TrainingSpec, candidate: Candidat
     # own without a policy, the same numbers as the precision-based ones below)
     fd = training.fsdp_dtypes
     p_block, p_head = matmul_params(model)
+    f8 = float8_inputs(model, training, candidate, rates, mb * seq, n,
+                       peak=rates.peak_fsdp if fsdp else rates.peak)
+    gather_b = float(fd.param if fsdp else gather_bytes(precision))
+    if fsdp and "f8_gather_saving" in f8:  # float8 all-gather: fewer bytes per parameter
+        gather_b = gather_b - f8["f8_gather_saving"] / float(total_params(model))
+    f8.pop("f8_gather_saving", None)
     return StepInputs(
         n_layers=float(model.n_layers), q_dim=float(attn_width(model)), seq=seq * 1.0,
         mb=mb * 1.0, ga=float(training.grad_accum), n=n * 1.0, gpn=gpn * 1.0,
@@ -782,7 +810,7 @@ def step_inputs_at(model: ModelSpec, training: TrainingSpec, candidate: Candidat
         lat_intra=a.intra_node_hop_latency_s, lat_inter=a.inter_node_hop_latency_s,
         pcie=rates.pcie, cpu_rate=a.cpu_adam_params_per_s, bucket=float(a.ddp_bucket_bytes),
         overlap=a.overlap_fraction,
-        gather_b=float(fd.param if fsdp else gather_bytes(precision)),
+        gather_b=gather_b,
         grad_b=float(fd.reduce if fsdp else grad_reduce_bytes(precision, candidate.strategy)),
         master_b=float(fd.storage if fsdp else precision.param_bytes),
         comm=collectives(candidate.strategy, training.grad_sync),
@@ -792,7 +820,18 @@ def step_inputs_at(model: ModelSpec, training: TrainingSpec, candidate: Candidat
         act_offload_bytes=_act_offload_bytes(model, training, candidate) * mb * seq * 1.0,
         tp_bytes=mb * seq * model.hidden * (fd.param if fsdp else precision.compute_bytes) * 1.0,
         **finetune_inputs(model, training, rates.hbm),
-        **zeropp_inputs(model, training, candidate, n))
+        **zeropp_inputs(model, training, candidate, n), **f8)
+
+
+def float8_inputs(model: ModelSpec, training: TrainingSpec, candidate: Candidate, rates: Rates,
+                  tokens: Any, n: Any, *, peak: Any) -> dict[str, Any]:
+    """StepInputs fields of ``--float8`` (empty without it): planner/float8.py ``step_terms``."""
+    from planner import float8
+
+    if not float8.enabled(training):
+        return {}
+    return float8.step_terms(model, training, candidate, tokens=tokens, n=n, peak=peak,
+                             peak_fp8=rates.peak_fp8, hbm=rates.hbm)
 
 
 def _act_offload_bytes(model: ModelSpec, training: TrainingSpec, candidate: Candidate) -> float:

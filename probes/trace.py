@@ -103,6 +103,7 @@ from planner.spec import (
     Candidate,
     Checkpointing,
     CompileMode,
+    Float8Recipe,
     GradSync,
     LossKind,
     ModelSpec,
@@ -166,6 +167,9 @@ def reference_factory(spec: ModelSpec) -> ModelFactory:
 
             compile_blocks(net)
             effects.add("compile")
+        if tr.float8 is not Float8Recipe.NONE:
+            float8_convert(net, tr)
+            effects.add("float8")
         parallelize = None
         ft = tr.finetune
         if not ft.full or (opts.candidate is not None and opts.candidate.tp > 1):
@@ -204,6 +208,54 @@ def reference_factory(spec: ModelSpec) -> ModelFactory:
 # --------------------------------------------------------------------------- pieces
 
 
+def float8_convert(net: nn.Module, training: TrainingSpec) -> None:
+    """torchao's ``convert_to_float8_training`` as torchtitan's float8 converter calls it:
+    the recipe's ``Float8LinearConfig`` (``from_recipe_name``), float8 all-gather as asked,
+    every ``nn.Linear`` but the output head (``filter_fqns = ["output"]``) and any whose dims
+    are not divisible by 16. Needs torchao (``pip install torchao``)."""
+    import dataclasses
+
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    except ImportError as exc:
+        raise UnsupportedConfig(f"float8 {training.float8.value}: torchao is not installed "
+                                f"({first_line(exc)})") from None
+    config = Float8LinearConfig.from_recipe_name(training.float8.value)
+    if training.float8_all_gather:
+        config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
+
+    def keep(mod: nn.Module, fqn: str) -> bool:
+        if fqn.split(".")[-1] in ("lm_head", "output"):
+            return False
+        return mod.in_features % 16 == 0 and mod.out_features % 16 == 0
+
+    convert_to_float8_training(net, config=config, module_filter_fn=keep)
+    from torchao.float8.float8_linear import Float8Linear
+
+    for mod in net.modules():
+        if isinstance(mod, Float8Linear):
+            mod.forward = _autocast_input(mod.forward)
+
+
+def _autocast_input(forward: Callable) -> Callable:
+    """``Float8Linear.forward`` casts its input to the autocast dtype when CUDA autocast is on
+    (``torch.is_autocast_enabled()``); under the trace's CUDA autocast emulation (a
+    TorchFunctionMode, which that call does not see) the same cast, from the emulation's dtype."""
+    from probes.autocast_emul import CudaAutocastEmulation
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        from torch.overrides import _get_current_function_mode_stack
+
+        for mode in _get_current_function_mode_stack():
+            if isinstance(mode, CudaAutocastEmulation) and x.is_floating_point():
+                x = x.to(mode.dtype)
+                break
+        return forward(x)
+
+    return run
+
+
+
 def effects_asked(training: TrainingSpec, candidate: Candidate) -> dict[str, str]:
     """The non-default training-loop effects of this run that the model must implement
     (``TraceModel.effects``) -> how to name them in a refusal."""
@@ -218,6 +270,8 @@ def effects_asked(training: TrainingSpec, candidate: Candidate) -> dict[str, str
         out["tp"] = f"tensor parallel degree {candidate.tp}"
     if training.compile is CompileMode.BLOCKS:
         out["compile"] = "compile blocks"
+    if training.float8 is not Float8Recipe.NONE:
+        out["float8"] = f"float8 {training.float8.value}"
     return out
 
 
@@ -225,6 +279,10 @@ def check_supported(training: TrainingSpec, candidate: Candidate) -> None:
     if candidate.tp > 1 and not candidate.strategy.is_fsdp and candidate.strategy is not \
             Strategy.DDP:
         raise UnsupportedConfig(f"tensor parallel with {candidate.strategy.value}: not traced")
+    if training.float8 is not Float8Recipe.NONE and training.compile is not CompileMode.NONE:
+        raise UnsupportedConfig(
+            f"float8 {training.float8.value} with compile {training.compile.value}: not traced "
+            "(torchao's Float8Linear is traced eagerly; the compiled float8 graph is not)")
     if training.compile is CompileMode.MODEL:
         raise UnsupportedConfig(
             "compile model: not traced (Dynamo skips frames under the trace's dispatch modes;"
@@ -939,6 +997,8 @@ def _trace(factory: ModelFactory, training: TrainingSpec, candidate: Candidate,
         "grad_sync": training.grad_sync.value if sync_last else "every",
         "tp": candidate.tp,
         "compile": training.compile.value,
+        "float8": training.float8.value,
+        "float8_all_gather": training.float8_all_gather,
         "n_blocks": len(tm.blocks),
         "optimizer_scalar_bytes": int(scalar_bytes),
         "optimizer_scalars_on_host": training.optimizer_impl is not OptimizerImpl.FUSED,

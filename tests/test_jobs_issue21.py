@@ -164,7 +164,9 @@ def test_llamafactory_v1_dist_config_and_fp8_are_read(tmp_path):
     j = read_job(str(DATA / "llamafactory_v1_train_full_qwen3_moe_fsdpturbo_ep_fsdp.yaml"))
     assert any("expert parallel degree 16" in u for u in j.unmodelled)
     j = read_job(str(DATA / "llamafactory_extras_fp8_llama3_fp8_fsdp_sft.yaml"))
-    assert any("float8" in u for u in j.unmodelled)
+    # fp8_backend torchao, fp8_enable_fsdp_float8_all_gather: torchao float8, modelled
+    assert j.values["training.float8"] == "tensorwise"
+    assert j.values["training.float8_all_gather"] is True
 
 
 def test_llamafactory_write_back_does_not_crash(tmp_path):

@@ -13,7 +13,7 @@ from typing import Any
 from planner.activations import plan_activations
 from planner.loss_dtype import with_loss_dtype
 from planner.candidates import check_supported, degree_of
-from planner import vec
+from planner import float8, vec
 from planner.error_bands import DEFAULT_MARGIN, is_finetune, risk_band
 from planner.memory.breakdown import PHASES, Breakdown, Estimate, Overheads, Phase, pick
 from planner.memory.moments import MOMENTS, Activations, Step
@@ -64,7 +64,7 @@ def activation_plan(model: ModelSpec, training: TrainingSpec, candidate: Candida
         # reference module) has already run on param_dtype logits (traced: no change)
         precision = Precision.FP32 if training.fsdp_dtypes.param == FP32 else Precision.BF16
     # the model's own loss upcasts or not as its transformers release does (loss_dtype.py)
-    return plan_activations(with_loss_dtype(model, training), batch=training.micro_batch,
+    plan = plan_activations(with_loss_dtype(model, training), batch=training.micro_batch,
                             seq=training.seq,
                             precision=precision, attention=training.attention,
                             checkpointing=candidate.checkpointing,
@@ -76,6 +76,23 @@ def activation_plan(model: ModelSpec, training: TrainingSpec, candidate: Candida
                             adapter_bytes=adapter_input_bytes(training, candidate),
                             compiled_loss=training.compile.loss_compiled,
                             offload=training.activation_offload)
+    return float8_activations(plan, model, training, candidate)
+
+
+def float8_activations(plan: Any, model: ModelSpec, training: TrainingSpec,
+                       candidate: Candidate) -> Any:
+    """``--float8``: the same saved tensors (torchao saves the high-precision input and
+    weight), one eager float8 cast more in a block's backward (planner/float8.py)."""
+    if not float8.enabled(training):
+        return plan
+    extra = float8.backward_transient(model, training, training.tokens_per_micro_batch,
+                                      candidate.tp)
+    notes = plan.notes
+    if training.compile is not CompileMode.NONE:
+        notes = notes + ("float8 under torch.compile: the eager float8 casts and saved set "
+                         "are counted (the compiled float8 graph is not traced)",)
+    return dataclasses.replace(plan, block_backward_transient=plan.block_backward_transient
+                               + extra, notes=notes)
 
 
 def adapter_input_bytes(training: TrainingSpec, candidate: Candidate) -> int:
@@ -105,11 +122,14 @@ def working(model: ModelSpec, training: TrainingSpec, candidate: Candidate, degr
         return fsdp_working(model, counts, candidate, training.precision, d, degree,
                             training.fsdp_version, ft,
                             reduce_bytes=training.fsdp_dtypes.reduce,
-                            grads=grad_counts(model, training, candidate.strategy))
+                            grads=grad_counts(model, training, candidate.strategy),
+                            float8_saving=float8.gather_saving(model, training, d.compute))
     if candidate.strategy.is_zero:
         return zero_working(model, counts, candidate, training, d, opt_shard,
                             gpus_per_node=gpus_per_node)
-    return autocast_working(model, counts, candidate, training.precision, d, ov, ft)
+    return autocast_working(model, counts, candidate, training.precision, d, ov, ft,
+                            float8_weights=float8.weights_per_block(model)
+                            if float8.enabled(training) else 0)
 
 
 def load_bytes(training: TrainingSpec, strategy: Strategy | None = None) -> int:

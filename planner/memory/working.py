@@ -138,7 +138,7 @@ def dequantized_linear(model: ModelSpec, ft: FineTune, c: int) -> int:
 
 def autocast_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate,
                      precision: Precision, d: Dtypes, ov: Overheads,
-                     ft: FineTune = FineTune()) -> Working:
+                     ft: FineTune = FineTune(), float8_weights: int = 0) -> Working:
     """torch.autocast over fp32 params (DDP, one GPU).
 
     autocast caches the bf16 cast of every matmul weight for the autocast region (forward +
@@ -149,11 +149,16 @@ def autocast_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate
     every gradient; unless ``gradient_as_bucket_view=True`` they are a second gradient copy.
     Under LoRA the frozen base is already in the low precision (no cast) and the adapters'
     casts are negligible; only trainable parameters have gradients and buckets.
+    ``float8_weights``: a block's weights in torchao ``Float8Linear`` modules, which never call
+    an autocast op on their weight (``matmul_with_hp_or_float8_args`` casts the fp32 weight
+    straight to float8 and saves the parameter itself): no cached copy (derived from the
+    source; the CPU autocast emulation of the trace does not reach them).
     """
     c = d.compute
     T = trainable(model, ft)
-    cache = matmul_weight_elems(model) * c if precision.amp and not ft.lora else 0
-    block_cast = (counts.per_block - norm_elems(model)) * c
+    cache = (matmul_weight_elems(model) - model.n_layers * float8_weights) * c \
+        if precision.amp and not ft.lora else 0
+    block_cast = (counts.per_block - norm_elems(model) - float8_weights) * c
     checkpointed = candidate.checkpointing is not Checkpointing.NONE
     if cache and checkpointed:
         cache_bwd = cache - model.n_layers * block_cast
@@ -178,7 +183,7 @@ def autocast_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate
 def fsdp_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate,
                  precision: Precision, d: Dtypes, degree: Any, version: int = 2,
                  ft: FineTune = FineTune(), reduce_bytes: int | None = None,
-                 grads: Any = None) -> Working:
+                 grads: Any = None, float8_saving: int = 0) -> Working:
     """FSDP2 (``torch/distributed/fsdp/_fully_shard``): each unit is all-gathered to
     ``param_dtype`` before use; the root is not resharded after forward (``_fsdp_state.py``:
     ``post_forward_mesh_info = None`` for the root); in post-backward the unsharded grads are
@@ -196,7 +201,8 @@ def fsdp_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate,
     storage, and each linear is dequantized when used. Tensor parallel: a unit is 1/tp of the
     block (torchtitan applies TP, then ``fully_shard`` over the data-parallel mesh).
     ``grads``: the elements with gradients (``states.grad_counts``; default: the trainable
-    ones)."""
+    ones). ``float8_saving``: bytes a unit's all-gather output is smaller by when float8
+    weights are gathered in float8 (planner.float8.gather_saving)."""
     c, tp = d.compute, candidate.tp
     T = trainable(model, ft)
     G = grads or T
@@ -213,7 +219,7 @@ def fsdp_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate,
     Pb = Pb + gather_pad
     # the packed codes only: the quantization constants are not sharded (states.quantized_bytes)
     packed = ceil_div(T.quant_per_block, 2 if ft.quantize_base is Quantize.NF4 else 1)
-    unit = ceil_div((Pb - T.quant_per_block) * c + packed, tp)
+    unit = ceil_div((Pb - T.quant_per_block) * c + packed - float8_saving, tp)
     # the reduce-scatter input is padded alike (experts train unless under LoRA)
     Tb = ceil_div(G.train_per_block + (0 if ft.lora else gather_pad), tp)
     Tb_real = ceil_div(G.train_per_block, tp)

@@ -149,7 +149,12 @@ def precision(r: Reader, doc: dict) -> None:
     else:
         r.set("training.precision", "fp32", "float32" if doc.get("float32") else "bf16 (false)")
     if r.boolean(doc.get("fp8"), "fp8"):
-        r.set("training.float8", True, "fp8")
+        # torchao float8 through accelerate's AORecipeKwargs: a default Float8LinearConfig
+        # (tensorwise)
+        r.set("training.float8", "tensorwise", "fp8")
+        if r.boolean(doc.get("fp8_enable_fsdp_float8_all_gather"),
+                     "fp8_enable_fsdp_float8_all_gather"):
+            r.set("training.float8_all_gather", True, "fp8_enable_fsdp_float8_all_gather")
 
 
 def checkpointing(r: Reader, doc: dict) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 
 from planner.jobs.readers import trainer
 from planner.jobs.readers.common import MISSING, Reader, show
-from planner.jobs.record import JobFormat, Vocab
+from planner.jobs.record import JobFormat, Unmodelled, Vocab
 
 TABLE = "llamafactory"
 TABLE_V1 = "llamafactory_v1"
@@ -76,7 +76,16 @@ def read(r: Reader) -> None:
     if r.boolean(doc.get("pure_bf16"), "pure_bf16"):
         r.replace("training.precision", "bf16", "pure_bf16")
     if r.boolean(doc.get("fp8"), "fp8"):
-        r.set("training.float8", True, "fp8")
+        backend = str(doc.get("fp8_backend") or "auto").lower()
+        if backend == "torchao":
+            r.set("training.float8", "tensorwise", "fp8, fp8_backend torchao")
+            if r.boolean(doc.get("fp8_enable_fsdp_float8_all_gather"),
+                         "fp8_enable_fsdp_float8_all_gather"):
+                r.set("training.float8_all_gather", True, "fp8_enable_fsdp_float8_all_gather")
+        else:
+            r.set("training.float8", Unmodelled(
+                "fp8", f"float8 training with fp8_backend {backend} (from {r.name}: "
+                "TransformerEngine or MS-AMP unless torchao) is not modelled yet"), "fp8")
     seq, key = trainer.value(r, TABLE, doc, "cutoff_len")
     r.set("training.seq", r.count(seq, key), key)
     stage, stage_key = trainer.value(r, TABLE, doc, "stage")

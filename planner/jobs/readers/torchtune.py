@@ -114,7 +114,8 @@ def read(r: Reader) -> None:
     loss(r, r.mapping(doc.get("loss"), "loss"))
     distribution(r, doc, single)
     if r.boolean(doc.get("enable_fp8_training"), "enable_fp8_training"):
-        r.set("training.float8", True, "enable_fp8_training")
+        recipe = doc.get("fp8_recipe_name") or "tensorwise"
+        r.set("training.float8", Vocab(str(recipe)), "enable_fp8_training")
     for key, path in (("teacher_model", "training.teacher_model"),
                       ("ref_checkpointer", "training.reference_model"),
                       ("policy_model", "training.generation")):
