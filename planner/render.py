@@ -296,6 +296,8 @@ def assumptions(answer: Answer) -> list[str]:
     out.append(f"training loop: gradients synced {'every micro-batch' if t.grad_sync is GradSync.EVERY else 'on the last micro-batch only'}, "
                f"loss {loss}{' (logits kept through backward)' if t.keep_logits else ''}, "
                f"compile {t.compile}, allocator {t.allocator}, FSDP{t.fsdp_version}, init {t.init}")
+    if q.attention:
+        out.append(q.attention)
     ft = finetune_line(q)
     out.append(f"fine-tuning: {ft}" if ft else "fine-tuning: none (every parameter trains)")
     tp = q.options.tp
