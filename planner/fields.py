@@ -337,8 +337,10 @@ FIELDS: tuple[Field, ...] = (
           help="Step temporaries: foreach one state-sized copy, fused none, for-loop the "
           "largest tensor's."),
     Field(path="training.attention", flag="--attention", check=_choice(Attention),
-          choices=_names(Attention), default=_train_default("attention"),
-          help="sdpa: flash-style kernels; eager: materialized T x T scores."),
+          choices=_names(Attention), shown_default="the model's",
+          help="sdpa: flash-style kernels; eager: materialized T x T scores. Default: what "
+          "transformers runs for the model's family (eager for bloom and gemma2, which have "
+          "no sdpa; a config.json's attn_implementation), else sdpa."),
     Field(path="training.grad_sync", flag="--grad-sync", check=_choice(GradSync),
           choices=_names(GradSync), default=_train_default("grad_sync"),
           help="With --grad-accum: reduce gradients every micro-batch, or only the last "

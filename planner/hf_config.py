@@ -685,7 +685,30 @@ def spec_from_hf_config(cfg: dict[str, Any], name: str, *, notes: list[str] | No
                      for f in found)
         notes.extend(Notice(f"{name}: {x}", Kind.CONFIG) for x in remarks)
     p = _dropout(cfg, name)
-    return dataclasses.replace(spec, dropout=p) if p else spec
+    family, attn = _family_and_attention(cfg, name)
+    return dataclasses.replace(spec, dropout=p or spec.dropout, family=family,
+                               attn_implementation=attn)
+
+
+def _family_and_attention(cfg: dict[str, Any], name: str) -> tuple[str, str]:
+    """The model_type read (the language model's, under a wrapper's text_config) and the
+    attention the config names (``attn_implementation`` or ``_attn_implementation``, which
+    transformers' PretrainedConfig takes as the requested implementation), "" when none."""
+    attn = ""
+    for depth in range(MAX_NESTING + 1):
+        for key in ("attn_implementation", "_attn_implementation"):
+            raw = cfg.get(key)
+            if raw is not None and not isinstance(raw, str):
+                raise ConfigError(f"{name}: {key} must be a string, got {_show(raw)}")
+            attn = attn or (raw or "")
+        model_type = str(cfg.get("model_type") or "").lower().replace("_", "-")
+        inner = cfg.get("text_config")
+        if model_type in _KNOWN or not isinstance(inner, dict) or depth == MAX_NESTING:
+            break
+        cfg = inner
+    if not model_type and "n_embd" in cfg:
+        model_type = "gpt2"
+    return model_type, attn
 
 
 CROSS_CHECK = 0.05

@@ -245,7 +245,24 @@ _ALL += [
     ),
 ]
 
-PRESETS: dict[str, ModelSpec] = {spec.name: spec for spec in _ALL}
+_FAMILY_PREFIXES = (
+    ("gpt2", "gpt2"), ("bert", "bert"), ("llama", "llama"), ("mixtral", "mixtral"),
+    ("mistral", "mistral"), ("qwen2.5", "qwen2"), ("qwen1.5-moe", "qwen2-moe"),
+    ("qwen3-30b-a3b", "qwen3-moe"), ("qwen3", "qwen3"), ("gemma2", "gemma2"),
+    ("gemma3", "gemma3-text"), ("falcon", "falcon"), ("bloom", "bloom"), ("phi3", "phi3"),
+    ("phi-4", "phi3"), ("phi-2", "phi"), ("olmo2", "olmo2"), ("olmo", "olmo"),
+    ("deepseek-v2", "deepseek-v2"), ("deepseek-v3", "deepseek-v3"),
+)
+"""Preset id prefix -> the ``model_type`` of the config.json each preset cites (first match;
+the default attention follows it: planner/attention.py)."""
+
+
+def _with_family(spec: ModelSpec) -> ModelSpec:
+    family = next(f for prefix, f in _FAMILY_PREFIXES if spec.name.startswith(prefix))
+    return dataclasses.replace(spec, family=family)
+
+
+PRESETS: dict[str, ModelSpec] = {spec.name: _with_family(spec) for spec in _ALL}
 """Preset id -> shape. ModelSpec is frozen, so sharing the instances is safe."""
 
 # Hugging Face repository ids (and a few common spellings) that name a preset.

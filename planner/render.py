@@ -305,6 +305,8 @@ def assumptions(answer: Answer) -> list[str]:
     loss_line = loss_assumption(q.model, t)
     if loss_line:
         out.append(f"loss: {loss_line}")
+    if q.attention:
+        out.append(q.attention)
     ft = finetune_line(q)
     out.append(f"fine-tuning: {ft}" if ft else "fine-tuning: none (every parameter trains)")
     tp = q.options.tp

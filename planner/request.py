@@ -85,6 +85,8 @@ class Request:
     ``model`` then holds only its depth and the widths it knows (TracedModel.proxy_spec)."""
     warnings: tuple[Notice, ...] = ()
     """What the request assumed, each line with its kind (planner/notices.py)."""
+    attention: str = ""
+    """Which attention and why, for the assumptions ("" when not stated: sdpa, no family)."""
 
     def resolved(self) -> Request:
         """grad_accum from global_batch: ceil(global_batch / (micro_batch x n_gpus))."""
@@ -299,7 +301,8 @@ def training_from(v: Mapping[str, Any]) -> TrainingSpec:
         quantize_base=v["finetune.quantize_base"], double_quant=bool(v["finetune.double_quant"]),
         freeze_embeddings=emb, freeze_layers=first, train_last_layers=last)
     given = {f.key: bool(v[f.path]) if f.is_flag else v[f.path] for f in FIELDS
-             if f.section == "training" and f.key in TRAINING_ATTRS and f.key != "loss"}
+             if f.section == "training" and f.key in TRAINING_ATTRS and f.key != "loss"
+             and not (f.key == "attention" and v[f.path] is None)}  # the model's: job_from
     return TrainingSpec(**given, loss=loss, loss_chunks=chunks, finetune=finetune,
                         deepspeed=deepspeed_from(v))
 
@@ -406,6 +409,8 @@ class Job:
     source: str
     """Where the model's shape came from: params, preset, config, explicit, trace."""
     warnings: tuple[str, ...] = ()
+    attention: str = ""
+    """The assumption line for the attention (planner/attention.py); "" when not stated."""
 
 
 def job_from(v: Mapping[str, Any], naming: Naming = FLAGS, *, allow_files: bool = True,
@@ -438,8 +443,24 @@ def job_from(v: Mapping[str, Any], naming: Naming = FLAGS, *, allow_files: bool 
     if problem:
         raise naming.fail("training.flat_params", problem)
     training, ds_notes = resolve_deepspeed(training, model)
+    training, attention = resolve_attention(training, model, v["training.attention"])
     return Job(model=model, training=training, source=source,
-               warnings=tuple(model_warnings) + tuple(ds_notes))
+               warnings=tuple(model_warnings) + tuple(ds_notes), attention=attention)
+
+
+def resolve_attention(training: TrainingSpec, model: ModelSpec,
+                      given: Any) -> tuple[TrainingSpec, str]:
+    """The attention given, else the one transformers runs for the model's family
+    (planner/attention.py), and the assumption line that says which ("" when nothing is
+    known about the model's family and none was given: sdpa, as always)."""
+    from planner.attention import default_attention
+
+    if given is not None:
+        return training, f"attention: {given} (given)"
+    if not (model.family or model.attn_implementation):
+        return training, ""
+    attn, line = default_attention(model)
+    return dataclasses.replace(training, attention=attn), line
 
 
 def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
@@ -504,4 +525,4 @@ def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
         warnings.append(Notice(str(runtime.calibration["stale"]), Kind.CALIBRATION_STALE))
     return Request(model=model, training=training, cluster=cluster, options=options,
                    runtime=runtime, model_source=source, traced=traced,
-                   warnings=tuple(warnings))
+                   warnings=tuple(warnings), attention=job.attention)

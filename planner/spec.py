@@ -300,6 +300,12 @@ class ModelSpec:
     mask per element for backward."""
     shape_assumed: bool = False
     """True when the shape was derived from --params by the scaling rule, not given."""
+    family: str = field(default="", compare=False)
+    """The transformers ``model_type`` the shape was read as (a config.json's, a preset's);
+    "" when unknown. Sets the default attention (planner/attention.py), nothing in the count."""
+    attn_implementation: str = field(default="", compare=False)
+    """The attention a config.json names (``attn_implementation`` / ``_attn_implementation``),
+    "" when it names none."""
     # ---- features of particular families (defaults: the plain block above) -----------------
     attn_out_bias: bool = False
     """The attention output projection carries a bias (Llama's attention_bias=true)."""

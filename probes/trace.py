@@ -167,6 +167,14 @@ def reference_factory(spec: ModelSpec) -> ModelFactory:
 
             compile_blocks(net)
             effects.add("compile")
+        elif tr.compile is CompileMode.MODEL and opts.checkpointing is Checkpointing.NONE \
+                and tr.finetune.full and tr.loss is LossKind.FP32 and not tr.keep_logits \
+                and not spec.is_moe and (opts.candidate is None
+                                         or opts.candidate.strategy is Strategy.DDP):
+            from probes.compile_step import compile_model
+
+            compile_model(net)
+            effects.add("compile_model")
         if tr.float8 is not Float8Recipe.NONE:
             float8_convert(net, tr)
             effects.add("float8")
@@ -272,6 +280,8 @@ def effects_asked(training: TrainingSpec, candidate: Candidate) -> dict[str, str
         out["compile"] = "compile blocks"
     if training.float8 is not Float8Recipe.NONE:
         out["float8"] = f"float8 {training.float8.value}"
+    if training.compile is CompileMode.MODEL:
+        out["compile_model"] = "compile model"
     return out
 
 
@@ -283,10 +293,10 @@ def check_supported(training: TrainingSpec, candidate: Candidate) -> None:
         raise UnsupportedConfig(
             f"float8 {training.float8.value} with compile {training.compile.value}: not traced "
             "(torchao's Float8Linear is traced eagerly; the compiled float8 graph is not)")
-    if training.compile is CompileMode.MODEL:
+    if training.compile is CompileMode.MODEL and candidate.strategy is not Strategy.DDP:
         raise UnsupportedConfig(
-            "compile model: not traced (Dynamo skips frames under the trace's dispatch modes;"
-            " --compile blocks is traced as AOTAutograd-compiled blocks, probes/compile_step.py)")
+            f"compile model with {candidate.strategy.value}: not traced (the whole model as"
+            " one AOTAutograd graph is traced for ddp only, probes/compile_step.py)")
     if candidate.strategy.is_zero:
         raise UnsupportedConfig(
             f"strategy {candidate.strategy.value}: DeepSpeed ZeRO is not traced (no DeepSpeed"
@@ -858,7 +868,7 @@ def _trace(factory: ModelFactory, training: TrainingSpec, candidate: Candidate,
         optimizer = make_optimizer(opt_params, training)
         batch = tm.make_batch(b, t)
         t0 = time.perf_counter()
-        if training.compile is CompileMode.BLOCKS:
+        if training.compile is not CompileMode.NONE:
             # the compiled blocks trace their graphs on the first call: one untracked
             # micro-batch first (the FX tracing would otherwise be counted)
             with tm.kernel_context(), (CudaAutocastEmulation(low) if emulate_autocast

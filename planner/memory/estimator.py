@@ -16,6 +16,7 @@ from planner.candidates import check_supported, degree_of
 from planner import float8, vec
 from planner.error_bands import DEFAULT_MARGIN, is_finetune, risk_band
 from planner.memory.breakdown import PHASES, Breakdown, Estimate, Overheads, Phase, pick
+from planner.memory.compiled_model import graph_gradients, table_backward
 from planner.memory.moments import MOMENTS, Activations, Step
 from planner.memory.states import (
     FP32,
@@ -230,7 +231,14 @@ def step_for(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, 
     # FSDP2 pads a block's sharded expert gradients as it pads their parameters
     pad = expert_padding(tuple((n, s, 1) for n, s in block_tensors(model)), degree) \
         if fsdp2 and model.is_moe and not training.finetune.lora else 0
+    whole_graph = training.compile is CompileMode.MODEL and strategy is Strategy.DDP
+    table_grad = model.vocab * model.hidden // tp * td.grad if embed_trains else 0
     return Step(
+        whole_graph=whole_graph,
+        graph_grads=graph_gradients(states.gradients, table_grad, n_gpus) if whole_graph else 0,
+        graph_table=table_backward(model.vocab * model.hidden // tp, td.grad,
+                                   tied=model.tied_embeddings, trains=embed_trains)
+        if whole_graph else 0,
         fsdp_version=training.fsdp_version, block_grad_pad=pad,
         unsynced_grads=unsynced_gradients(model, training, candidate),
         unsynced_root=unsynced_gradients(model, training, candidate, part="root"),
@@ -318,6 +326,9 @@ def evaluate(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, 
     notes = []
     if candidate.strategy is Strategy.DDP and ov.ddp_bucket_view:
         notes.append("gradient_as_bucket_view=True: grads are views into the buckets")
+    if training.compile is CompileMode.MODEL and candidate.strategy is not Strategy.DDP:
+        notes.append("compile model under FSDP / ZeRO: the gradients a compiled graph returns"
+                     " before they are accumulated are NOT MODELLED (eager accounting)")
     if candidate.offload is Offload.PARAMS_AND_OPTIMIZER and candidate.strategy.is_fsdp:
         notes.append("CPU offload: sharded params/grads/optimizer state in pinned host RAM")
     return from_phases(candidate, phases, degree=S, n_gpus=n_gpus,

@@ -111,6 +111,14 @@ class Step:
     unsynced_grads: Any = 0
     """FSDP with gradient sync on the last micro-batch only: the unsharded gradients every
     unit accumulates until the last reduce-scatter (0 when gradients sync every time)."""
+    whole_graph: bool = False
+    """``--compile model`` without FSDP / ZeRO: the backward is one compiled graph (or one per
+    DDP bucket) whose new gradients are accumulated after it returns
+    (planner/memory/compiled_model.py)."""
+    graph_grads: Any = 0
+    """Of those, the new gradients one graph returns at once."""
+    graph_table: Any = 0
+    """What the embeddings' compiled backward holds beyond the gradients."""
     states: Resident
     work: Working
     acts: Activations
@@ -295,6 +303,8 @@ def backward_end(s: Step) -> Breakdown:
     grad_in = s.acts.residual_bytes * s.tokens_x_hidden + s.acts.kept_logits
     if s.tied:
         grad_in = grad_in + 2 * s.vocab_x_hidden * (s.compute_bytes if s.fsdp else s.grad_bytes)
+    if s.whole_graph:
+        return _compiled_end(s)
     if not s.fsdp:
         return s.base.plus(gathered_params=s.work.gathered_end, gradients=s.states.gradients,
                            transients=grad_in,
@@ -324,6 +334,17 @@ def backward_end(s: Step) -> Breakdown:
                                 gradients=vec.where(s.accumulating, held, 0)
                                 + s.root_grad_elems * s.compute_bytes, transients=grad_in))
     return largest(subs)[1]
+
+
+def _compiled_end(s: Step) -> Breakdown:
+    """``--compile model``: the compiled backward's last op, the embeddings' backward, with
+    every new gradient of its graph returned at once; after the first micro-batch they are
+    alive beside the accumulated ones until AccumulateGrad adds them
+    (planner/memory/compiled_model.py; traced)."""
+    grad_in = s.acts.residual_bytes * s.tokens_x_hidden + s.acts.kept_logits + s.graph_table
+    return s.base.plus(gathered_params=s.work.gathered_end,
+                       gradients=s.states.gradients + vec.where(s.accumulating, s.graph_grads, 0),
+                       transients=grad_in, comm_buffers=s.work.buckets + s.work.bwd_buffers)
 
 
 def optimizer_step(s: Step) -> Breakdown:
