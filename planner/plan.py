@@ -393,7 +393,9 @@ def first_fit(at: Points, c: Candidate, start: int, below: Any) -> Any:
     communicator there). tests/test_min_gpus.py and benchmarks/fuzz.py check found minima
     against a plan of every count."""
     r = at.request
-    counts = Counts(at.gpus_per_node, c.tp)
+    # the counts a TP group (and a context-parallel group beside it) divides
+    group = c.tp * r.training.cp
+    counts = Counts(at.gpus_per_node, group)
     runs = at.each(lambda n, gpn: c.tp <= gpn)  # a TP group lives inside a node
     if c.tp > 1:  # and the model allows it (or not, at any count)
         runs = runs & at.with_gpus(at.gpus_per_node * 0 + c.tp).each(
@@ -418,7 +420,7 @@ def first_fit(at: Points, c: Candidate, start: int, below: Any) -> Any:
 
     def rises(p: Points) -> Any:
         """Device memory at the next count is no less than here."""
-        step = Counts(p.gpus_per_node, c.tp)
+        step = Counts(p.gpus_per_node, group)
         nxt = p.with_gpus(step.at(step.index_of(p.n_gpus) + 1))
         return nxt.estimate(c).required_bytes >= p.estimate(c).required_bytes
 
