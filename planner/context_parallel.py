@@ -64,9 +64,11 @@ def cp_problem(model: ModelSpec, training: TrainingSpec, n_gpus: int, tp: int) -
         return "CP routes SDPA only (torch's ring attention); eager attention is not sharded"
     if model.encoder_head or model.position is PositionKind.ALIBI:
         return "CP's load balancing needs causal SDPA without a mask (no encoder, no ALiBi)"
-    if model.mla or model.sliding_layers or model.fused_qkv:
-        return ("CP with multi-head latent or sliding-window attention, or a fused qkv "
-                "projection, is not modelled")
+    if model.mla or model.sliding_layers or model.fused_qkv or model.is_moe:
+        return ("CP with multi-head latent or sliding-window attention, a fused qkv "
+                "projection or MoE experts is not modelled")
+    if not training.finetune.full:
+        return "CP with a fine-tune (LoRA, frozen parameters) is not modelled"
     if training.fsdp_version != 2:
         return "CP is modelled with FSDP2 (torchtitan), not FSDP1"
     if training.compile is not CompileMode.NONE:
@@ -145,11 +147,31 @@ def cp_saved(saved: list[Any], model: ModelSpec, t: int, c: int) -> list[Any]:
     values with every query head (torchtitan's ``repeat_kv`` before SDPA; the flash op the
     ring calls has no grouped-query argument). ``repeat_kv``'s expand and reshape save
     nothing; the unrepeated keys are saved by no one."""
-    if model.kv_dim == model.q_dim:
-        return saved
     wide = {"sdpa.k", "sdpa.k.rope_cast", "sdpa.v"}
-    return [dataclasses.replace(x, nbytes=c * t * model.q_dim) if x.name in wide else x
-            for x in saved]
+    out = [dataclasses.replace(x, nbytes=c * t * model.q_dim) if x.name in wide else x
+           for x in saved]
+    if not any(x.name == "attn.o.input_copy" for x in out):
+        # the ring's output is no longer the flash kernel's (B, T, heads, d) layout once
+        # _SDPAMerger's _partial_update has rebuilt it with torch.cat (every rank but the
+        # last): the transpose + reshape before attn.o copies it (traced)
+        out.append(Saved_like(saved, "attn.o.input_copy", c * t * model.q_dim))
+    return out
+
+
+def Saved_like(saved: list[Any], name: str, nbytes: int) -> Any:  # noqa: N802
+    """A new entry of the saved list's own type (planner.activations.Saved)."""
+    return dataclasses.replace(saved[0], name=name, nbytes=nbytes)
+
+
+AFTER_SDPA = ("attn.o.", "attn.dropout", "norm2.", "norm3.", "norm4.", "mlp.", "moe.",
+              "lora.o.", "lora.gate.", "lora.up.", "lora.down.")
+"""A block's saved entries made after its SDPA: freed by the time the SDPA's backward runs
+(the block's backward goes MLP, attention output projection, then SDPA)."""
+
+
+def after_sdpa(saved: Any) -> int:
+    """Bytes of a block's saved entries made after its SDPA (``AFTER_SDPA``)."""
+    return sum(x.nbytes for x in saved if x.name.startswith(AFTER_SDPA))
 
 
 def rotation_bytes(*, batch: int, seq: int, n_heads: int, d_head: int, c: int, cp: int
@@ -163,5 +185,5 @@ def rotation_bytes(*, batch: int, seq: int, n_heads: int, d_head: int, c: int, c
     return (cp - 1) * kv, (cp - 1) * kv + cp * 2.0 * FP32 * local
 
 
-__all__ = ["CP_STRATEGIES", "CpRotate", "cp_problem", "cp_saved",
+__all__ = ["CP_STRATEGIES", "CpRotate", "after_sdpa", "cp_problem", "cp_saved",
            "ring_backward_bytes", "ring_forward_bytes", "rotation_bytes"]

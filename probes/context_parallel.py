@@ -147,4 +147,97 @@ def ring_attention_bytes(*, cp: int, rank: int, rotate: str, batch: int, seq: in
             "bwd_left": bwd_left}
 
 
-__all__ = ["LiveBytes", "ring_attention_bytes"]
+
+
+# --------------------------------------------------------------------------- the whole step
+
+
+class _RingAttention(torch.autograd.Function):
+    """What the DTensor flash op does under the CP dispatcher, on local tensors: the ring
+    forward, autograd saving q, k, v, out and the logsumexp (the flash op's
+    ``derivatives.yaml`` entry), the ring backward. Run on local tensors so that the trace's
+    tracker (a TorchDispatchMode) sees the ring's own buffers."""
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                mesh: Any) -> torch.Tensor:
+        from torch.distributed.tensor.experimental._context_parallel import _attention as cpa
+
+        out, lse, *rest = cpa._scaled_dot_product_ring_flash_attention(mesh, q, k, v,
+                                                                        is_causal=True)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.rest, ctx.mesh = rest, mesh
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        from torch.distributed.tensor.experimental._context_parallel import _attention as cpa
+
+        q, k, v, out, lse = ctx.saved_tensors
+        rest = ctx.rest
+        dq, dk, dv, *_ = cpa._scaled_dot_product_ring_flash_attention_backward(
+            ctx.mesh, grad, q, k, v, out, lse, *rest[:4], 0.0, True, *rest[4:6])
+        return dq, dk, dv, None
+
+
+_MESHES: dict[tuple[int, int, int], Any] = {}
+
+
+class ring_sdpa:
+    """Context manager for a traced step under context parallel ``cp`` over a fake process
+    group already initialised: ``F.scaled_dot_product_attention`` becomes torch's ring
+    attention over the cp dimension of a (world / cp, cp) mesh, this process being cp rank
+    0, with the keys and values repeated to the query heads first as torchtitan's
+    ``repeat_kv`` does (expand + reshape of the (B, T, kv, d) layout, then the transpose)."""
+
+    def __init__(self, cp: int, rotate: str) -> None:
+        self.cp, self.rotate = cp, rotate
+
+    def __enter__(self) -> None:
+        import torch.nn.functional as F
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.experimental._attention import set_rotate_method
+        from torch.distributed.tensor.experimental._context_parallel import _attention as cpa
+
+        set_rotate_method(self.rotate)
+        cpa._cp_options.enable_load_balance = True
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        world = dist.get_world_size()
+        key = (id(dist.distributed_c10d._get_default_group()), world, self.cp)
+        if key not in _MESHES:
+            with _disable_current_modes():  # the mesh's own tensors are real, not fake
+                _MESHES[key] = init_device_mesh("cpu", (world // self.cp, self.cp),
+                                                mesh_dim_names=("dp", "cp"))["cp"]
+        mesh = _MESHES[key]
+        self._orig = F.scaled_dot_product_attention
+
+        def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Any = None,
+                 dropout_p: float = 0.0, is_causal: bool = False, scale: Any = None,
+                 enable_gqa: bool = False) -> torch.Tensor:
+            if attn_mask is not None or not is_causal:
+                raise NotImplementedError("context parallel: causal SDPA without a mask only")
+            rep = q.shape[1] // k.shape[1]
+            if rep > 1:
+                k, v = (_repeat_kv(t, rep) for t in (k, v))
+            return _RingAttention.apply(q, k, v, mesh)
+
+        F.scaled_dot_product_attention = sdpa
+
+    def __exit__(self, *exc: object) -> None:
+        import torch.nn.functional as F
+
+        F.scaled_dot_product_attention = self._orig
+
+
+def _repeat_kv(t: torch.Tensor, rep: int) -> torch.Tensor:
+    """(B, kv, T, d), a transposed view of (B, T, kv, d) -> (B, kv x rep, T, d) as torchtitan's
+    ``repeat_kv`` makes it: expand and reshape in the (B, T, kv, d) layout (a copy), then the
+    transpose back (a view)."""
+    b, kv, s, d = t.shape
+    x = t.transpose(1, 2)
+    x = x[:, :, :, None, :].expand(b, s, kv, rep, d).reshape(b, s, kv * rep, d)
+    return x.transpose(1, 2)
+
+
+__all__ = ["LiveBytes", "ring_attention_bytes", "ring_sdpa"]

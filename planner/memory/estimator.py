@@ -12,7 +12,7 @@ from typing import Any
 
 from planner.activations import ActivationPlan, plan_activations, regime_for
 from planner.candidates import check_supported, degree_of
-from planner.context_parallel import ring_backward_bytes, ring_forward_bytes
+from planner.context_parallel import after_sdpa, ring_backward_bytes, ring_forward_bytes
 from planner import vec
 from planner.error_bands import DEFAULT_MARGIN, is_finetune, risk_band
 from planner.memory.breakdown import PHASES, Breakdown, Estimate, Overheads, Phase, pick
@@ -93,9 +93,19 @@ def with_ring(plan: ActivationPlan, model: ModelSpec, training: TrainingSpec,
     shape = dict(batch=training.micro_batch, local_seq=training.local_seq, n_heads=heads,
                  n_kv_heads=heads, d_head=model.d_head, c=c, cp=training.cp,
                  rotate=training.cp_rotate)
-    grads_in = -(-r * t * model.hidden // tp) + c * t * heads * model.d_head
+    # beside it: the two residual-stream gradients the MLP's backward also has (the block's
+    # incoming one and the sum through the MLP branch), SDPA's output gradient, and FSDP2's
+    # unsharded gradients of the weights whose backward has run (the output projection's and
+    # the MLP's, in the compute dtype until the block's reduce-scatter; traced)
+    grads_in = -(-2 * r * t * model.hidden // tp) + c * t * heads * model.d_head
+    h, f = model.hidden, model.ffn_hidden
+    weight_grads = -(-(model.q_dim * h + (3 if model.mlp.gated else 2) * h * f) * c // tp)
+    # what the block saved after its SDPA (its MLP's, the output projection's input) is freed
+    # by then, kept or recomputed alike
+    freed = after_sdpa(plan.block_saved)
     return dataclasses.replace(plan, ring_forward=ring_forward_bytes(**shape),
-                               ring_backward=grads_in + ring_backward_bytes(**shape))
+                               ring_backward=grads_in + weight_grads
+                               + ring_backward_bytes(**shape) - freed)
 
 
 def adapter_input_bytes(training: TrainingSpec, candidate: Candidate) -> int:
