@@ -569,6 +569,7 @@ def _gpt2(r: _Reader, name: str) -> ModelSpec:
         ffn_hidden=ffn or 4 * hidden, vocab=vocab, tied_embeddings=tied, mlp=MlpKind.GELU,
         norm=NormKind.LAYERNORM, position=PositionKind.LEARNED, max_positions=positions,
         bias=True, python_gelu=act == "gelu_new",
+        loss_upcast_since=(4, 49),  # GPT2LMHeadModel: self.loss_function since 4.49
     )  # fmt: skip
 
 
@@ -619,6 +620,7 @@ def _bloom(r: _Reader, name: str) -> ModelSpec:
         name=name, n_layers=n_layers, hidden=hidden, n_heads=n_heads, n_kv_heads=n_heads,
         ffn_hidden=4 * hidden, vocab=vocab, tied_embeddings=tied, mlp=MlpKind.GELU,
         norm=NormKind.LAYERNORM, position=PositionKind.ALIBI, bias=True, embedding_norm=True,
+        loss_upcast_since=(4, 49),  # BloomForCausalLM: self.loss_function since 4.49
     )  # fmt: skip
 
 
@@ -649,6 +651,7 @@ def _falcon(r: _Reader, model_type: str, name: str) -> ModelSpec:
         ffn_hidden=ffn or 4 * hidden, vocab=vocab, tied_embeddings=tied, mlp=MlpKind.GELU,
         norm=NormKind.LAYERNORM, position=PositionKind.ALIBI if alibi else PositionKind.ROPE,
         bias=bias, norms_per_layer=norms, parallel_block=parallel,
+        loss_upcast_since=(4, 49),  # FalconForCausalLM: self.loss_function since 4.49
     )  # fmt: skip
 
 

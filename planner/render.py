@@ -9,12 +9,13 @@ from collections.abc import Callable
 from typing import Any
 
 from planner.error_bands import bands_json, bands_line
+from planner.loss_dtype import assumption as loss_assumption
 from planner.memory import DEFAULT_MARGIN, Estimate
 from planner.params import active_params, total_params, trainable
 from planner.candidates import label
 from planner.plan import Answer, Found, interval
 from planner.spec import (Checkpointing, CompileMode, GradSync, LossKind, ModelSpec, Offload,
-                          Quantize, Strategy, TrainingSpec)
+                          Precision, Quantize, Strategy, TrainingSpec)
 from planner.throughput import StepEstimate, default_compute_efficiency, efficiency_provenance
 
 SCHEMA_VERSION = 1
@@ -305,6 +306,12 @@ def assumptions(answer: Answer) -> list[str]:
     out.append(f"training loop: gradients synced {'every micro-batch' if t.grad_sync is GradSync.EVERY else 'on the last micro-batch only'}, "
                f"loss {loss}{' (logits kept through backward)' if t.keep_logits else ''}, "
                f"compile {t.compile}, allocator {t.allocator}, FSDP{t.fsdp_version}, init {t.init}")
+    ds_line = deepspeed_assumption(t)
+    if ds_line:
+        out.append(ds_line)
+    loss_line = loss_assumption(q.model, t)
+    if loss_line:
+        out.append(f"loss: {loss_line}")
     ft = finetune_line(q)
     out.append(f"fine-tuning: {ft}" if ft else "fine-tuning: none (every parameter trains)")
     tp = q.options.tp
@@ -321,6 +328,23 @@ def cp_assumption(t: TrainingSpec) -> str:
         return "; context parallel: none"
     return (f"; context parallel: {t.cp} (torch's ring attention, {t.cp_rotate} rotation "
             "counted on the critical path, assumed not overlapped; FSDP2 over dp_shard x cp)")
+
+
+def deepspeed_assumption(t) -> str | None:
+    """Which optimizer wrapper and master dtypes DeepSpeed runs, when the settings change them
+    (planner/memory/zero.py)."""
+    ds = t.deepspeed
+    parts = []
+    if ds.grad_accum_dtype is not None:
+        parts.append(f"grad_accum_dtype {ds.grad_accum_dtype}"
+                     + (": zero1 without offload runs BF16_Optimizer (a full fp32 gradient "
+                        "buffer beside the bf16 grads); ZeRO-2/3 do not read it"
+                        if ds.grad_accum_dtype == "fp32" and t.precision is Precision.BF16_AMP
+                        else ": no memory change"))
+    if ds.bf16_master_weights_and_grads:
+        parts.append("bf16 master weights and stepped gradients, optimizer states in "
+                     + ("bf16" if ds.bf16_optimizer_states else "fp32 (on the host)"))
+    return "DeepSpeed: " + "; ".join(parts) if parts else None
 
 
 def why_never(q) -> str:

@@ -29,6 +29,7 @@ from planner.spec import (
     MlpKind,
     ModelSpec,
     Offload,
+    Precision,
     Quantize,
     Strategy,
     TracedModel,
@@ -36,6 +37,7 @@ from planner.spec import (
 )
 from planner.candidates import tp_problem
 from planner.context_parallel import CP_STRATEGIES, cp_problem
+from planner.memory.zero import zeropp_problem
 from planner.params import trainable
 from planner.throughput import DEFAULT_ASSUMPTIONS, ThroughputAssumptions
 
@@ -350,6 +352,31 @@ def flat_params_problem(training: TrainingSpec, name: Any = str) -> str | None:
     return None
 
 
+def deepspeed_problem(training: TrainingSpec, offload: Any,
+                      name: Any = str) -> tuple[str, str] | None:
+    """The field and why DeepSpeed would refuse the bf16 master settings (None: it would not), as
+    ``runtime/config.py`` ``_do_error_check`` and ``base_optimizer.py``
+    ``_configure_master_weights`` (0.19.6-0.19.8) assert."""
+    ds = training.deepspeed
+    master = name("deepspeed.bf16_master_weights_and_grads")
+    if ds.bf16_optimizer_states and not ds.bf16_master_weights_and_grads:
+        return ("deepspeed.bf16_optimizer_states",
+                f"bf16 optimizer states need bf16 master weights ({master})")
+    if not ds.bf16_master_weights_and_grads:
+        return None
+    if training.precision is not Precision.BF16_AMP:
+        return ("deepspeed.bf16_master_weights_and_grads",
+                f"bf16 master weights are DeepSpeed's bf16 mode "
+                f"({name('training.precision')} bf16-amp), got {training.precision}")
+    if not ds.bf16_optimizer_states and (offload == Offload.NONE or not ds.fused_adam):
+        return ("deepspeed.bf16_master_weights_and_grads",
+                f"without {name('deepspeed.bf16_optimizer_states')} the optimizer states "
+                "stay fp32, which DeepSpeed allows only under ZeRO-Offload with "
+                f"DeepSpeedCPUAdam ({name('offload')} optimizer or params_and_optimizer, "
+                f"{name('deepspeed.fused_adam')})")
+    return None
+
+
 def deepspeed_from(v: Mapping[str, Any]) -> DeepSpeedConfig:
     """The DeepSpeed settings given (``deepspeed.*`` fields); DeepSpeed's defaults for the
     rest. "auto" stays until ``resolve_deepspeed`` knows the model."""
@@ -440,10 +467,24 @@ def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
         problem = tp_problem(model, tp, cluster.n_gpus, cluster.gpus_per_node)
         if problem:
             raise naming.fail("parallel.tp", problem)
+    strategies = v["strategy"] or tuple(Strategy)
+    problem_at = zeropp_problem(training.deepspeed, strategies, cluster.n_gpus,
+                                cluster.gpus_per_node)
+    if problem_at:
+        raise naming.fail(*problem_at)
     offload = v["offload"]
+    problem = deepspeed_problem(training, offload, naming.name)
+    if problem:
+        raise naming.fail(*problem)
+    ds = training.deepspeed
+    if offload == "auto" and ds.bf16_master_weights_and_grads and not ds.bf16_optimizer_states:
+        # fp32 states beside bf16 master weights: DeepSpeed runs them only offloaded
+        offloads: tuple[Offload, ...] | None = (Offload.OPTIMIZER, Offload.PARAMS_AND_OPTIMIZER)
+    else:
+        offloads = None if offload == "auto" else (offload,)
     options = Options(
-        strategies=v["strategy"] or tuple(Strategy),
-        offloads=None if offload == "auto" else (offload,),
+        strategies=strategies,
+        offloads=offloads,
         checkpointing=v["checkpointing"], margin=v["margin"], at_risk=v["at_risk"],
         global_batch=v["training.global_batch"], tp=None if tp == "auto" else tp)
     if training.cp > 1:

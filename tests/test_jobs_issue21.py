@@ -51,13 +51,15 @@ def test_deepspeed_train_batch_size_alone_derives_the_micro_batch(tmp_path):
     assert v["training.grad_accum"] == 4
 
 
-def test_deepspeed_bf16_master_weights_and_states_are_named(tmp_path):
+def test_deepspeed_bf16_master_weights_and_states_are_read(tmp_path):
+    # modelled since issue 24 (planner/memory/zero.py master_bytes): fields, not NOT MODELLED
     path = edited(tmp_path, "axolotl_deepspeed_zero3_bf16.json", '"enabled": true',
                   '"enabled": true, "bf16_master_weights_and_grads": true, '
                   '"bf16_optimizer_states": true')
     j = read_job(path)
-    assert any("bf16 master weights and gradients" in u for u in j.unmodelled)
-    assert any("bf16 optimizer states" in u for u in j.unmodelled)
+    assert not any("bf16_master" in u or "bf16_optimizer" in u for u in j.unmodelled)
+    assert j.values["deepspeed.bf16_master_weights_and_grads"] is True
+    assert j.values["deepspeed.bf16_optimizer_states"] is True
 
 
 def test_deepspeed_comment_and_unknown_top_level_keys_are_not_refusals(tmp_path):

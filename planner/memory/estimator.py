@@ -11,6 +11,7 @@ import dataclasses
 from typing import Any
 
 from planner.activations import ActivationPlan, plan_activations, regime_for
+from planner.loss_dtype import with_loss_dtype
 from planner.candidates import check_supported, degree_of
 from planner.context_parallel import after_sdpa, ring_backward_bytes, ring_forward_bytes
 from planner import vec
@@ -64,7 +65,9 @@ def activation_plan(model: ModelSpec, training: TrainingSpec, candidate: Candida
         # reference module) has already run on param_dtype logits (traced: no change)
         precision = Precision.FP32 if training.fsdp_dtypes.param == FP32 else Precision.BF16
     autocast = uses_autocast_amp(candidate.strategy) and not ft.lora
-    plan = plan_activations(model, batch=training.micro_batch, seq=training.local_seq,
+    # the model's own loss upcasts or not as its transformers release does (loss_dtype.py)
+    plan = plan_activations(with_loss_dtype(model, training), batch=training.micro_batch,
+                            seq=training.local_seq,
                             precision=precision, attention=training.attention,
                             checkpointing=candidate.checkpointing,
                             uses_autocast=autocast,
@@ -126,7 +129,7 @@ def adapter_input_bytes(training: TrainingSpec, candidate: Candidate) -> int:
 
 
 def working(model: ModelSpec, training: TrainingSpec, candidate: Candidate, degree: Any,
-            opt_shard: Any, ov: Overheads) -> Working:
+            opt_shard: Any, ov: Overheads, gpus_per_node: Any = None) -> Working:
     """The working copies and buffers of the candidate's strategy family."""
     counts = count(model)
     d = dtypes(candidate.strategy, training.precision, training.fsdp_dtypes)
@@ -137,7 +140,8 @@ def working(model: ModelSpec, training: TrainingSpec, candidate: Candidate, degr
                             reduce_bytes=training.fsdp_dtypes.reduce,
                             grads=grad_counts(model, training, candidate.strategy))
     if candidate.strategy.is_zero:
-        return zero_working(model, counts, candidate, training, d, opt_shard)
+        return zero_working(model, counts, candidate, training, d, opt_shard,
+                            gpus_per_node=gpus_per_node)
     return autocast_working(model, counts, candidate, training.precision, d, ov, ft)
 
 
@@ -221,7 +225,8 @@ def unsynced_gradients(model: ModelSpec, training: TrainingSpec, candidate: Cand
 
 
 def step_for(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, n_gpus: Any,
-             degree: Any, tokens: Any, acts: Activations, ov: Overheads) -> Step:
+             degree: Any, tokens: Any, acts: Activations, ov: Overheads,
+             gpus_per_node: Any = None) -> Step:
     """What the moments read. n_gpus, degree, tokens (micro-batch x seq) and the activation
     totals may be numpy arrays; the rest of ``training`` is read as given."""
     counts = count(model)
@@ -230,7 +235,7 @@ def step_for(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, 
     d = dtypes(strategy, training.precision, training.fsdp_dtypes)
     sh = shards(strategy, degree, tp)
     states = resident(model, training, counts, candidate, d, sh)
-    work = working(model, training, candidate, degree, sh.optimizer, ov)
+    work = working(model, training, candidate, degree, sh.optimizer, ov, gpus_per_node)
     T = grad_counts(model, training, strategy)  # what gets a gradient (states.grad_counts)
     td = train_dtypes(training.finetune, d, strategy.is_zero, training.precision.amp)
     embed_trains = not training.finetune.embeddings_frozen
@@ -320,7 +325,7 @@ def evaluate(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, 
     check_supported(candidate)
     S = degree_of(candidate.strategy, n_gpus, gpus_per_node, candidate.tp)
     step = step_for(model, training, candidate, n_gpus=n_gpus, degree=S, tokens=tokens,
-                    acts=acts, ov=ov)
+                    acts=acts, ov=ov, gpus_per_node=gpus_per_node)
     phases = moments(step)
     risk = risk_band(candidate.strategy, training.compile, is_finetune(training))
     notes = []

@@ -18,7 +18,14 @@ from typing import Any
 
 from planner.memory.breakdown import Overheads
 from planner.memory.states import FP32, Dtypes, train_dtypes
-from planner.memory.zero import keeps_every_grad, ordered_sizes, zero_buffers, zero_step_temps
+from planner.memory.zero import (
+    keeps_every_grad,
+    master_bytes,
+    ordered_sizes,
+    zero_buffers,
+    zero_step_temps,
+)
+from planner import vec
 from planner.vec import ceil_div
 from planner.params import ParamCounts, block_tensors, numel, tensor_groups, trainable
 from planner.spec import (
@@ -263,13 +270,25 @@ def fsdp_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate,
         if head_trains(model, ft) else 0)
 
 
+def qgz_local(training: TrainingSpec, s: Strategy, n: Any, gpus_per_node: Any) -> Any:
+    """GPUs per node where ZeRO++ qgZ reduces the gradients (ZeRO-3 on more than one node:
+    ``stage3.py`` ``__avg_scatter_grads``), else 0."""
+    if not (training.deepspeed.zero_quantized_gradients and s is Strategy.ZERO3
+            and gpus_per_node is not None):
+        return 0
+    return vec.where(n > gpus_per_node, gpus_per_node, 0)
+
+
 def zero_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate,
-                 training: TrainingSpec, d: Dtypes, opt_shard: Any) -> Working:
+                 training: TrainingSpec, d: Dtypes, opt_shard: Any,
+                 gpus_per_node: Any = None) -> Working:
     """DeepSpeed ZeRO (``deepspeed/runtime/zero``): the buckets, ZeRO-3's gathered modules
     and prefetch, the step's gradient copies (planner/memory/zero.py)."""
     s = candidate.strategy
     T = trainable(model, training.finetune)
     td = train_dtypes(training.finetune, d, True, training.precision.amp)
+    master_b, state_b = master_bytes(training.deepspeed, td.master, td.state)
+    bf16_opt = training.deepspeed.bf16_optimizer(s, candidate.offload, training.precision)
     local = ceil_div(T.train, opt_shard)
     largest = max((numel(sh) for _, sh, _ in T.groups), default=0)
     z = zero_buffers(s, candidate.offload, training.deepspeed, train=T.train,
@@ -277,8 +296,11 @@ def zero_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate,
                      degree=opt_shard, b=d.param, sizes=ordered_sizes(model, T),
                      grad_accum=training.grad_accum,
                      check_overflow=training.precision.amp and d.param < FP32,
-                     temps=zero_step_temps(s, training, local, largest, opt_shard, td.state,
-                                           ordered_sizes(model, T)))
+                     param_fp16=training.precision is Precision.FP16_AMP,
+                     qgz_local=qgz_local(training, s, opt_shard, gpus_per_node),
+                     temps=zero_step_temps(s, training, local, largest, opt_shard, state_b,
+                                           ordered_sizes(model, T)),
+                     master_b=master_b or FP32, bf16_optimizer=bf16_opt)
     return Working(
         gathered_fwd=z.gathered, gathered_loss=z.gathered, gathered_bwd=z.gathered,
         gathered_bwd_first=z.gathered,
