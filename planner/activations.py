@@ -101,6 +101,12 @@ class ActivationPlan:
     """Of root_saved, what is offloaded (everything but the output layer's and the loss's)."""
     offload_root_before: int = 0
     """Of that, what the root saves before the first block."""
+    ring_forward: int = 0
+    """Context parallel: the ring attention's forward peak above its inputs, in one block
+    (planner/context_parallel.py; 0 without CP)."""
+    ring_backward: int = 0
+    """Context parallel: one block's backward transient while its ring attention runs
+    backward (the ring's peak, the gradients flowing in); 0 without CP."""
 
     def scaled(self, k: float) -> ActivationPlan:
         """Every activation term times k (a calibration's correction)."""
@@ -120,7 +126,9 @@ class ActivationPlan:
             offload_stash=int(self.offload_stash * k),
             offload_stash_root=int(self.offload_stash_root * k),
             offload_root=int(self.offload_root * k),
-            offload_root_before=int(self.offload_root_before * k))
+            offload_root_before=int(self.offload_root_before * k),
+            ring_forward=int(self.ring_forward * k),
+            ring_backward=int(self.ring_backward * k))
 
     @property
     def block_bytes(self) -> int:
@@ -425,11 +433,16 @@ def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Preci
                      keep_logits: bool = False, compiled: bool = False,
                      finetune: FineTune | None = None, tp: int = 1,
                      adapter_bytes: int = 0, compiled_loss: bool = False,
-                     offload: bool = False) -> ActivationPlan:
+                     offload: bool = False, cp: int = 1) -> ActivationPlan:
+    """``seq`` is the sequence one GPU holds (under context parallel ``cp``: seq / cp)."""
     t = batch * seq
     regime, c, r = regime_for(precision, uses_autocast)
     ft = finetune or FineTune()
     saved = block_saved(model, t, batch, seq, attention, regime, c, r)
+    if cp > 1:
+        from planner.context_parallel import cp_saved
+
+        saved = cp_saved(saved, model, t, c)
     eager_saved = saved
     if ft.lora:
         saved = lora_saved(model, saved, ft, t, c, adapter_bytes)

@@ -23,6 +23,7 @@ from planner.spec import (
     Attention,
     Checkpointing,
     CompileMode,
+    CpRotate,
     Dtype,
     FlatParams,
     Float8Recipe,
@@ -445,6 +446,16 @@ FIELDS: tuple[Field, ...] = (
     Field(path="parallel.tp", flag="--tp", metavar="auto|N", check=parse_tp, default="auto",
           help="Tensor-parallel degree with sequence parallel, FSDP on the other mesh "
           "dimension (torchtitan). auto: TP 2/4/8 only when nothing fits without it."),
+    # ---- context parallel (planner/context_parallel.py; docs/model.md "Context parallel")
+    Field(path="parallel.cp", flag="--cp", metavar="N", check=_count(1024), default=1,
+          help="Context-parallel degree: torch's context_parallel (ring attention, "
+          "load-balanced sequence sharding), FSDP2 over dp_shard x cp (torchtitan). Each GPU "
+          "holds seq / N tokens; 1: none."),
+    Field(path="parallel.cp_rotate", flag="--cp-rotate", check=_choice(CpRotate),
+          choices=_names(CpRotate), default=CpRotate.ALLGATHER.value,
+          help="How CP's ring moves keys and values (torch's set_rotate_method): allgather "
+          "(one all-gather, every rank's keys and values held) or alltoall (one chunk "
+          "passed on per step)."),
     # ---- DeepSpeed (the ZeRO candidates; DeepSpeed's defaults, docs/model.md "DeepSpeed ZeRO")
     Field(path="deepspeed.reduce_bucket_size", flag="--ds-reduce-bucket-size",
           metavar="N|auto", check=_ds_auto,

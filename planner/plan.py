@@ -404,7 +404,8 @@ def first_fit(at: Points, c: Candidate, start: int, below: Any) -> Any:
     communicator there). tests/test_min_gpus.py and benchmarks/fuzz.py check found minima
     against a plan of every count."""
     r = at.request
-    t = count_step(r, c)
+    # the counts its TP group or hpZ group divides, times a context-parallel group beside it
+    t = count_step(r, c) * r.training.cp
     counts = Counts(at.gpus_per_node, t)
     runs = at.each(lambda n, gpn: c.tp <= gpn)  # a TP group lives inside a node
     if c.tp > 1:  # and the model allows it (or not, at any count)

@@ -37,6 +37,7 @@ from planner.spec import (
     TrainingSpec,
 )
 from planner.candidates import tp_problem
+from planner.context_parallel import CP_STRATEGIES, cp_problem
 from planner.memory.zero import zeropp_problem
 from planner.params import trainable
 from planner.throughput import DEFAULT_ASSUMPTIONS, ThroughputAssumptions
@@ -93,7 +94,8 @@ class Request:
         gb = self.options.global_batch
         if gb is None:
             return self
-        per_step = self.training.micro_batch * self.cluster.n_gpus
+        # a context-parallel group shares each sequence (planner/context_parallel.py)
+        per_step = self.training.micro_batch * (self.cluster.n_gpus // self.training.cp)
         return self.with_training(grad_accum=max(1, -(-gb // per_step)))
 
     def with_training(self, **changes: Any) -> Request:
@@ -304,7 +306,31 @@ def training_from(v: Mapping[str, Any]) -> TrainingSpec:
              if f.section == "training" and f.key in TRAINING_ATTRS and f.key != "loss"
              and not (f.key == "attention" and v[f.path] is None)}  # the model's: job_from
     return TrainingSpec(**given, loss=loss, loss_chunks=chunks, finetune=finetune,
-                        deepspeed=deepspeed_from(v))
+                        deepspeed=deepspeed_from(v), cp=v["parallel.cp"],
+                        cp_rotate=v["parallel.cp_rotate"])
+
+
+def cp_options(v: Mapping[str, Any], model: ModelSpec, training: TrainingSpec,
+               cluster: Cluster, options: Options, naming: Naming) -> Options:
+    """The search options under context parallel, or one error naming the field: CP is
+    modelled as torchtitan runs it, FSDP2 over dp_shard x cp without CPU offload, so the
+    strategies are the FSDP ones (any other asked for is refused) and offload is none; TP
+    composes only at a given degree (``--tp auto`` tries none)."""
+    tp = options.tp or 1
+    problem = cp_problem(model, training, cluster.n_gpus, tp)
+    if problem:
+        raise naming.fail("parallel.cp", problem)
+    asked = v["strategy"]
+    if asked:
+        other = [str(s) for s in asked if s not in CP_STRATEGIES]
+        if other:
+            raise naming.fail("strategy", f"{', '.join(other)} with context parallel is not "
+                              "modelled (CP runs under FSDP2 over dp_shard x cp: "
+                              + ", ".join(str(s) for s in CP_STRATEGIES) + ")")
+    if v["offload"] not in ("auto", Offload.NONE):
+        raise naming.fail("offload", f"{v['offload']} with context parallel is not modelled")
+    return dataclasses.replace(options, strategies=asked or CP_STRATEGIES,
+                               offloads=(Offload.NONE,), tp=tp)
 
 
 TRAINING_ATTRS = frozenset(f.name for f in dataclasses.fields(TrainingSpec))
@@ -508,6 +534,8 @@ def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
         offloads=offloads,
         checkpointing=v["checkpointing"], margin=v["margin"], at_risk=v["at_risk"],
         global_batch=v["training.global_batch"], tp=None if tp == "auto" else tp)
+    if training.cp > 1:
+        options = cp_options(v, model, training, cluster, options, naming)
     warnings = list(job.warnings)
     if model.shape_assumed:
         warnings.append(Notice(f"model shape assumed from {naming.name('model.params')}; give "

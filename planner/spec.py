@@ -215,6 +215,13 @@ class LossKind(enum.StrEnum):
     FUSED = "fused"  # fused linear + cross-entropy, no full logits (Liger)
 
 
+class CpRotate(enum.StrEnum):
+    """How context parallel's ring moves keys and values (torch's ``set_rotate_method``)."""
+
+    ALLGATHER = "allgather"  # torch's default: one all-gather of every rank's k, v
+    ALLTOALL = "alltoall"  # a permute (all_to_all) to the next rank each step
+
+
 class CompileMode(enum.StrEnum):
     NONE = "none"  # eager
     BLOCKS = "blocks"  # torch.compile per transformer block (torchtitan)
@@ -662,12 +669,17 @@ class TrainingSpec:
     finetune: FineTune = field(default_factory=FineTune)
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
     """The DeepSpeed engine's settings, for the ZeRO candidates."""
+    cp: int = 1
+    """Context-parallel degree (torch's ``context_parallel``, ring attention): each GPU of a
+    CP group holds seq / cp tokens; 1: none (planner/context_parallel.py)."""
+    cp_rotate: CpRotate = CpRotate.ALLGATHER
+    """How the ring moves keys and values (torch's ``set_rotate_method``)."""
     transformers_version: str | None = None
     """The transformers release the model's own loss comes from ("major.minor"); None: a
     recent one (planner/loss_dtype.py)."""
 
     def __post_init__(self) -> None:
-        for name in ("seq", "micro_batch", "grad_accum", "loss_chunks"):
+        for name in ("seq", "micro_batch", "grad_accum", "loss_chunks", "cp"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -677,6 +689,11 @@ class TrainingSpec:
     @property
     def tokens_per_micro_batch(self) -> int:
         return self.seq * self.micro_batch
+
+    @property
+    def local_seq(self) -> int:
+        """Tokens of a sequence on one GPU: seq / cp under context parallel."""
+        return self.seq // self.cp
 
     @property
     def mixed_precision(self) -> MixedPrecision:

@@ -440,6 +440,17 @@ class StepInputs:
     act_offload_bytes: Any = 0.0
     """Activation offloading: bytes one micro-batch copies to the host in forward (and back
     in backward)."""
+    # ---- context parallel (default: none; planner/context_parallel.py) --------------------
+    cp: Any = 1.0
+    """Context-parallel degree: a CP group shares each micro-batch (seq / cp tokens each)."""
+    cp_fwd_bytes: Any = 0.0
+    """Bytes one GPU receives per layer and micro-batch rotating keys and values, forward."""
+    cp_bwd_bytes: Any = 0.0
+    """The same in backward (keys and values again, the fp32 key/value gradients)."""
+    cp_calls: Any = 0.0
+    """Collectives per layer and micro-batch, forward and backward (their latency)."""
+    cp_inter: Any = 0.0
+    """1 where the CP group spans nodes (cp x tp > GPUs per node)."""
     # ---- DeepSpeed ZeRO++ (ZeRO-3; defaults: off; ``zeropp_times``) -------------------------
     ag_b: Any = None
     """Bytes per parameter element a ZeRO-3 all-gather moves: qwZ's int8 and its scales;
@@ -514,7 +525,9 @@ def step_core(x: StepInputs) -> StepEstimate:
     recompute_tok = rc.matmul * 2.0 * L * x.p_block + rc.attention * attn_fwd
     tokens_micro = mb * seq
     tp = x.tp
-    rate = x.peak * x.eff * tp  # a TP group shares each micro-batch's matmuls
+    # a TP group shares each micro-batch's matmuls; a CP group its tokens (load-balanced
+    # causal chunks: each rank an equal share of the attention too)
+    rate = x.peak * x.eff * tp * x.cp
     # float8 (torchao Float8Linear on the blocks' linears): their forward, input-gradient and
     # weight-gradient matmuls (and the recomputed forward ones) at the fp8 peak, at the same
     # achieved fraction of it; the casts at HBM bandwidth (a recomputed forward casts again)
@@ -589,6 +602,9 @@ def step_core(x: StepInputs) -> StepEstimate:
                                                  + (tp - 1.0) * x.lat_intra), 0.0)
     comm_s = comm_s + tp_s
     exposed_s = exposed_s + tp_s
+    cp_s = cp_rotation_s(x, rc.attention)
+    comm_s = comm_s + cp_s
+    exposed_s = exposed_s + cp_s
 
     # ---- offload over PCIe + CPU optimizer (not overlapped: an upper bound) ------------------
     p_local = p_grad / vec.where(cm.sharded_opt > 0, m, 1.0)
@@ -603,12 +619,27 @@ def step_core(x: StepInputs) -> StepEstimate:
     offload_s = pcie_bytes / x.pcie + off.cpu_step * p_local / x.cpu_rate
 
     step_s = compute_s + exposed_s + offload_s
-    tokens_step = ga * tokens_micro / tp  # per GPU: a TP group shares its micro-batches
+    # per GPU: a TP group shares its micro-batches, a CP group its sequences
+    tokens_step = ga * tokens_micro / (tp * x.cp)
     return StepEstimate(
         step_time_s=step_s, compute_s=compute_s, comm_s=comm_s, exposed_comm_s=exposed_s,
         offload_s=offload_s, tokens_per_s_per_gpu=tokens_step / step_s,
         mfu=tokens_step * model_tok / (step_s * x.peak),
         flops_per_step=tokens_step * (model_tok + recompute_tok))
+
+
+def cp_rotation_s(x: StepInputs, attn_recompute: Any) -> Any:
+    """Context parallel's key/value rotation per step (planner/context_parallel.py
+    ``rotation_bytes``): every layer of every micro-batch, forward, backward and a
+    recomputed forward (full checkpointing reruns the ring). Counted on the critical path,
+    as the sequence-parallel collectives are: torch issues each rotation before the step's
+    attention and waits at the next step, so part of it hides behind compute (*assumed* not
+    hidden: an upper bound). Inside a node at the NVLink rate, else at the NIC's."""
+    bw = vec.where(x.cp_inter > 0, vec.minimum(x.bw_intra, x.bw_inter), x.bw_intra)
+    lat = vec.where(x.cp_inter > 0, x.lat_inter, x.lat_intra)
+    per_layer = ((1.0 + attn_recompute) * x.cp_fwd_bytes + x.cp_bwd_bytes) / bw \
+        + x.cp_calls * lat
+    return vec.where(x.cp > 1.0, x.ga * x.n_layers * per_layer, 0.0)
 
 
 def ring_link(x: StepInputs, group: Any) -> tuple[Any, Any]:
@@ -820,7 +851,9 @@ def step_inputs_at(model: ModelSpec, training: TrainingSpec, candidate: Candidat
         act_offload_bytes=_act_offload_bytes(model, training, candidate) * mb * seq * 1.0,
         tp_bytes=mb * seq * model.hidden * (fd.param if fsdp else precision.compute_bytes) * 1.0,
         **finetune_inputs(model, training, rates.hbm),
-        **zeropp_inputs(model, training, candidate, n), **f8)
+        **zeropp_inputs(model, training, candidate, n),
+        **cp_inputs(model, training, candidate, mb=mb, seq=seq, gpn=gpn,
+                    c=fd.param if fsdp else precision.compute_bytes), **f8)
 
 
 def float8_inputs(model: ModelSpec, training: TrainingSpec, candidate: Candidate, rates: Rates,
@@ -832,6 +865,28 @@ def float8_inputs(model: ModelSpec, training: TrainingSpec, candidate: Candidate
         return {}
     return float8.step_terms(model, training, candidate, tokens=tokens, n=n, peak=peak,
                              peak_fp8=rates.peak_fp8, hbm=rates.hbm)
+
+
+def cp_inputs(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, mb: Any,
+              seq: Any, gpn: Any, c: int) -> dict[str, Any]:
+    """StepInputs fields of context parallel (empty without it): the rotation's bytes per
+    layer (keys and values with every query head, over the TP group's heads: n_heads / tp),
+    its collectives (all-gather: one in forward, one in backward; all-to-all: cp - 1 each;
+    the backward's fp32 key/value gradients: cp all-to-alls) and whether the group spans
+    nodes (torchtitan's mesh puts cp beside tp, innermost)."""
+    cp = training.cp
+    if cp <= 1:
+        return {}
+    from planner.context_parallel import rotation_bytes
+    from planner.spec import CpRotate
+
+    fwd, bwd = rotation_bytes(batch=1, seq=cp, n_heads=model.n_heads // candidate.tp,
+                              d_head=model.d_head, c=c, cp=cp)
+    per_token = mb * seq / cp  # rotation_bytes at one token per rank, times the local tokens
+    kv_calls = 1.0 if training.cp_rotate is CpRotate.ALLGATHER else cp - 1.0
+    return {"cp": float(cp), "cp_fwd_bytes": fwd * per_token, "cp_bwd_bytes": bwd * per_token,
+            "cp_calls": 2.0 * kv_calls + cp,
+            "cp_inter": vec.where(cp * candidate.tp > gpn, 1.0, 0.0)}
 
 
 def _act_offload_bytes(model: ModelSpec, training: TrainingSpec, candidate: Candidate) -> float:

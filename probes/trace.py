@@ -78,6 +78,7 @@ model's structure (``"inspect": {...}``, no trace; ``probes.hf.inspect``).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -198,6 +199,13 @@ def reference_factory(spec: ModelSpec) -> ModelFactory:
             from torch.distributed.tensor.parallel import loss_parallel
 
             kernel_context = loss_parallel  # forward and backward (its docs)
+        if tr.cp > 1:
+            from probes.context_parallel import ring_sdpa
+
+            if parallelize is not None:
+                raise UnsupportedConfig("context parallel with TP or a fine-tune: not traced")
+            kernel_context = functools.partial(ring_sdpa, tr.cp, tr.cp_rotate.value)
+            effects.add("cp")
 
         def make_batch(b: int, t: int) -> tuple:
             return (torch.randint(0, spec.vocab, (b, t), dtype=torch.int64),
@@ -282,6 +290,8 @@ def effects_asked(training: TrainingSpec, candidate: Candidate) -> dict[str, str
         out["float8"] = f"float8 {training.float8.value}"
     if training.compile is CompileMode.MODEL:
         out["compile_model"] = "compile model"
+    if training.cp > 1:
+        out["cp"] = f"context parallel degree {training.cp}"
     return out
 
 
@@ -309,6 +319,12 @@ def check_supported(training: TrainingSpec, candidate: Candidate) -> None:
         )
     if candidate.checkpointing is Checkpointing.AUTO:
         raise UnsupportedConfig("checkpointing 'auto' must be expanded before tracing")
+    if training.cp > 1 and (candidate.checkpointing is Checkpointing.SELECTIVE
+                            or not candidate.strategy.is_fsdp):
+        # the op-level SAC policy would see the ring's own ops (probes/context_parallel.py
+        # runs them on local tensors), which on a GPU run inside one DTensor op
+        raise UnsupportedConfig("context parallel is traced with FSDP and no or full "
+                                "checkpointing")
     opt = training.optimizer
     if opt in (OptimizerKind.LION, OptimizerKind.ADAMW_8BIT):
         raise UnsupportedConfig(f"optimizer {opt.value}: not in torch.optim, not traced")
@@ -852,7 +868,7 @@ def _trace(factory: ModelFactory, training: TrainingSpec, candidate: Candidate,
         mesh_shape = _apply_fsdp(tm, strategy, training, world_size, gpus_per_node)
 
     t_built = time.perf_counter()
-    b, t = training.micro_batch, training.seq
+    b, t = training.micro_batch, training.local_seq  # context parallel: seq / cp per GPU
     n_micro = min(training.grad_accum, _MAX_MICRO_BATCHES)
     with FakeTensorMode(allow_non_fake_inputs=True):
         _to_empty(net)

@@ -10,9 +10,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from planner.activations import plan_activations
+from planner.activations import ActivationPlan, plan_activations, regime_for
 from planner.loss_dtype import with_loss_dtype
 from planner.candidates import check_supported, degree_of
+from planner.context_parallel import after_sdpa, ring_backward_bytes, ring_forward_bytes
 from planner import float8, vec
 from planner.error_bands import DEFAULT_MARGIN, is_finetune, risk_band
 from planner.memory.breakdown import PHASES, Breakdown, Estimate, Overheads, Phase, pick
@@ -64,19 +65,22 @@ def activation_plan(model: ModelSpec, training: TrainingSpec, candidate: Candida
         # outputs after its forward: the loss computed inside forward (HF models, the
         # reference module) has already run on param_dtype logits (traced: no change)
         precision = Precision.FP32 if training.fsdp_dtypes.param == FP32 else Precision.BF16
+    autocast = uses_autocast_amp(candidate.strategy) and not ft.lora
     # the model's own loss upcasts or not as its transformers release does (loss_dtype.py)
     plan = plan_activations(with_loss_dtype(model, training), batch=training.micro_batch,
-                            seq=training.seq,
+                            seq=training.local_seq,
                             precision=precision, attention=training.attention,
                             checkpointing=candidate.checkpointing,
-                            uses_autocast=uses_autocast_amp(candidate.strategy) and not ft.lora,
+                            uses_autocast=autocast,
                             loss=training.loss, loss_chunks=training.loss_chunks,
                             keep_logits=training.keep_logits,
                             compiled=training.compile is not CompileMode.NONE,
                             finetune=ft, tp=candidate.tp,
                             adapter_bytes=adapter_input_bytes(training, candidate),
                             compiled_loss=training.compile.loss_compiled,
-                            offload=training.activation_offload)
+                            offload=training.activation_offload, cp=training.cp)
+    if training.cp > 1:
+        plan = with_ring(plan, model, training, candidate, precision, autocast)
     return float8_activations(plan, model, training, candidate)
 
 
@@ -86,7 +90,7 @@ def float8_activations(plan: Any, model: ModelSpec, training: TrainingSpec,
     weight), one eager float8 cast more in a block's backward (planner/float8.py)."""
     if not float8.enabled(training):
         return plan
-    extra = float8.backward_transient(model, training, training.tokens_per_micro_batch,
+    extra = float8.backward_transient(model, training, training.micro_batch * training.local_seq,
                                       candidate.tp)
     notes = plan.notes
     if training.compile is not CompileMode.NONE:
@@ -94,6 +98,34 @@ def float8_activations(plan: Any, model: ModelSpec, training: TrainingSpec,
                          "are counted (the compiled float8 graph is not traced)",)
     return dataclasses.replace(plan, block_backward_transient=plan.block_backward_transient
                                + extra, notes=notes)
+
+
+def with_ring(plan: ActivationPlan, model: ModelSpec, training: TrainingSpec,
+              candidate: Candidate, precision: Precision, autocast: bool) -> ActivationPlan:
+    """The plan with context parallel's ring attention terms (planner/context_parallel.py).
+    Its backward runs after the block's MLP backward: the residual stream's gradient (r per
+    element of t x h) and SDPA's output gradient (c per element of t x q_dim) are alive
+    beside the ring's buffers. Under TP each GPU runs the ring on its n_heads / tp heads."""
+    _, c, r = regime_for(precision, autocast)
+    tp = candidate.tp
+    t = training.micro_batch * training.local_seq
+    heads = model.n_heads // tp
+    shape = dict(batch=training.micro_batch, local_seq=training.local_seq, n_heads=heads,
+                 n_kv_heads=heads, d_head=model.d_head, c=c, cp=training.cp,
+                 rotate=training.cp_rotate)
+    # beside it: the two residual-stream gradients the MLP's backward also has (the block's
+    # incoming one and the sum through the MLP branch), SDPA's output gradient, and FSDP2's
+    # unsharded gradients of the weights whose backward has run (the output projection's and
+    # the MLP's, in the compute dtype until the block's reduce-scatter; traced)
+    grads_in = -(-2 * r * t * model.hidden // tp) + c * t * heads * model.d_head
+    h, f = model.hidden, model.ffn_hidden
+    weight_grads = -(-(model.q_dim * h + (3 if model.mlp.gated else 2) * h * f) * c // tp)
+    # what the block saved after its SDPA (its MLP's, the output projection's input) is freed
+    # by then, kept or recomputed alike
+    freed = after_sdpa(plan.block_saved)
+    return dataclasses.replace(plan, ring_forward=ring_forward_bytes(**shape),
+                               ring_backward=grads_in + weight_grads
+                               + ring_backward_bytes(**shape) - freed)
 
 
 def adapter_input_bytes(training: TrainingSpec, candidate: Candidate) -> int:
@@ -395,6 +427,7 @@ def estimate(model: ModelSpec, training: TrainingSpec, cluster: Cluster, candida
         plan = plan.scaled(ov.activation_scale)
     return evaluate(model, training, candidate, n_gpus=cluster.n_gpus,
                     gpus_per_node=cluster.gpus_per_node,
-                    tokens=training.micro_batch * training.seq, acts=Activations.of(plan),
+                    tokens=training.micro_batch * training.local_seq,
+                    acts=Activations.of(plan),
                     capacity=cluster.gpu.memory_bytes, context=cluster.gpu.cuda_context_bytes,
                     host_capacity=cluster.host_ram_bytes_per_node, margin=margin, ov=ov)

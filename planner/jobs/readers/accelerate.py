@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from planner.jobs.readers.common import MISSING, PRECISIONS, Reader
+from planner.jobs.readers.common import MISSING, PRECISIONS, Reader, unread_cp
 from planner.jobs.record import JobFormat, Unmodelled, Vocab
 
 SHARDING = {"FULL_SHARD": "full_shard", "SHARD_GRAD_OP": "shard_grad_op",
@@ -201,7 +201,10 @@ def parallelism(r: Reader, pc: Any) -> None:
     for name, path in (("tp", "parallel.tp"), ("cp", "parallel.cp"), ("sp", "parallel.sp")):
         d = size(name)
         if d and d > 1:
-            r.set(path, d, f"parallelism_config.parallelism_config_{name}_size")
+            key = f"parallelism_config.parallelism_config_{name}_size"
+            r.set(path, d if name != "cp" else unread_cp(
+                r, d, key, "accelerate's (the model's own attention and masks under "
+                "maybe_context_parallel) is not read"), key)
 
 
 def deepspeed(r: Reader, dc: Any) -> None:

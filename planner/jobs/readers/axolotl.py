@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from planner.jobs.readers import trainer
-from planner.jobs.readers.common import ALL_LINEAR, MISSING, Reader
+from planner.jobs.readers.common import ALL_LINEAR, MISSING, Reader, unread_cp
 from planner.jobs.record import Unmodelled, Vocab
 
 TABLE = "axolotl"
@@ -258,7 +258,8 @@ def parallel(r: Reader, doc: dict, distributed: bool) -> None:
     for d, path, key in ((tp, "parallel.tp", "tensor_parallel_size"), (cp, "parallel.cp", cp_key),
                          (ep, "parallel.ep", "expert_parallel_size")):
         if d and d > 1:
-            r.set(path, d, key)
+            r.set(path, d if path != "parallel.cp" else unread_cp(
+                r, d, key, "axolotl's runs ring-flash-attn"), key)
     if shard:
         n = (rep or 1) * shard * (tp or 1) * (cp or 1)
         r.set("hardware.n", n, "dp_replicate_size x dp_shard_size x tensor_parallel_size x "

@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from planner.jobs.readers import trainer
-from planner.jobs.readers.common import MISSING, Reader, show
+from planner.jobs.readers.common import MISSING, Reader, show, unread_cp
 from planner.jobs.record import JobFormat, Unmodelled, Vocab
 
 TABLE = "llamafactory"
@@ -212,7 +212,8 @@ def read_v1(r: Reader, doc: dict) -> None:
         r.fallback("strategy", "ddp", f"{r.name}: no dist_config: plain DDP")
     cp = r.count(doc.get("cp_size", 1), "cp_size") or 1
     if cp > 1:
-        r.set("parallel.cp", cp, "cp_size")
+        r.set("parallel.cp", unread_cp(r, cp, "cp_size", "LLaMA-Factory's own context-parallel "
+                                       "code is not read"), "cp_size")
     init = r.mapping(doc.get("init_config"), "init_config")
     mode = {"init_on_meta": "meta", "init_on_rank0": "rank0", "init_on_default": "full"}
     iname = r.text(init.get("name"), "init_config.name")

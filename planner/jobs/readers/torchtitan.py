@@ -180,6 +180,13 @@ def parallelism(r: Reader, par: dict, exp: dict, par_section: str) -> None:
         d = deg(name, exp if name in exp else par, where)
         if d not in (MISSING, None) and d > 1:
             r.set(path, d, f"[{where}] {name}")
+    # context parallel's ring rotation (torch's set_rotate_method; torchtitan's default
+    # allgather): a value the field does not know is a NOT MODELLED line
+    for section, where in ((par, par_section), (exp, "experimental")):
+        rotate = section.get("context_parallel_rotate_method")
+        if rotate is not None:
+            r.set("parallel.cp_rotate", Vocab(rotate),
+                  f"[{where}] context_parallel_rotate_method")
     degrees = [shard, rep] + [deg(n, exp if n in exp else par, par_section) for n in
                               ("tensor_parallel_degree", "pipeline_parallel_degree",
                                "context_parallel_degree")]

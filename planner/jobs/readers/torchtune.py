@@ -24,7 +24,7 @@ import os
 import re
 from typing import Any
 
-from planner.jobs.readers.common import MISSING, Reader
+from planner.jobs.readers.common import MISSING, Reader, unread_cp
 from planner.jobs.record import Vocab
 
 TABLE = "torchtune"
@@ -246,4 +246,5 @@ def distribution(r: Reader, doc: dict, single: bool) -> None:
                        ("context_parallel_dim", "parallel.cp")):
         d = r.count(doc.get(name, MISSING) if doc.get(name) is not None else 1, name)
         if d and d > 1:
-            r.set(path, d, name)
+            r.set(path, d if path != "parallel.cp" else unread_cp(
+                r, d, name, "torchtune's recipe wiring is not read"), name)
