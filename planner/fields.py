@@ -358,7 +358,8 @@ FIELDS: tuple[Field, ...] = (
           help="The transformers release of the model's own loss: where no autocast runs "
           "(DeepSpeed's bf16 module, pure bf16) it decides whether --loss fp32 upcasts the "
           "logits (Llama-style classes since 4.31, GPT-2/Falcon/BLOOM since 4.49) or takes "
-          "cross-entropy in bf16 (docs/model.md \"Loss\")."),
+          "cross-entropy in bf16 (docs/model.md \"Loss\"); and the default attention of a "
+          "family that gained sdpa later (e.g. GPT-2 before 4.42: eager)."),
     Field(path="training.keep_logits", flag="--keep-logits", check=validate.boolean,
           is_flag=True, help="The loop keeps the logits alive through backward (a reference "
           "held past the loss)."),

@@ -485,7 +485,7 @@ def resolve_attention(training: TrainingSpec, model: ModelSpec,
         return training, f"attention: {given} (given)"
     if not (model.family or model.attn_implementation):
         return training, ""
-    attn, line = default_attention(model)
+    attn, line = default_attention(model, training.transformers_version)
     return dataclasses.replace(training, attention=attn), line
 
 

@@ -39,6 +39,31 @@ def test_family_default(family, expected):
     assert "_supports_sdpa" in line and "modeling_" in line
 
 
+@pytest.mark.parametrize("family,version,expected,says", [
+    # MistralPreTrainedModel: no _supports_sdpa in 4.36.0, True in 4.40.0 (the releases read)
+    ("mistral", "4.36", Attention.EAGER, "4.36.0 has no sdpa for it"),
+    ("mistral", "4.38", Attention.EAGER, "ASSUMED eager"),  # between the two: the larger need
+    ("mistral", "4.40", Attention.SDPA, "since 4.40.0"),
+    # GPT-2: eager through 4.40.0, sdpa from 4.42.0
+    ("gpt2", "4.40.1", Attention.EAGER, "4.40.0 has no sdpa for it"),
+    ("gpt2", "4.42", Attention.SDPA, "since 4.42.0"),
+    # Qwen3 first appears in a release after 4.48.0: nothing read says it ran eager before,
+    # so an older version does not turn it eager
+    ("qwen3", "4.45", Attention.SDPA, "since 5.24.0"),
+])
+def test_family_default_follows_the_transformers_version(family, version, expected, says):
+    attn, line = default_attention(_spec(family), version)
+    assert attn is expected
+    assert says in line and line.startswith(f"attention: {expected}")
+
+
+def test_the_cli_passes_the_transformers_version_to_the_attention_default():
+    lines = _attention_lines(_json("--model", "mistral-7b", "--transformers-version", "4.36"))
+    assert len(lines) == 1 and lines[0].startswith("attention: eager, T x T scores kept "
+                                                   "(transformers 4.36:")
+    assert _attention_lines(_json("--model", "mistral-7b"))[0].startswith("attention: sdpa")
+
+
 def test_unknown_family_is_sdpa_and_says_it_is_assumed():
     attn, line = default_attention(_spec("mamba2"))
     assert attn is Attention.SDPA
