@@ -192,8 +192,9 @@ EXPECTED = {
     "axolotl_llama-3_3b-fp8-fsdp2.yaml": dict(  # un-prefixed fsdp_config keys, fsdp_version 2
         values={"model.preset": "llama3.2-3b", "training.fsdp_version": 2,
                 "strategy": "full_shard", "checkpointing": "none", "training.micro_batch": 16,
-                "training.compile": "model", "training.loss": "fused"},
-        unmodelled=["float8 training"]),
+                "training.compile": "model", "training.loss": "fused",
+                # torchao float8 (accelerate AORecipeKwargs: tensorwise), gathered in float8
+                "training.float8": "tensorwise", "training.float8_all_gather": True}),
     "axolotl_deepseek-v2_fft-fsdp-16b.yaml": dict(  # DeepSeek-V2-Lite: a preset (issue 13)
         values={"model.preset": "deepseek-v2-lite", "strategy": "full_shard",
                 "offload": "params_and_optimizer"}),
