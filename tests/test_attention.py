@@ -142,6 +142,7 @@ def test_llama_states_sdpa_and_params_only_says_nothing():
     assert _attention_lines(_json("--params", "7e9")) == []
 
 
+@pytest.mark.slow  # imports transformers' modeling modules, torch with them (seconds)
 def test_table_matches_the_installed_transformers():
     # each family's class attribute, read from the transformers installed here (the table
     # was read from 5.24.0's files); another version is not what the table describes
