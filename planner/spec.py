@@ -196,6 +196,38 @@ class GradSync(enum.StrEnum):
     LAST = "last"  # only the last: DDP/FSDP1 no_sync(), FSDP2 set_requires_gradient_sync(False)
 
 
+class PipeSchedule(enum.StrEnum):
+    """A ``torch.distributed.pipelining`` schedule (torchtitan's
+    ``pipeline_parallel_schedule``). Only those modelled (planner/pipeline.py); DualPipeV,
+    Looped BFS and Interleaved Zero Bubble are refused by name."""
+
+    GPIPE = "gpipe"  # ScheduleGPipe: every forward, then every backward
+    ONE_F_ONE_B = "1f1b"  # Schedule1F1B
+    INTERLEAVED_1F1B = "interleaved-1f1b"  # ScheduleInterleaved1F1B (v stages per rank)
+    ZBV = "zbv"  # ScheduleZBVZeroBubble (2 stages per rank in a V, split backward)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Pipeline:
+    """Pipeline parallel as torchtitan runs it (``torchtitan/distributed/pipeline_parallel.py``):
+    ``degree`` ranks, each holding ``virtual`` stages of the model; a step runs
+    ``microbatches`` micro-batches of ``TrainingSpec.micro_batch`` through the schedule.
+    degree 1: no pipeline."""
+
+    degree: int = 1
+    schedule: PipeSchedule = PipeSchedule.ONE_F_ONE_B
+    microbatches: int = 1
+    virtual: int = 1
+
+    @property
+    def enabled(self) -> bool:
+        return self.degree > 1
+
+    @property
+    def n_stages(self) -> int:
+        return self.degree * self.virtual
+
+
 class LossKind(enum.StrEnum):
     """How the cross-entropy over the vocabulary is computed."""
 
@@ -597,6 +629,8 @@ class TrainingSpec:
     init: InitMode = InitMode.META
     finetune: FineTune = field(default_factory=FineTune)
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
+    pipeline: Pipeline = field(default_factory=Pipeline)
+    """Pipeline parallel (``--pp``): FSDP2 over the data-parallel ranks of each stage."""
     """The DeepSpeed engine's settings, for the ZeRO candidates."""
 
     def __post_init__(self) -> None:

@@ -1,0 +1,254 @@
+"""Pipeline parallel (``--pp``): the schedule counts against torch's own action lists, the
+layer split, the memory of a stage derived by hand, the request's refusals.
+
+The referee of ``planner.pipeline.peak_in_flight`` is torch itself: every schedule builds its
+per-rank action list (``pipeline_order``) from stand-in stages (the schedules read only a
+stage's index, count and group), and the test walks it, counting the (stage, micro-batch)
+pairs whose forward has run and whose backward (full, or the weight half after a split
+backward) has not.
+"""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from planner import pipeline
+from planner.errors import UsageError
+from planner.params import block_tensors, numel, root_tensors
+from planner.spec import PipeSchedule, Pipeline
+
+GRID = [(pp, m) for pp in (2, 3, 4, 8) for m in (1, 2, 3, 4, 5, 6, 8, 12, 16)]
+
+
+# ---- the referee: torch's schedules ---------------------------------------------------------
+
+def _torch_orders(schedule: PipeSchedule, pp: int, m: int, v: int) -> dict[int, list]:
+    """Each rank's action list as torch builds it (GPipe / 1F1B: the single-stage schedules'
+    ``_get_pipeline_order``; the multi-stage ones: ``pipeline_order``, which their runtime
+    executes)."""
+    from torch.distributed.pipelining import schedules as S
+
+    cls = {PipeSchedule.GPIPE: S.ScheduleGPipe, PipeSchedule.ONE_F_ONE_B: S.Schedule1F1B,
+           PipeSchedule.INTERLEAVED_1F1B: S.ScheduleInterleaved1F1B,
+           PipeSchedule.ZBV: S.ScheduleZBVZeroBubble}[schedule]
+    n = pp * v
+
+    def stage(i: int, rank: int):
+        return types.SimpleNamespace(num_stages=n, group_size=pp, group_rank=rank,
+                                     stage_index=i, is_first=i == 0, is_last=i == n - 1,
+                                     submod=None)
+
+    out = {}
+    for rank in range(pp):
+        idx = pipeline.rank_stages(Pipeline(degree=pp, schedule=schedule, virtual=v,
+                                            microbatches=m), rank)
+        if v == 1:
+            order = cls(stage(idx[0], rank), m)._get_pipeline_order()
+        else:
+            order = cls([stage(i, rank) for i in idx], m).pipeline_order
+        out[rank] = order[rank]
+    return out
+
+
+def _held_peak(actions: list) -> int:
+    """The most (stage, micro-batch) pairs forwarded and not yet backwarded at once, counted
+    per stage (a count, not micro-batch ids: torch's 1F1B visualization numbers the last
+    rank's micro-batches from 1)."""
+    from torch.distributed.pipelining import schedules as S
+
+    held: dict[int, int] = {}
+    peak = 0
+    for a in actions:
+        for x in (a.sub_actions or (a,)) if a is not None else ():
+            if x.computation_type == S.FORWARD:
+                held[x.stage_index] = held.get(x.stage_index, 0) + 1
+            elif x.computation_type in (S.FULL_BACKWARD, S.BACKWARD_WEIGHT):
+                held[x.stage_index] -= 1
+            peak = max(peak, sum(held.values()))
+    return peak
+
+
+@pytest.mark.trace
+@pytest.mark.parametrize("schedule,v", [(PipeSchedule.GPIPE, 1), (PipeSchedule.ONE_F_ONE_B, 1),
+                                        (PipeSchedule.INTERLEAVED_1F1B, 2),
+                                        (PipeSchedule.INTERLEAVED_1F1B, 3),
+                                        (PipeSchedule.ZBV, 2)])
+def test_in_flight_matches_torch_schedules(schedule, v):
+    checked = 0
+    for pp, m in GRID:
+        p = Pipeline(degree=pp, schedule=schedule, virtual=v, microbatches=m)
+        if pipeline.problem(p, n_layers=64):
+            continue  # a pipeline torch refuses (1F1B with M < pp, uneven rounds)
+        orders = _torch_orders(schedule, pp, m, v)
+        got = [pipeline.peak_in_flight(p, r) for r in range(pp)]
+        want = [_held_peak(orders[r]) for r in range(pp)]
+        assert got == want, (schedule, pp, m, v)
+        checked += 1
+    assert checked >= 20
+
+
+@pytest.mark.trace
+def test_torch_refuses_what_problem_refuses():
+    """1F1B with fewer micro-batches than stages and interleaved with uneven rounds are
+    refused by torch's constructors as by ``pipeline.problem``."""
+    for schedule, v, pp, m in ((PipeSchedule.ONE_F_ONE_B, 1, 4, 3),
+                               (PipeSchedule.INTERLEAVED_1F1B, 2, 4, 9)):
+        assert pipeline.problem(Pipeline(degree=pp, schedule=schedule, virtual=v,
+                                         microbatches=m), n_layers=64)
+        with pytest.raises(ValueError):
+            _torch_orders(schedule, pp, m, v)
+
+
+# ---- hand-derived counts --------------------------------------------------------------------
+
+def test_in_flight_by_hand():
+    # 1F1B, pp 4, M 8: stage s runs min(8, 4 - s) warm-up forwards -> 4, 3, 2, 1
+    p = Pipeline(degree=4, schedule=PipeSchedule.ONE_F_ONE_B, microbatches=8)
+    assert [pipeline.peak_in_flight(p, r) for r in range(4)] == [4, 3, 2, 1]
+    # GPipe holds all 8 everywhere
+    p = Pipeline(degree=4, schedule=PipeSchedule.GPIPE, microbatches=8)
+    assert [pipeline.peak_in_flight(p, r) for r in range(4)] == [8] * 4
+    # interleaved, pp 4, v 2, M 8: rounds = 8 // 4 = 2, per round 4; rank 0 warm-up
+    # (2 - 1) * 4 + 2 * 3 = 10 < 16, plus the first steady forward: 11
+    p = Pipeline(degree=4, schedule=PipeSchedule.INTERLEAVED_1F1B, virtual=2, microbatches=8)
+    assert pipeline.peak_in_flight(p, 0) == 11
+    # ZBV, pp 4, M 8, rank 1: min(8, 2*4 - 1 - 1) + min(8, 2) = 6 + 2 = 8
+    p = Pipeline(degree=4, schedule=PipeSchedule.ZBV, virtual=2, microbatches=8)
+    assert pipeline.peak_in_flight(p, 1) == 8
+
+
+def test_stage_split_as_torchtitan():
+    # torchtitan's docstring example style: 32 layers, 8 stages -> 34 effective, 4 each, the
+    # first two stages 5 (34 % 8 = 2): [5-1, 5, 4, 4, 4, 4, 4, 4-1] = 4,5,4,4,4,4,4,3
+    assert pipeline.stage_layers(32, 8) == [4, 5, 4, 4, 4, 4, 4, 3]
+    # 32 layers, 4 stages: 34 -> 8 each, the first two 9: [8, 9, 8, 7]
+    assert pipeline.stage_layers(32, 4) == [8, 9, 8, 7]
+    assert sum(pipeline.stage_layers(80, 16)) == 80
+    with pytest.raises(ValueError):
+        pipeline.stage_layers(4, 8)  # more stages than 4 + 2 effective layers
+
+
+def test_bubble_by_hand():
+    # GPipe/1F1B pp 4, M 8: idle (pp - 1) / M = 3/8 of the busy time, i.e. 3/11 of the step
+    assert pipeline.bubble_ratio(Pipeline(degree=4, microbatches=8)) == 3 / 8
+    # interleaved v 2: 3 / 16
+    assert pipeline.bubble_ratio(Pipeline(degree=4, schedule=PipeSchedule.INTERLEAVED_1F1B,
+                                          virtual=2, microbatches=8)) == 3 / 16
+    # ZBV with M >= 2 pp - 1 = 7: none (assumed equal F, B, W)
+    assert pipeline.bubble_ratio(Pipeline(degree=4, schedule=PipeSchedule.ZBV, virtual=2,
+                                          microbatches=8)) == 0
+
+
+# ---- memory of a stage, by hand --------------------------------------------------------------
+
+SMALL = {"model.layers": 8, "model.hidden": 512, "model.heads": 8, "model.ffn": 1536,
+         "model.vocab": 32000, "model.tied_embeddings": False, "hardware.gpu": "h100-80",
+         "training.seq": 1024, "checkpointing": "none", "strategy": "full_shard",
+         "calibration": "none"}
+FLAG_PATH = {"--n": "hardware.n", "--pp": "parallel.pp", "--pp-schedule": "parallel.pp_schedule",
+             "--pp-microbatches": "parallel.pp_microbatches",
+             "--pp-virtual-stages": "parallel.pp_virtual_stages", "--tp": "parallel.tp",
+             "--grad-accum": "training.grad_accum"}
+
+
+def _request(*extra: str):
+    """The request of SMALL plus ``--flag value`` pairs, as the CLI names them."""
+    from planner.fields import FLAGS
+    from planner.request import build_request
+
+    values = dict(SMALL)
+    values.update({FLAG_PATH[k]: v for k, v in zip(extra[::2], extra[1::2])})
+    if "strategy" in values and values.get("parallel.tp"):
+        values.pop("strategy")
+    return build_request(values, FLAGS)
+
+
+def test_stage_memory_by_hand():
+    """pp 2 x dp 2 (4 GPUs), 1F1B, M 4, llama-shaped 8 layers, bf16-amp (FSDP2: fp32
+    storage, bf16 gather, fp32 reduce). torchtitan's split of 8 layers in 2 stages: 10
+    effective, 5 each -> stage 0: embedding + 4 blocks, stage 1: 4 blocks + norm + head.
+
+    Rank 0, by hand:
+      block = q,k,v,o (4 * 512^2, kv 512: 8 heads of 64, no GQA) + w1,w2,w3 (3 * 512 * 1536)
+              + 2 norms (2 * 512) = 1,048,576 + 2,359,296 + 1,024 = 3,408,896
+      embedding = 32000 * 512 = 16,384,000
+      elements = 4 * 3,408,896 + 16,384,000 = 30,019,584
+      gathered (bf16, kept all step) = 2 * 30,019,584 = 60,039,168 B
+      unsharded gradients (fp32, held from the first backward) = 120,078,336 B
+      sharded params (fp32 / 2) = 60,039,168 B; AdamW state = 2 * that = 120,078,336 B
+      P2P: stage 0 is not last -> M = 4 gradient receive buffers of 1024 * 512 * 2 B
+           = 4 * 1,048,576 = 4,194,304 B
+      activations: min(4, 2 - 0) = 2 micro-batches in flight, each 4 blocks' kept tensors
+           + the stage output (1,048,576 B) + what the root saves before the blocks.
+    """
+    from planner.memory.estimator import activation_plan
+    from planner.memory.breakdown import Overheads, Phase
+    from planner.memory.moments import Activations
+    from planner.memory.pipeline import rank_phases
+
+    r = _request("--n", "4", "--pp", "2", "--pp-microbatches", "4")
+    m, t = r.model, r.training
+    block = sum(numel(s) for _, s in block_tensors(m))
+    assert block == 3_408_896
+    emb = dict(root_tensors(m))["embed.weight"]
+    assert numel(emb) == 16_384_000
+    from planner.spec import Candidate, Checkpointing, Strategy
+
+    c = Candidate(strategy=Strategy.FULL_SHARD, checkpointing=Checkpointing.NONE)
+    acts = Activations.of(activation_plan(m, t, c))
+    ph = rank_phases(m, t, 0, 2, acts, Overheads())
+    bwd = ph[Phase.BLOCK_BWD]
+    assert bwd.gathered_params == 60_039_168
+    assert bwd.gradients == 120_078_336
+    assert bwd.params == 60_039_168
+    assert bwd.optimizer_states == 120_078_336
+    assert bwd.comm_buffers == 4_194_304
+    assert bwd.activations == 2 * (4 * acts.kept_per_block + 1_048_576 + acts.root_before)
+    # 1F1B's steady phase (M 4 > 2 in flight): the peak of activations recurs with the
+    # unsharded gradients held
+    assert ph[Phase.FORWARD].gradients == 120_078_336
+    # rank 1 (last stage): 1 in flight; head = norm (512) + output (32000 * 512)
+    ph1 = rank_phases(m, t, 1, 2, acts, Overheads())
+    elems1 = 4 * 3_408_896 + 512 + 16_384_000
+    assert ph1[Phase.BLOCK_BWD].gathered_params == 2 * elems1
+    # stage 1 is not first -> 4 activation receive buffers
+    assert ph1[Phase.BLOCK_BWD].comm_buffers == 4_194_304
+    logits = 1024 * 32000 * 2
+    assert ph1[Phase.BLOCK_BWD].activations == (4 * acts.kept_per_block
+                                                + acts.root - acts.root_before + logits)
+
+
+def test_gpipe_holds_more_than_1f1b():
+    g = _request("--n", "4", "--pp", "2", "--pp-microbatches", "8", "--pp-schedule", "gpipe")
+    o = _request("--n", "4", "--pp", "2", "--pp-microbatches", "8")
+    from planner.plan import plan
+
+    eg, eo = plan(g).estimates[0], plan(o).estimates[0]
+    assert eg.breakdown.activations > eo.breakdown.activations
+
+
+# ---- the request ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--n", "4", "--pp", "2", "--pp-schedule", "dualpipev"], "NOT MODELLED"),
+    (["--n", "3", "--pp", "2"], "multiple of 2"),
+    (["--n", "2", "--pp", "2"], "at least 2 data-parallel"),
+    (["--n", "4", "--pp", "2", "--tp", "2"], "--tp"),
+    (["--n", "8", "--pp", "4", "--pp-microbatches", "2"], "--pp-microbatches"),
+    (["--n", "4", "--pp", "2", "--pp-schedule", "zbv", "--pp-virtual-stages", "3"],
+     "--pp-virtual-stages"),
+    (["--n", "4", "--pp-microbatches", "4"], "--pp-microbatches"),
+    (["--n", "4", "--pp", "2", "--grad-accum", "2"], "gradient accumulation"),
+])
+def test_refusals(extra, needle):
+    with pytest.raises(UsageError) as e:
+        _request(*extra)
+    assert needle in str(e.value)
+
+
+def test_torchtitan_spelling_accepted():
+    r = _request("--n", "8", "--pp", "2", "--pp-schedule", "Interleaved1F1B")
+    p = r.training.pipeline
+    assert (p.schedule, p.virtual, p.microbatches) == (PipeSchedule.INTERLEAVED_1F1B, 2, 4)
