@@ -252,3 +252,48 @@ def test_torchtitan_spelling_accepted():
     r = _request("--n", "8", "--pp", "2", "--pp-schedule", "Interleaved1F1B")
     p = r.training.pipeline
     assert (p.schedule, p.virtual, p.microbatches) == (PipeSchedule.INTERLEAVED_1F1B, 2, 4)
+
+
+# ---- torchtitan's job file ------------------------------------------------------------------
+
+def _titan(tmp_path, **edits: str):
+    """torchtitan's Llama-3-8B v0.2 recipe with ``[parallelism]`` / ``[training]`` lines
+    replaced (old line -> new)."""
+    from pathlib import Path
+
+    text = (Path(__file__).parent / "data" / "jobs" / "torchtitan_llama3_8b.v0.2.0.toml"
+            ).read_text()
+    for old, new in edits.items():
+        assert old in text
+        text = text.replace(old, new)
+    p = tmp_path / "pp.toml"
+    p.write_text(text)
+    return p
+
+
+def test_torchtitan_pipeline_read(tmp_path):
+    """local_batch_size 4 with pipeline_parallel_microbatch_size 1 (default) is 4
+    micro-batches of 1 (torchtitan ``build_pipeline_schedule``: n_microbatches =
+    local_batch_size // microbatch_size); the schedule defaults to 1F1B."""
+    import json
+
+    from tests.conftest import run
+
+    p = _titan(tmp_path, **{"pipeline_parallel_degree = 1": "pipeline_parallel_degree = 2",
+                            "local_batch_size = 1": "local_batch_size = 4"})
+    doc = json.loads(run("--job", str(p), "--gpu", "h100-80", "--n", "8", "--json").stdout)
+    pp = doc["inputs"]["pp"]
+    assert (pp["degree"], pp["schedule"], pp["microbatches"]) == (2, "1f1b", 4)
+    assert doc["inputs"]["training"]["micro_batch"] == 1
+
+
+def test_torchtitan_unmodelled_schedule_is_a_not_modelled_line(tmp_path):
+    import json
+
+    from tests.conftest import run
+
+    p = _titan(tmp_path, **{"pipeline_parallel_degree = 1":
+                            'pipeline_parallel_degree = 2\npipeline_parallel_schedule = "DualPipeV"',
+                            "local_batch_size = 1": "local_batch_size = 4"})
+    doc = json.loads(run("--job", str(p), "--gpu", "h100-80", "--n", "8", "--json").stdout)
+    assert any("DualPipeV" in u for u in doc["job"]["unmodelled"]), doc["job"]["unmodelled"]
