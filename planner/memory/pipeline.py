@@ -74,12 +74,19 @@ def rank_phases(model: ModelSpec, training: TrainingSpec, rank: int, dp: int,
     unsharded_grads = elems * fd.reduce
     boundary = t * model.hidden * c  # one micro-batch's activation between two stages
     # one chunk: its blocks' saved tensors and its output, cached until its backward
-    chunk = max(layers[s] * acts.kept_per_block + (boundary if s != n_stages - 1 else 0)
-                for s in stages)
-    held = pipeline.peak_in_flight(p, rank)
-    head = pipeline.head_in_flight(p) * (acts.root - acts.root_before
-                                         + t * model.vocab * c) if last else 0
-    activations = held * (chunk + (acts.root_before if first else 0)) + head
+    # one micro-batch of a stage: its blocks' saved tensors, its output (cached until its
+    # backward; the last stage's is the logits), what the root saves before the blocks on
+    # the first stage, and the final norm's, the head's and the loss's on the last
+    size = {s: layers[s] * acts.kept_per_block
+            + (boundary if s != n_stages - 1 else t * model.vocab * c)
+            + (acts.root_before if s == 0 else 0)
+            + (acts.root - acts.root_before if s == n_stages - 1 else 0) for s in stages}
+    moments = pipeline.held_by_stage(p, rank)
+    activations = max(sum(size[s] * k for s, k in held.items()) for held in moments)
+    # at the loss: the last stage holds the micro-batch whose loss runs
+    at_loss = max((sum(size[s] * k for s, k in held.items()) for held in moments
+                   if held.get(n_stages - 1)), default=activations) if last else activations
+    one_mb = max(size.values())
     p2p = sum(p.microbatches * boundary * ((s != 0) + (s != n_stages - 1)) for s in stages)
     grads_at_peak = unsharded_grads if pipeline.steady(p, rank) else 0
     # FSDP units (torchtitan ``apply_fsdp``): a block, the embedding, the norm + head
@@ -88,17 +95,31 @@ def rank_phases(model: ModelSpec, training: TrainingSpec, rank: int, dp: int,
     rs_unit = max([sum(numel(s) for _, s in block_tensors(model)) if blocks else 0]
                   + [sum(numel(s) for n, s, _ in roots if n.startswith(INPUT_MODULES) is inp)
                      for inp in (True, False)])
+    # the unit a backward reaches last: the embedding on the first stage, else a block
+    last_unit = (sum(numel(s) for n, s, _ in roots if n.startswith(INPUT_MODULES)) if first
+                 else sum(numel(s) for _, s in block_tensors(model)))
     loss_fwd = acts.loss_fwd if last else 0
     loss_bwd = acts.loss_bwd if last else 0
-    fwd = base.plus(gathered_params=gathered, activations=activations,
-                    gradients=grads_at_peak, comm_buffers=p2p, transients=loss_fwd)
+    held = base.plus(gathered_params=gathered, activations=activations,
+                     gradients=grads_at_peak, comm_buffers=p2p)
+    loss = held.plus(activations=at_loss - activations)
     return {
         Phase.INIT: Breakdown(params=base.params),
-        Phase.FORWARD: fwd,
-        Phase.LOSS_BWD: fwd.plus(transients=loss_bwd - loss_fwd),
-        Phase.BLOCK_BWD: base.plus(gathered_params=gathered, activations=activations,
-                                   gradients=unsharded_grads, comm_buffers=p2p,
-                                   transients=acts.block_bwd + acts.recompute),
+        Phase.FORWARD: largest([held, loss.plus(transients=loss_fwd)])[1],
+        Phase.LOSS_BWD: loss.plus(transients=loss_bwd),
+        Phase.BLOCK_BWD: largest([
+            # a backward starting with the most micro-batches held (and, in a steady phase,
+            # every unsharded gradient already there)
+            base.plus(gathered_params=gathered, activations=activations,
+                      gradients=grads_at_peak, comm_buffers=p2p,
+                      transients=acts.block_bwd + acts.recompute),
+            # the end of the rank's first backward: that micro-batch's activations are gone,
+            # every unit's unsharded gradient exists (fp32 under -amp), and the last unit's
+            # new gradient in the param dtype is being converted into it (FSDP2
+            # ``to_accumulated_grad_if_needed``): the embedding's, on the first stage
+            base.plus(gathered_params=gathered, activations=activations - one_mb,
+                      gradients=unsharded_grads, comm_buffers=p2p,
+                      transients=last_unit * fd.param)])[1],
         # REDUCE_GRAD: each unit's post_backward reshards, then allocates its reduce-scatter
         # input (``foreach_reduce``) while every unsharded gradient still exists
         Phase.BWD_END: base.plus(gathered_params=gathered, gradients=unsharded_grads,
