@@ -319,7 +319,9 @@ def pipeline_line(t) -> str:
             f"stage(s) per rank, {p.microbatches} micro-batches of {t.micro_batch} per step; "
             "torchtitan's layer split (embedding and head count as a layer each), FSDP2 "
             "inside each stage not resharded after forward or backward until the "
-            "schedule's gradient reduction; the fullest rank decides the fit")
+            "schedule's gradient reduction; the fullest rank decides the fit; no public "
+            "pipeline-parallel run measured: the error band shown is FSDP's and the step time "
+            "*assumed* (docs/model.md §8.6)")
 
 
 def why_never(q) -> str:

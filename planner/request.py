@@ -431,7 +431,7 @@ def pipeline_from(v: Mapping[str, Any], model: ModelSpec, training: TrainingSpec
 
 
 def pipeline_cluster_problem(p: Pipeline, cluster: Cluster, tp: Any, strategies: Any,
-                             offload: Any, naming: Naming) -> None:
+                             offload: Any, global_batch: Any, naming: Naming) -> None:
     """The cluster and the search options under a pipeline: the GPUs split into pp stages of
     n / pp data-parallel ranks each, FSDP2 (full_shard) inside a stage, no TP, no offload."""
     if not p.enabled:
@@ -449,6 +449,12 @@ def pipeline_cluster_problem(p: Pipeline, cluster: Cluster, tp: Any, strategies:
                           "inside each stage (torchtitan) only")
     if offload not in ("auto", Offload.NONE):
         raise naming.fail("offload", "pipeline parallel with CPU offload is NOT MODELLED")
+    if global_batch is not None:
+        # a step is M micro-batches per pipeline; accumulation around the schedule is not
+        # modelled
+        raise naming.fail("training.global_batch", "with pipeline parallel the step is "
+                          "--pp-microbatches micro-batches per pipeline; --global-batch (gradient "
+                          "accumulation around the schedule) is NOT MODELLED")
 
 
 def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
@@ -470,7 +476,8 @@ def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
                               v["hardware.host_ram_gib"], naming)
     tp = v["parallel.tp"]
     p = training.pipeline
-    pipeline_cluster_problem(p, cluster, tp, v["strategy"], v["offload"], naming)
+    pipeline_cluster_problem(p, cluster, tp, v["strategy"], v["offload"],
+                             v["training.global_batch"], naming)
     if p.enabled:
         tp = 1
     if tp != "auto":

@@ -400,3 +400,38 @@ def test_rank_peak_matches_a_traced_pipeline_step(extra, rank, bound):
     measured = traced["peak_bytes"] - traced["optimizer_scalar_bytes"]
     planned = _planned_rank(values, rank)
     assert abs(planned - measured) / measured <= bound, (planned, measured, traced["at_peak"])
+
+
+# ---- step time and the other front ends -----------------------------------------------------
+
+def test_step_time_follows_the_bubble():
+    """More micro-batches shrink the bubble ((pp - 1) / M of the busy time): tokens/s per
+    GPU rises with M; interleaving two stages per rank halves the bubble at the same M. A step
+    carries M x micro-batch x seq tokens through pp ranks: 8 x 1 x 1024 / 2 = 4,096 per GPU."""
+    from planner.plan import plan
+
+    def step(*extra):
+        return plan(_request("--n", "4", "--pp", "2", *extra)).steps[0]
+
+    few, many = step("--pp-microbatches", "2"), step("--pp-microbatches", "8")
+    assert many.tokens_per_s_per_gpu > few.tokens_per_s_per_gpu
+    assert many.tokens_per_s_per_gpu * many.step_time_s == pytest.approx(4096)
+    inter = step("--pp-microbatches", "8", "--pp-schedule", "interleaved-1f1b")
+    assert inter.compute_s < many.compute_s
+
+
+def test_report_refuses_pp(tmp_path):
+    from conftest import run
+
+    r = run("report", "--models", "llama3-8b", "--gpus", "h100-80", "--pp", "2", "--out",
+            str(tmp_path / "r"))
+    assert r.exit_code == 2 and "--pp" in r.output and "report" in r.output
+
+
+def test_plan_without_pp_unchanged_by_the_field():
+    """--pp 1 (the default) is the plan as before: same estimate as with no pipeline."""
+    from planner.plan import plan
+
+    a = plan(_request("--n", "4")).estimates[0]
+    b = plan(_request("--n", "4", "--pp", "1")).estimates[0]
+    assert a.peak_allocated_bytes == b.peak_allocated_bytes
