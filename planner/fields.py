@@ -443,7 +443,7 @@ FIELDS: tuple[Field, ...] = (
           "number of stages (pp x virtual stages)."),
     Field(path="parallel.pp_virtual_stages", flag="--pp-virtual-stages", metavar="V",
           check=lambda raw: validate.count(raw, limit=64), shown_default="1, or 2 for "
-          "interleaved-1f1b and zbv",
+          "interleaved-1f1b",
           help="Pipeline stages per rank (torchtitan's default: 1 for gpipe and 1f1b, 2 for "
           "the multi-stage schedules)."),
     # ---- DeepSpeed (the ZeRO candidates; DeepSpeed's defaults, docs/model.md "DeepSpeed ZeRO")

@@ -198,8 +198,9 @@ class GradSync(enum.StrEnum):
 
 class PipeSchedule(enum.StrEnum):
     """A ``torch.distributed.pipelining`` schedule (torchtitan's
-    ``pipeline_parallel_schedule``). Only those modelled (planner/pipeline.py); DualPipeV,
-    Looped BFS and Interleaved Zero Bubble are refused by name."""
+    ``pipeline_parallel_schedule``): those whose micro-batch counts planner/pipeline.py
+    derives. ZBV's memory is not modelled (refused by ``pipeline.problem``); DualPipeV, Looped
+    BFS and Interleaved Zero Bubble are refused by name when parsed."""
 
     GPIPE = "gpipe"  # ScheduleGPipe: every forward, then every backward
     ONE_F_ONE_B = "1f1b"  # Schedule1F1B

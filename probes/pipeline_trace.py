@@ -160,8 +160,10 @@ def trace_rank(spec: ModelSpec, training: TrainingSpec, checkpointing: Checkpoin
         for s, mod in mods:
             _to_empty(mod)
             first, last = s == 0, s == p.n_stages - 1
+            # a received activation requires grad (torch's dynamic inference marks it so
+            # when the schedule has a backward; torchtitan passes no example inputs)
             inp = torch.zeros(b, t, dtype=torch.int64) if first else \
-                torch.zeros(b, t, spec.hidden, dtype=act_dtype)
+                torch.zeros(b, t, spec.hidden, dtype=act_dtype, requires_grad=True)
             out = torch.zeros(b, t, spec.vocab if last else spec.hidden, dtype=act_dtype)
             stages.append(PipelineStage(
                 mod, s, p.n_stages, torch.device("cpu"), input_args=inp, output_args=out,
