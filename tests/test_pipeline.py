@@ -327,8 +327,8 @@ def test_torchtitan_unmodelled_schedule_is_a_not_modelled_line(tmp_path):
 
     from tests.conftest import run
 
-    p = _titan(tmp_path, **{"pipeline_parallel_degree = 1":
-                            'pipeline_parallel_degree = 2\npipeline_parallel_schedule = "DualPipeV"',
+    pp = 'pipeline_parallel_degree = 2\npipeline_parallel_schedule = "DualPipeV"'
+    p = _titan(tmp_path, **{"pipeline_parallel_degree = 1": pp,
                             "local_batch_size = 1": "local_batch_size = 4"})
     doc = json.loads(run("--job", str(p), "--gpu", "h100-80", "--n", "8", "--json").stdout)
     assert any("DualPipeV" in u for u in doc["job"]["unmodelled"]), doc["job"]["unmodelled"]

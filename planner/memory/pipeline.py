@@ -51,6 +51,43 @@ def rank_groups(model: ModelSpec, blocks: int, first: bool, last: bool
     return out
 
 
+def stage_sizes(model: ModelSpec, training: TrainingSpec, layers: list[int],
+                stages: tuple[int, ...], acts: Activations, c: int) -> dict[int, Any]:
+    """Bytes one micro-batch holds on each stage of the rank: its blocks' saved tensors, its
+    output (cached until its backward; the last stage's is the logits), what the root saves
+    before the blocks on the first stage, and the final norm's, the head's and the loss's
+    on the last."""
+    t = training.micro_batch * training.seq
+    last = len(layers) - 1
+    return {s: layers[s] * acts.kept_per_block
+            + t * (model.vocab if s == last else model.hidden) * c
+            + (acts.root_before if s == 0 else 0)
+            + (acts.root - acts.root_before if s == last else 0) for s in stages}
+
+
+def held_bytes(training: TrainingSpec, rank: int, size: dict[int, Any], last: int
+               ) -> tuple[Any, Any]:
+    """(the most activation bytes the rank holds, the most while its last stage holds the
+    micro-batch whose loss runs): the heaviest mix of held micro-batches
+    (``pipeline.held_by_stage``)."""
+    moments = pipeline.held_by_stage(training.pipeline, rank)
+    most = max(sum(size[s] * k for s, k in held.items()) for held in moments)
+    at_loss = max((sum(size[s] * k for s, k in held.items()) for held in moments
+                   if held.get(last)), default=most)
+    return most, at_loss
+
+
+def units(model: ModelSpec, first: bool, last: bool, blocks: int) -> tuple[int, int]:
+    """(the rank's largest FSDP unit, the unit its backward reaches last) in elements; units
+    as torchtitan's ``apply_fsdp`` makes them: a block, the embedding, the norm + head. The
+    last one reached is the embedding on the first stage, else a block."""
+    roots = rank_groups(model, 0, first, last)
+    block = sum(numel(s) for _, s in block_tensors(model))
+    embed = sum(numel(s) for n, s, _ in roots if n.startswith(INPUT_MODULES))
+    head = sum(numel(s) for n, s, _ in roots if not n.startswith(INPUT_MODULES))
+    return max(block if blocks else 0, embed, head), embed if first else block
+
+
 def rank_phases(model: ModelSpec, training: TrainingSpec, rank: int, dp: int,
                 acts: Activations, ov: Overheads) -> dict[Phase, Breakdown]:
     """The moments of one step on pipeline rank ``rank`` (of ``dp`` data-parallel ranks)."""
@@ -59,66 +96,41 @@ def rank_phases(model: ModelSpec, training: TrainingSpec, rank: int, dp: int,
     layers = pipeline.stage_layers(model.n_layers, n_stages)
     stages = pipeline.rank_stages(p, rank)
     first, last = 0 in stages, n_stages - 1 in stages
-    groups = rank_groups(model, sum(layers[s] for s in stages), first, last)
+    blocks = sum(layers[s] for s in stages)
+    groups = rank_groups(model, blocks, first, last)
     fd = training.fsdp_dtypes
     d = dtypes(Strategy.FULL_SHARD, training.precision, fd)
     elems = sum(k * numel(s) for _, s, k in groups)
     local = sum(k * ceil_div(numel(s), dp) for _, s, k in groups)  # dim-0 shards
-    t = training.micro_batch * training.seq
-    c = d.compute
     base = Breakdown(params=local * d.param,
                      optimizer_states=optimizer_state_bytes(model, training.optimizer, d.state,
                                                             dp, groups),
                      cublas_workspace=ov.cublas_workspace_bytes)
     gathered = elems * fd.param
     unsharded_grads = elems * fd.reduce
-    boundary = t * model.hidden * c  # one micro-batch's activation between two stages
-    # one chunk: its blocks' saved tensors and its output, cached until its backward
-    # one micro-batch of a stage: its blocks' saved tensors, its output (cached until its
-    # backward; the last stage's is the logits), what the root saves before the blocks on
-    # the first stage, and the final norm's, the head's and the loss's on the last
-    size = {s: layers[s] * acts.kept_per_block
-            + (boundary if s != n_stages - 1 else t * model.vocab * c)
-            + (acts.root_before if s == 0 else 0)
-            + (acts.root - acts.root_before if s == n_stages - 1 else 0) for s in stages}
-    moments = pipeline.held_by_stage(p, rank)
-    activations = max(sum(size[s] * k for s, k in held.items()) for held in moments)
-    # at the loss: the last stage holds the micro-batch whose loss runs
-    at_loss = max((sum(size[s] * k for s, k in held.items()) for held in moments
-                   if held.get(n_stages - 1)), default=activations) if last else activations
-    one_mb = max(size.values())
+    size = stage_sizes(model, training, layers, stages, acts, d.compute)
+    activations, at_loss = held_bytes(training, rank, size, n_stages - 1)
+    boundary = training.micro_batch * training.seq * model.hidden * d.compute
     p2p = sum(p.microbatches * boundary * ((s != 0) + (s != n_stages - 1)) for s in stages)
     grads_at_peak = unsharded_grads if pipeline.steady(p, rank) else 0
-    # FSDP units (torchtitan ``apply_fsdp``): a block, the embedding, the norm + head
-    roots = rank_groups(model, 0, first, last)
-    blocks = sum(layers[s] for s in stages)
-    rs_unit = max([sum(numel(s) for _, s in block_tensors(model)) if blocks else 0]
-                  + [sum(numel(s) for n, s, _ in roots if n.startswith(INPUT_MODULES) is inp)
-                     for inp in (True, False)])
-    # the unit a backward reaches last: the embedding on the first stage, else a block
-    last_unit = (sum(numel(s) for n, s, _ in roots if n.startswith(INPUT_MODULES)) if first
-                 else sum(numel(s) for _, s in block_tensors(model)))
-    loss_fwd = acts.loss_fwd if last else 0
-    loss_bwd = acts.loss_bwd if last else 0
+    rs_unit, last_unit = units(model, first, last, blocks)
     held = base.plus(gathered_params=gathered, activations=activations,
                      gradients=grads_at_peak, comm_buffers=p2p)
     loss = held.plus(activations=at_loss - activations)
     return {
         Phase.INIT: Breakdown(params=base.params),
-        Phase.FORWARD: largest([held, loss.plus(transients=loss_fwd)])[1],
-        Phase.LOSS_BWD: loss.plus(transients=loss_bwd),
+        Phase.FORWARD: largest([held, loss.plus(transients=acts.loss_fwd if last else 0)])[1],
+        Phase.LOSS_BWD: loss.plus(transients=acts.loss_bwd if last else 0),
         Phase.BLOCK_BWD: largest([
             # a backward starting with the most micro-batches held (and, in a steady phase,
             # every unsharded gradient already there)
-            base.plus(gathered_params=gathered, activations=activations,
-                      gradients=grads_at_peak, comm_buffers=p2p,
-                      transients=acts.block_bwd + acts.recompute),
+            held.plus(transients=acts.block_bwd + acts.recompute),
             # the end of the rank's first backward: that micro-batch's activations are gone,
             # every unit's unsharded gradient exists (fp32 under -amp), and the last unit's
             # new gradient in the param dtype is being converted into it (FSDP2
-            # ``to_accumulated_grad_if_needed``): the embedding's, on the first stage
-            base.plus(gathered_params=gathered, activations=activations - one_mb,
-                      gradients=unsharded_grads, comm_buffers=p2p,
+            # ``to_accumulated_grad_if_needed``)
+            held.plus(activations=-max(size.values()),
+                      gradients=unsharded_grads - grads_at_peak,
                       transients=last_unit * fd.param)])[1],
         # REDUCE_GRAD: each unit's post_backward reshards, then allocates its reduce-scatter
         # input (``foreach_reduce``) while every unsharded gradient still exists

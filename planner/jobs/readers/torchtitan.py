@@ -11,7 +11,8 @@ seq_len; data_parallel_shard_degree (-1 or > 1) -> FSDP2 full_shard, with replic
 hybrid_shard, shard 1 and replicate > 1 -> ddp; fsdp_reshard_after_forward "never" ->
 shard_grad_op; tensor/pipeline/context/expert degrees > 1 -> parallel.* (pipeline: the
 schedule, and local_batch_size // pipeline_parallel_microbatch_size micro-batches);
-[activation_checkpoint] mode none/selective/full (+ selective_ac_option: 'op' selective, 1 = full, k > 1 full on every
+[activation_checkpoint] mode none/selective/full (+ selective_ac_option: 'op' selective,
+1 = full, k > 1 full on every
 k-th block: not modelled; 0.3: SelectiveAC (per-op) / FullAC / MemoryBudgetAC); enable_cpu_offload
 -> params_and_optimizer; [training] dtype bfloat16 -> pure bf16, else mixed_precision_param
 bfloat16 -> bf16-amp (FSDP2 MixedPrecisionPolicy over fp32 params), float32 -> fp32;
