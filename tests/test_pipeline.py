@@ -436,3 +436,10 @@ def test_plan_without_pp_unchanged_by_the_field():
     a = plan(_request("--n", "4")).estimates[0]
     b = plan(_request("--n", "4", "--pp", "1")).estimates[0]
     assert a.peak_allocated_bytes == b.peak_allocated_bytes
+
+
+def test_trace_refuses_pp():
+    from conftest import run
+
+    r = run("trace", "--model", "llama3-8b", "--n", "4", "--pp", "2")
+    assert r.exit_code == 2 and "--pp" in r.output
