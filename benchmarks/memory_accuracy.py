@@ -237,8 +237,31 @@ def risk_section(results: list[dict], fitted: dict[str, dict], margin: float) ->
         "min_rows": RISK_MIN_ROWS,
         "kinds": fitted,
         "held_out": acceptance([r for r in results if r.get("half") == "check"]),
+        "two_fold": two_fold(results, margin),
         "replaced_margin": margin,
     }
+
+
+def swapped_acceptance(results: list[dict], margin: float) -> dict:
+    """``acceptance`` with the halves swapped: fitted on the held-out half, checked on the
+    fitted one (the rows are copied; ``results`` is left as it is)."""
+    swapped = [{**r, "half": {"fit": "check", "check": "fit"}[r["half"]]} if r.get("half")
+               else dict(r) for r in results]
+    judge(swapped, fit_risk(swapped), margin)
+    return acceptance([r for r in swapped if r.get("half") == "check"])
+
+
+def two_fold(results: list[dict], margin: float) -> dict:
+    """Two-fold cross-validation of the interval: every measured row checked exactly once, by
+    the fit of the half it is not in. ``expected``: how many of them a calibrated interval
+    puts inside, 19 times in 20 (``binomial_range``)."""
+    held = acceptance([r for r in results if r.get("half") == "check"])
+    rev = swapped_acceptance(results, margin)
+    n = held["measured"] + rev["measured"]
+    inside = held["inside"] + rev["inside"]
+    return {"measured": n, "inside": inside, "above": held["above"] + rev["above"],
+            "coverage": round(inside / n, 4) if n else None,
+            "expected": list(binomial_range(n, RISK_COVERAGE)) if n else None}
 
 
 HELD_OUT = "held out: "
@@ -302,18 +325,34 @@ def _pct(k: int, n: int) -> str:
     return f"{k} of {n}" + (f" ({k / n:.0%})" if n else "")
 
 
+def binomial_range(n: int, p: float, mass: float = 0.95) -> tuple[int, int]:
+    """The central ``mass`` of Binomial(n, p): the smallest k_lo and largest k_hi with
+    P(X < k_lo) <= (1 - mass) / 2 and P(X > k_hi) <= (1 - mass) / 2. How many of n runs a
+    calibrated interval of coverage p puts inside it, 19 times in 20."""
+    tail = (1.0 - mass) / 2.0
+    pmf = [math.comb(n, k) * p ** k * (1.0 - p) ** (n - k) for k in range(n + 1)]
+    lo, below = 0, 0.0
+    while below + pmf[lo] <= tail:
+        below += pmf[lo]
+        lo += 1
+    hi, over = n, 0.0
+    while over + pmf[hi] <= tail:
+        over += pmf[hi]
+        hi -= 1
+    return lo, hi
+
+
 def acceptance_lines(results: list[dict], fitted: dict[str, dict], margin: float) -> list[str]:
     """The risk's acceptance, as Markdown (the section of docs/accuracy.md and of
     memory_accuracy.md)."""
     held = acceptance([r for r in results if r.get("half") == "check"])
     fit_half = acceptance([r for r in results if r.get("half") == "fit"])
     never = acceptance([r for r in results if r.get("half") and r["err"] is None])
-    # the same check with the halves swapped (fitted on the held-out half, checked on the other)
-    swapped = [{**r, "half": {"fit": "check", "check": "fit"}[r["half"]]} if r.get("half")
-               else dict(r) for r in results]
-    judge(swapped, fit_risk(swapped), margin)
-    rev = acceptance([r for r in swapped if r.get("half") == "check"])
+    rev = swapped_acceptance(results, margin)
     cov = RISK_COVERAGE
+    both = two_fold(results, margin)
+    both_in, both_n = both["inside"], both["measured"]
+    lo, hi = both["expected"]
     lines = [
         f"Made by `python benchmarks/memory_accuracy.py` from benchmarks/memory_measurements.csv "
         f"({len(modelled(results))} modelled rows; the {len(results) - len(modelled(results))} "
@@ -355,6 +394,10 @@ def acceptance_lines(results: list[dict], fitted: dict[str, dict], margin: float
         f"| measured peaks inside the {cov:.0%} interval | "
         f"{_pct(held['inside'], held['measured'])}; above it {held['above']} | "
         f"{cov:.0%} +- 5 points |",
+        f"| both halves, each checked by the other half's fit (two-fold): measured peaks "
+        f"inside the {cov:.0%} interval | {_pct(both_in, both_n)}; above it "
+        f"{both['above']} | {cov:.0%} +- 5 points (a calibrated interval puts "
+        f"{lo} to {hi} of {both_n} inside, 19 times in 20) |",
         f"| the single margin it replaces ({margin:.2f}): completed runs called \"does not "
         f"fit\" / OOM runs called \"fits\" | "
         f"{_pct(held['completed_not_fit_at_margin'], held['completed'])} / "
@@ -562,6 +605,7 @@ def gpu_run_ooms(fitted: dict[str, dict]) -> list[str]:
 def _gpu_ooms(g: Any, gr: Any, fitted: dict[str, dict], load_gpu: Any) -> list[str]:
     out = []
     done: dict[str, int] = {FITS: 0, AT_RISK: 0, DOES_NOT_FIT: 0}
+    inside = above = 0
     for r in g.rows_of(g.read_runs(gr.runs), "case", load_gpu(gr.profile)):
         e = r.est(g.Overheads())
         band = band_for(risk_kinds(r.cand.strategy, r.training.compile,
@@ -569,13 +613,20 @@ def _gpu_ooms(g: Any, gr: Any, fitted: dict[str, dict], load_gpu: Any) -> list[s
         verdict, p = outcome(int(e.required_bytes), int(e.usable_bytes), band)
         if r.rec["ok"]:
             done[verdict] += 1
+            # the device memory the process held after its steps (the caching allocator's
+            # reserved bytes, the CUDA context, NCCL, cuBLAS) against the interval of the need
+            used = r.rec["device_used_bytes"] / e.required_bytes
+            inside += band.low <= used <= band.high
+            above += used > band.high
             continue
         out.append(f"{r.id}: ran out of memory ({r.rec['oom_moment']}); planner needs "
                    f"{e.required_bytes / GIB:.1f} GiB of {e.usable_bytes / GIB:.1f} GiB "
                    f"({band.measured_kind} interval x {band.low:.2f} .. {band.high:.2f}): "
                    f"{VERDICT[verdict]}" + ("" if p is None else f", P(OOM) {p:.0%}"))
-    out.append(f"the {sum(done.values())} cases that completed: fits {done[FITS]}, at risk "
-               f"{done[AT_RISK]}, does not fit {done[DOES_NOT_FIT]}")
+    n = sum(done.values())
+    out.append(f"the {n} cases that completed: fits {done[FITS]}, at risk "
+               f"{done[AT_RISK]}, does not fit {done[DOES_NOT_FIT]}; their device memory used "
+               f"inside the {RISK_COVERAGE:.0%} interval: {_pct(inside, n)}, above it {above}")
     return out
 
 

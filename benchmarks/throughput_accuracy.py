@@ -139,7 +139,10 @@ def fits_efficiency(row: dict[str, str]) -> bool:
     step time is the model's FLOPs at the achieved rate (fine-tuning changes the FLOPs counted,
     TP adds its own collectives: both are modelled separately and only scored)."""
     req = predict_request(row)[0]
-    return req.training.finetune.full and (req.options.tp or 1) == 1
+    # float8 rows are scored, never fitted: their speed-up is the fp8 peak at the bf16
+    # efficiency (planner/float8.py), and this comparison is its check
+    return req.training.finetune.full and (req.options.tp or 1) == 1 \
+        and req.training.float8.value == "none"
 
 
 def halves(rows: list[dict[str, str]]) -> tuple[list[dict], list[dict]]:
@@ -211,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         measured = float(row["measured_tokens_per_s_per_gpu"])
         err = (est.tokens_per_s_per_gpu - measured) / measured
         fam = family(req.options.strategies[0], req.training.compile)
+        if req.training.float8.value != "none":  # a band of its own: the plan never reads it
+            fam += "-float8"                      # for a bf16 job (docs/model.md "Float8")
         results.append((row, est, measured, err, fam))
 
     head = (f"{'id':28} {'gpu':14} {'n':>4} {'strategy':13} {'ckpt':9} {'kind':13} {'meas tok/s':>10}"

@@ -52,6 +52,7 @@ _RATE_RANGES: dict[str, tuple[float, float]] = {
     "fp16_tflops": (0.1, 1e5),
     "tf32_tflops": (0.1, 1e5),
     "fp32_tflops": (0.1, 1e5),
+    "fp8_tflops": (0.1, 1e5),
     "hbm_bandwidth_bytes_per_s": (1e9, 1e14),
     "intra_node_bandwidth_bytes_per_s": (1e8, 1e14),
     "inter_node_bandwidth_bytes_per_s": (1e7, 1e14),
@@ -62,6 +63,9 @@ _RATE_RANGES: dict[str, tuple[float, float]] = {
 """Rates: finite numbers (TOML integer or float) in these closed ranges, stored as float."""
 _USER_OPTIONAL_FIELDS = frozenset({"compute_efficiency", "compiled_compute_efficiency"})
 """A user's file may omit these (GpuProfile's default applies); embedded files may not."""
+_OPTIONAL_FIELDS = frozenset({"fp8_tflops"})
+"""Any file may omit these: a GPU without float8 tensor cores (A100 and older, MI250X) has no
+fp8 peak, and float8 training is refused on it."""
 
 NUMERIC_FIELDS: tuple[str, ...] = tuple(_INT_RANGES) + tuple(_RATE_RANGES)
 """Fields that must each carry a source in the embedded profiles."""
@@ -146,7 +150,8 @@ def _validate(data: dict[str, Any], *, label: str, stem: str | None,
     if unknown:
         raise ProfileError(f"{label}: {len(unknown)} key(s) not in the profile schema; allowed: "
                            f"{', '.join(sorted(FIELDS | {'sources'}))}")
-    required = FIELDS | {"sources"} if embedded else FIELDS - _USER_OPTIONAL_FIELDS
+    required = (FIELDS | {"sources"} if embedded else FIELDS - _USER_OPTIONAL_FIELDS) \
+        - _OPTIONAL_FIELDS
     missing = sorted(required - set(data))
     if missing:
         noun = "field" if len(missing) == 1 else "fields"
@@ -188,7 +193,7 @@ def _validate(data: dict[str, Any], *, label: str, stem: str | None,
         if not isinstance(note, str) or not note.strip():
             raise ProfileError(f"{label}: field 'sources.{key}' must be a non-empty string")
     if embedded:
-        unsourced = [name for name in NUMERIC_FIELDS if name not in sources]
+        unsourced = [name for name in NUMERIC_FIELDS if name in data and name not in sources]
         if unsourced:
             raise ProfileError(f"{label}: field 'sources' lacks an entry for "
                                f"{', '.join(unsourced)}")

@@ -1,9 +1,12 @@
 """Activation memory of one training step, counted tensor by tensor.
 
 What autograd keeps between forward and backward is the set of tensors each op saves for its
-backward (``derivatives.yaml`` in PyTorch names them per op). The counts below walk the
-reference block of ``probes/models.py`` op by op and list every saved tensor with its dtype;
-storage shared by several ops (q/k/v reading one normed input) is counted once. The approach
+backward (``derivatives.yaml`` in PyTorch names them per op). The counts walk the reference
+block of ``probes/models.py`` op by op and list every saved tensor with its dtype, each
+architecture variant its own (``planner/arch/``: the norm, attention, MLP and positional
+variants, in the order of the block's layout); storage shared by several ops (q/k/v reading
+one normed input) is counted once. This module adds the root, the loss, checkpointing,
+LoRA, tensor parallel and offloading. The approach
 follows Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
 Models" (sec. 4.1, the 34·sbh + 5·as²b derivation), redone for today's blocks: no dropout,
 RMSNorm/SwiGLU/GQA/RoPE, flash-style SDPA, and the two mixed-precision regimes below.
@@ -30,40 +33,28 @@ import enum
 import functools
 from dataclasses import dataclass
 
+from planner.arch import variants_of
+from planner.arch.base import FP32, Ctx, Saved, scaled
 from planner.spec import (
     Attention,
     Checkpointing,
     FineTune,
     LossKind,
     ModelSpec,
-    NormKind,
-    PositionKind,
     Precision,
-    QkNorm,
 )
 
-FP32 = 4
 # Activation offloading (torchtune/training/_activation_offloading.py, ``OffloadActivations``;
 # TRL's trl/models/activation_offloading.py, which axolotl uses, is the same class): tensors
 # under ``min_offload_size`` bytes stay where they are, and with streams the forward keeps the
 # last ``max_fwd_stash_size`` offloaded tensors alive on the GPU until their copies are done.
 OFFLOAD_MIN_BYTES = 1024
 OFFLOAD_FWD_STASH = 5
-# LayerNorm / RMSNorm per-row statistics (mean, rstd): fp32 on CUDA (acc type).
-STAT = 4
 
 
 class AmpRegime(enum.StrEnum):
     AUTOCAST = "autocast"
     MODULE = "module"
-
-
-@dataclass(frozen=True, slots=True)
-class Saved:
-    """One tensor autograd keeps for backward."""
-
-    name: str
-    nbytes: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +101,12 @@ class ActivationPlan:
     """Of root_saved, what is offloaded (everything but the output layer's and the loss's)."""
     offload_root_before: int = 0
     """Of that, what the root saves before the first block."""
+    ring_forward: int = 0
+    """Context parallel: the ring attention's forward peak above its inputs, in one block
+    (planner/context_parallel.py; 0 without CP)."""
+    ring_backward: int = 0
+    """Context parallel: one block's backward transient while its ring attention runs
+    backward (the ring's peak, the gradients flowing in); 0 without CP."""
 
     def scaled(self, k: float) -> ActivationPlan:
         """Every activation term times k (a calibration's correction)."""
@@ -129,7 +126,9 @@ class ActivationPlan:
             offload_stash=int(self.offload_stash * k),
             offload_stash_root=int(self.offload_stash_root * k),
             offload_root=int(self.offload_root * k),
-            offload_root_before=int(self.offload_root_before * k))
+            offload_root_before=int(self.offload_root_before * k),
+            ring_forward=int(self.ring_forward * k),
+            ring_backward=int(self.ring_backward * k))
 
     @property
     def block_bytes(self) -> int:
@@ -198,252 +197,14 @@ def regime_for(precision: Precision, uses_autocast: bool) -> tuple[AmpRegime, in
     return AmpRegime.MODULE, c, c
 
 
-def _norm(prefix: str, model: ModelSpec, t: int, regime: AmpRegime, c: int, r: int) -> list[Saved]:
-    """A norm over an input of dtype r (residual stream or branch output)."""
-    h = model.hidden
-    if model.norm is NormKind.RMSNORM:
-        # HF LlamaRMSNorm: h32 = x.to(fp32) [saved by pow and mul; the input itself when r == 4]
-        # n = h32 * rsqrt(var + eps) [rsqrt saved], then weight * n.to(x.dtype) saves the cast.
-        # Gemma's RMSNorm multiplies in fp32, n * (1 + weight.float()), and saves that fp32
-        # product before casting back (transformers' Gemma2RMSNorm / Gemma3RMSNorm).
-        return [
-            Saved(f"{prefix}.input_fp32", FP32 * t * h),
-            Saved(f"{prefix}.rstd", FP32 * t),
-            Saved(f"{prefix}.normed", (FP32 if model.norm_weight_fp32 else r) * t * h),
-        ]
-    # nn.LayerNorm: saves its input and per-row mean/rstd. Under CUDA autocast layer_norm is an
-    # fp32 op: a bf16 input (a branch output) is cast up first and the fp32 copy is saved.
-    # OLMo's weightless norm casts to fp32 itself (OlmoLayerNorm: F.layer_norm(x.float())).
-    plain = model.norm is NormKind.LAYERNORM_PLAIN
-    in_bytes = FP32 if regime is AmpRegime.AUTOCAST or plain else r
-    return [
-        Saved(f"{prefix}.input", in_bytes * t * h),
-        Saved(f"{prefix}.mean_rstd", 2 * STAT * t),
-    ]
-
-
-def _rms_inner(prefix: str, t: int, width: int, rows: int, c: int,
-               weight_fp32: bool = False) -> list[Saved]:
-    """An RMSNorm inside attention over a c-dtype input of ``width`` per token (``rows``
-    statistics per token): the fp32 copy, rstd and what the weight multiply saves (the cast,
-    or the fp32 product: ModelSpec.norm_weight_fp32); its output (c) is saved by whatever
-    reads it, counted there."""
-    return [Saved(f"{prefix}.input_fp32", FP32 * t * width), Saved(f"{prefix}.rstd",
-                                                                    FP32 * t * rows),
-            Saved(f"{prefix}.normed", (FP32 if weight_fp32 else c) * t * width)]
-
-
-def _mla_saved(model: ModelSpec, t: int, batch: int, seq: int, c: int) -> list[Saved]:
-    """Multi-head latent attention (transformers' DeepseekV2Attention / DeepseekV3Attention)
-    after the input is saved: the latent RMSNorms (their outputs saved by q_b / kv_b), the
-    query and key SDPA reads (new tensors: cat of the no-RoPE and RoPE parts), the value (a
-    view of kv_b's output, whose whole storage it keeps: keys' no-RoPE part too), SDPA's
-    output and logsumexp."""
-    nh, qk, rope = model.n_heads, model.d_head, model.qk_rope_dim
-    v = model.v_head_dim or qk
-    out: list[Saved] = []
-    if model.q_lora_rank:
-        out += _rms_inner("attn.q_a_norm", t, model.q_lora_rank, 1, c)
-        out.append(Saved("attn.q_b.input", c * t * model.q_lora_rank))
-    out += _rms_inner("attn.kv_a_norm", t, model.kv_lora_rank, 1, c)
-    out.append(Saved("attn.kv_b.input", c * t * model.kv_lora_rank))
-    out += [Saved("sdpa.q", c * t * nh * qk), Saved("sdpa.k", c * t * nh * qk),
-            Saved("sdpa.v.kv_b_out", c * t * nh * (qk - rope + v)),
-            Saved("sdpa.out", c * t * nh * v),
-            Saved("sdpa.logsumexp", FP32 * batch * nh * seq)]
-    return out
-
-
-def _mlp_saved(model: ModelSpec, t: int, c: int, f: int, tokens: int, prefix: str = "mlp",
-               gated: bool | None = None, autocast: bool = False) -> list[Saved]:
-    """One MLP's intermediates over ``tokens`` rows of width f (its input counted apart)."""
-    gated = model.mlp.gated if gated is None else gated
-    if gated:
-        # down(act(gate(m)) * up(m)): act saves gate's output, mul saves act's output and
-        # up's output, down saves the product. (Phi-3's fused gate_up: the two halves are
-        # views of one output, the same bytes.)
-        return [Saved(f"{prefix}.gate_out", c * tokens * f), Saved(f"{prefix}.act_out",
-                                                                   c * tokens * f),
-                Saved(f"{prefix}.up_out", c * tokens * f),
-                Saved(f"{prefix}.down.input", c * tokens * f)]
-    # down(gelu(up(m))): gelu saves up's output, down saves gelu's output.
-    if model.python_gelu:
-        # transformers' NewGELUActivation (gelu_new): 0.5 * x * (1 + tanh(sqrt(2/pi) *
-        # (x + 0.044715 * x^3))) op by op: pow saves x, tanh saves its output, the last
-        # multiply saves both operands (0.5 * x and 1 + tanh), down saves the product. Under
-        # autocast pow is an fp32 op (autocast_mode.cpp's fp32 list): it saves an fp32 copy
-        # of x, and everything after it up to down's cast is promoted to fp32 but 0.5 * x.
-        wide = FP32 if autocast else c
-        return [Saved(f"{prefix}.gelu.pow_input", wide * tokens * f),
-                Saved(f"{prefix}.gelu.tanh_out", wide * tokens * f),
-                Saved(f"{prefix}.gelu.half_x", c * tokens * f),
-                Saved(f"{prefix}.gelu.one_plus_tanh", wide * tokens * f),
-                Saved(f"{prefix}.down.input", c * tokens * f)]
-    return [Saved(f"{prefix}.up_out", c * tokens * f), Saved(f"{prefix}.down.input",
-                                                           c * tokens * f)]
-
-
-def _scaled(saved: list[Saved], k: int, n: int) -> list[Saved]:
-    """Entries of k out of n blocks, spread over all n (an average block)."""
-    return [Saved(x.name, x.nbytes * k // n) for x in saved]
-
-
 def block_saved(model: ModelSpec, t: int, batch: int, seq: int, attention: Attention,
                 regime: AmpRegime, c: int, r: int) -> list[Saved]:
-    """What one block saves for backward. An MoE model with dense blocks (DeepSeek's
+    """What one block saves for backward: its layout's parts in forward order, each variant
+    listing its own (planner/arch/). An MoE model with dense blocks (DeepSeek's
     first_k_dense_replace) gets the average block: its MLP entries weighted by how many blocks
     of each kind there are, so that n_layers x this sum is the whole model's."""
-    h, f = model.hidden, model.ffn_hidden
-    qd, kvd, nh = model.q_dim, model.kv_dim, model.n_heads
-    autocast = regime is AmpRegime.AUTOCAST
-    out: list[Saved] = []
-
-    # --- attention branch -------------------------------------------------------------
-    if not model.post_norms:
-        out += _norm("norm1", model, t, regime, c, r)
-        # The norm output has dtype r (RMSNorm: weight(fp32 under autocast) * cast); q, k, v
-        # read it.
-        norm_out = r if model.norm is NormKind.RMSNORM else (
-            FP32 if autocast and model.norm is NormKind.LAYERNORM else r)
-    else:
-        norm_out = r  # OLMo-2: q, k, v read the residual stream itself
-    if model.mla:
-        readers = ("q_a" if model.q_lora_rank else "q", "kv_a")
-    elif model.fused_qkv:
-        readers = ("qkv",)
-    else:
-        readers = ("q", "k", "v")
-    if autocast and norm_out != c:
-        for proj in readers:
-            out.append(Saved(f"attn.{proj}.input_cast", c * t * h))
-    else:
-        out.append(Saved("attn.qkv.input", norm_out * t * h))
-    if model.qk_norm is not QkNorm.NONE:
-        # q_norm / k_norm (Qwen3, Gemma-3 per head; OLMo-2 over all heads) on the
-        # projections' c-dtype outputs; their outputs go on to RoPE (not saved there).
-        rows_q, rows_k = (nh, model.n_kv_heads) if model.qk_norm is QkNorm.HEAD else (1, 1)
-        out += _rms_inner("attn.q_norm", t, qd, rows_q, c, model.norm_weight_fp32)
-        out += _rms_inner("attn.k_norm", t, kvd, rows_k, c, model.norm_weight_fp32)
-    # q, k, v come out of the linears in c. RoPE multiplies by cos/sin of the residual dtype:
-    # under autocast the product is promoted to fp32 and sdpa/matmul casts it back to c
-    # (a new tensor, saved); in module regime RoPE's output is c and saved directly.
-    if model.position is PositionKind.ROPE and autocast:
-        rope_note = ".rope_cast"
-    else:
-        rope_note = ""
-    # Phi-3's fused qkv_proj: v is a view of the (tokens, q + 2 kv) output, and what SDPA
-    # saves keeps that whole storage alive.
-    v_width = qd + 2 * kvd if model.fused_qkv else kvd
-    if model.mla:
-        out += _mla_saved(model, t, batch, seq, c)
-    elif attention is Attention.SDPA:
-        # Flash-style SDPA saves q, k, v (GQA: k/v not expanded), out and the fp32
-        # logsumexp (B, heads, T): aten/src/ATen/native/transformers/attention.cpp.
-        out.append(Saved(f"sdpa.q{rope_note}", c * t * qd))
-        out.append(Saved(f"sdpa.k{rope_note}", c * t * kvd))
-        out.append(Saved("sdpa.v", c * t * v_width))
-        out.append(Saved("sdpa.out", c * t * qd))
-        out.append(Saved("sdpa.logsumexp", FP32 * batch * nh * seq))
-        # out is (B, T, heads, d) in memory, so transpose(1, 2).reshape is a view that
-        # attn.o saves without a copy. Not after a fused qkv (RoPE on a slice of the qkv
-        # output, not dense) or a partial RoPE (the rotated and passed parts concatenated):
-        # q comes out (B, heads, T, d)-contiguous, SDPA's output follows q's layout, and the
-        # reshape for attn.o copies it (traced: Phi3Attention, PhiAttention).
-        if model.fused_qkv or model.partial_rotary:
-            out.append(Saved("attn.o.input_copy", c * t * qd))
-        if model.sliding_layers and seq > model.sliding_window:
-            # past the window a sliding layer's SDPA gets transformers' boolean (B, 1, T, T)
-            # mask, which SDPA turns into an additive mask of q's dtype on each call and the
-            # kernel keeps for backward (sdp::convert_boolean_attn_mask); averaged over the
-            # blocks (traced: Phi-3-mini, window 2047, seq 2048: 8 MiB per layer)
-            out.append(Saved("sdpa.window_mask",
-                             c * batch * seq * seq * model.sliding_layers // model.n_layers))
-    else:
-        # Eager: k, v repeated to n_heads for GQA (repeat_interleave copies), scores
-        # s = q @ k^T * scale (not saved), causal masked_fill (bool mask shared across
-        # layers), softmax in fp32 (output saved), cast to c (saved by p @ v),
-        # o = p @ v, then transpose+reshape copies o for attn.o.
-        scores = batch * nh * seq * seq
-        out.append(Saved(f"attn.q{rope_note}", c * t * qd))
-        out.append(Saved("attn.k_expanded" if kvd != qd else f"attn.k{rope_note}", c * t * qd))
-        out.append(Saved("attn.v_expanded" if kvd != qd else "attn.v", c * t * qd))
-        if model.attn_softcap:
-            # Gemma-2 eager_attention_forward: tanh(s / cap) * cap; tanh saves its output
-            out.append(Saved("attn.softcap_tanh", c * scores))
-        out.append(Saved("attn.probs_fp32", FP32 * scores))
-        if model.dropout:
-            # dropout(probs): p @ v saves the dropped copy; native_dropout keeps a bool mask
-            # (aten/src/ATen/native/Dropout.cpp). Flash SDPA kernels keep only RNG state.
-            out.append(Saved("attn.probs", c * scores))
-            out.append(Saved("attn.probs_dropout_mask", scores))
-        elif c != FP32:
-            out.append(Saved("attn.probs", c * scores))  # the cast p @ v saves (none in fp32)
-        out.append(Saved("attn.o.input", c * t * qd))
-    if model.norms_per_layer >= 4:
-        # Gemma-2 post-attention norm on the branch output (dtype c).
-        out += _norm("norm3", model, t, regime, c, c)
-    if model.post_norms:
-        out += _norm("norm1", model, t, regime, c, c)  # OLMo-2: on the attention output
-    if model.dropout:
-        out.append(Saved("attn.dropout_mask", t * h))  # on attn.o's output, before the add
-
-    # --- MLP branch ---------------------------------------------------------------------
-    if model.post_norms:
-        mlp_in_bytes = r
-    elif model.parallel_block and model.norms_per_layer == 1:
-        mlp_in_bytes = None  # reads norm1's output, already saved above
-    else:
-        out += _norm("norm2", model, t, regime, c, r)
-        mlp_in_bytes = norm_out
-    n_in = 1 if model.fused_gate_up else 2 if model.mlp.gated else 1
-    if model.shared_ffn:
-        n_in += n_in + model.shared_expert_gate  # the shared expert's linears read it too
-    if mlp_in_bytes is not None:
-        if autocast and mlp_in_bytes != c:
-            for i in range(n_in):
-                out.append(Saved(f"mlp.in{i}.input_cast", c * t * h))
-        else:
-            out.append(Saved("mlp.input", mlp_in_bytes * t * h))
-    elif autocast and norm_out != c:
-        for i in range(n_in):
-            out.append(Saved(f"mlp.in{i}.input_cast", c * t * h))
-    mlp: list[Saved] = []
-    if model.is_moe:
-        e = model.n_experts
-        tokens = t * model.experts_per_token
-        # Router: logits (t, E) in fp32 softmax, top-k; dispatch buffer (E, C, h) with
-        # C = t*k/E (capacity factor 1.0) is saved by the expert bmm.
-        mlp.append(Saved("moe.router_probs", FP32 * t * e))
-        if model.router_fp32:
-            mlp.append(Saved("moe.router.input_fp32", FP32 * t * h))
-        # topk keeps its int64 indices for backward (derivatives.yaml: topk)
-        mlp.append(Saved("moe.topk_indices", 8 * t * model.experts_per_token))
-        mlp.append(Saved("moe.dispatched", c * tokens * h))
-        mlp += _mlp_saved(model, t, c, f, tokens)
-        # Combine: expert outputs (E, C, h) gathered back and weighted (weights saved).
-        mlp.append(Saved("moe.expert_out", c * tokens * h))
-        if model.shared_ffn:
-            # the always-on shared expert(s): one more MLP over every token (DeepSeek's
-            # shared_experts, Qwen2-MoE's shared_expert)
-            mlp += _mlp_saved(model, t, c, model.shared_ffn, t, "mlp.shared")
-        if model.shared_expert_gate:
-            # Qwen2-MoE: sigmoid(shared_expert_gate(x)) * shared: the multiply saves both
-            mlp += [Saved("mlp.shared_gate.sigmoid", c * t), Saved("mlp.shared.out", c * t * h)]
-        nd = model.n_dense_layers
-        if nd:
-            L = model.n_layers
-            mlp = _scaled(mlp, L - nd, L) + _scaled(
-                _mlp_saved(model, t, c, model.dense_ffn_hidden, t, "mlp.dense"), nd, L)
-    else:
-        mlp += _mlp_saved(model, t, c, f, t, autocast=autocast)
-    out += mlp
-    if model.norms_per_layer >= 4:
-        out += _norm("norm4", model, t, regime, c, c)
-    if model.post_norms:
-        out += _norm("norm2", model, t, regime, c, c)  # OLMo-2: on the MLP output
-    if model.dropout:
-        out.append(Saved("mlp.dropout_mask", t * h))
-    return out
+    x = Ctx(t, batch, seq, attention, regime is AmpRegime.AUTOCAST, c, r)
+    return variants_of(model).block_saved(model, x)
 
 
 def mm_outputs(model: ModelSpec, t: int, c: int, dense: bool = False) -> list[Saved]:
@@ -453,54 +214,7 @@ def mm_outputs(model: ModelSpec, t: int, c: int, dense: bool = False) -> list[Sa
     torchtitan's policy does not count or save (GPT-2's Conv1D, BERT, phi-2, Qwen2's q/k/v).
     MoE experts run as grouped or batched matmuls (not counted); DeepSeek's router multiplies
     in fp32. ``dense``: one of an MoE model's dense blocks."""
-    h, qd, kvd = model.hidden, model.q_dim, model.kv_dim
-    out: list[Saved] = []
-
-    def mm(name: str, width: int, biased: bool = False, nbytes: int = c) -> None:
-        if not biased:
-            out.append(Saved(name, nbytes * t * width))
-
-    if model.mla:
-        nh, qk, rope = model.n_heads, model.d_head, model.qk_rope_dim
-        if model.q_lora_rank:
-            mm("q_a.out", model.q_lora_rank)
-            mm("q_b.out", nh * qk)
-        else:
-            mm("q.out", nh * qk)
-        mm("kv_a.out", model.kv_lora_rank + rope)
-        mm("kv_b.out", nh * (qk - rope + (model.v_head_dim or qk)))
-    elif model.fused_qkv:
-        mm("qkv.out", qd + 2 * kvd, model.bias or model.qkv_bias)
-    else:
-        for name, width in (("q.out", qd), ("k.out", kvd), ("v.out", kvd)):
-            mm(name, width, model.bias or model.qkv_bias)
-    mm("o.out", h, model.bias or model.attn_out_bias)
-    f = model.dense_ffn_hidden if dense else model.ffn_hidden
-    if model.is_moe and not dense:
-        shared = [(n, w) for n, w in (("shared.gate.out", model.shared_ffn),
-                                      ("shared.up.out", model.shared_ffn),
-                                      ("shared.down.out", h))
-                  if model.shared_ffn and (model.mlp.gated or n != "shared.gate.out")]
-        if model.shared_expert_gate:
-            # Qwen2MoeSparseMoeBlock: the shared expert first, then the router, its gate last
-            for name, width in shared:
-                mm(name, width)
-            mm("router.out", model.n_experts)
-            mm("shared_gate.out", 1)
-            return out
-        # Mixtral, Qwen3-MoE, DeepSeek: the router, the experts, then the shared experts
-        mm("router.out", model.n_experts, nbytes=FP32 if model.router_fp32 else c)
-        for name, width in shared:
-            mm(name, width)
-        return out
-    if model.fused_gate_up:
-        mm("gate_up.out", 2 * f, model.bias)
-    else:
-        if model.mlp.gated:
-            mm("gate.out", f, model.bias)
-        mm("up.out", f, model.bias)
-    mm("down.out", h, model.bias)
-    return out
+    return variants_of(model).block_mm_outputs(model, t, c, dense)
 
 
 def op_sac_kept(model: ModelSpec, t: int, batch: int, seq: int, attention: Attention,
@@ -519,7 +233,7 @@ def op_sac_kept(model: ModelSpec, t: int, batch: int, seq: int, attention: Atten
     every_other = [s for i, s in enumerate(mm_outputs(model, t, c)) if i % 2 == 0]
     if model.n_dense_layers:  # the average block (as block_saved)
         L, nd = model.n_layers, model.n_dense_layers
-        every_other = _scaled(every_other, L - nd, L) + _scaled(
+        every_other = scaled(every_other, L - nd, L) + scaled(
             [s for i, s in enumerate(mm_outputs(model, t, c, dense=True)) if i % 2 == 0], nd, L)
     kept += every_other
     if attention is Attention.SDPA:
@@ -531,7 +245,7 @@ def op_sac_kept(model: ModelSpec, t: int, batch: int, seq: int, attention: Atten
 def _sac_overlap(model: ModelSpec, saved: list[Saved], regime: AmpRegime) -> int:
     """Bytes of block_saved that are the very tensors SAC keeps (not recomputed twice)."""
     same = {"sdpa.v", "sdpa.out", "mlp.gate_out" if model.mlp.gated else "mlp.up_out"}
-    if model.position is not PositionKind.ROPE and regime is AmpRegime.MODULE:
+    if not variants_of(model).position.rotary and regime is AmpRegime.MODULE:
         same.add("sdpa.q")  # no RoPE: sdpa's q is q's matmul output itself
     return sum(s.nbytes for s in saved if s.name in same)
 
@@ -539,25 +253,23 @@ def _sac_overlap(model: ModelSpec, saved: list[Saved], regime: AmpRegime) -> int
 def root_saved(model: ModelSpec, t: int, seq: int, regime: AmpRegime, c: int, r: int) -> list[Saved]:
     h = model.hidden
     autocast = regime is AmpRegime.AUTOCAST
+    arch = variants_of(model)
+    x = Ctx(t, t // seq, seq, None, autocast, c, r)
     out: list[Saved] = []
     if model.embedding_norm:
-        out += _norm("embed_norm", model, t, regime, c, r)
+        out += arch.norm.saved(model, x, "embed_norm", r)
     if model.dropout:
         out.append(Saved("embed.dropout_mask", t * h))
-    if model.position is PositionKind.ROPE:
-        # cos and sin (T, head_dim), computed once per forward in the residual dtype and
-        # saved by every block's RoPE multiply (shared storage).
-        out.append(Saved("rope.cos_sin", 2 * r * seq * model.d_head))
+    out += arch.position.saved(model, x)  # RoPE's cos and sin tables
     if model.encoder_head:
         # BERT MLM head: dense -> gelu -> norm -> decoder; the pooler reads token 0 only.
         out += [Saved("head.dense.input", (c if autocast else r) * t * h),
                 Saved("head.gelu.input", c * t * h)]
-        out += _norm("head.norm", model, t, regime, c, c)
+        out += arch.norm.saved(model, x, "head.norm", c)
         out.append(Saved("lm_head.input", c * t * h))
     else:
-        out += _norm("final_norm", model, t, regime, c, r)
-        norm_out = r if model.norm is NormKind.RMSNORM else (
-            FP32 if autocast and model.norm is NormKind.LAYERNORM else r)
+        out += arch.norm.saved(model, x, "final_norm", r)
+        norm_out = arch.norm.out_bytes(x)
         name = "lm_head.input_cast" if autocast and norm_out != c else "lm_head.input"
         out.append(Saved(name, (c if autocast else norm_out) * t * h))
         if model.final_softcap:
@@ -721,11 +433,16 @@ def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Preci
                      keep_logits: bool = False, compiled: bool = False,
                      finetune: FineTune | None = None, tp: int = 1,
                      adapter_bytes: int = 0, compiled_loss: bool = False,
-                     offload: bool = False) -> ActivationPlan:
+                     offload: bool = False, cp: int = 1) -> ActivationPlan:
+    """``seq`` is the sequence one GPU holds (under context parallel ``cp``: seq / cp)."""
     t = batch * seq
     regime, c, r = regime_for(precision, uses_autocast)
     ft = finetune or FineTune()
     saved = block_saved(model, t, batch, seq, attention, regime, c, r)
+    if cp > 1:
+        from planner.context_parallel import cp_saved
+
+        saved = cp_saved(saved, model, t, c)
     eager_saved = saved
     if ft.lora:
         saved = lora_saved(model, saved, ft, t, c, adapter_bytes)

@@ -23,8 +23,10 @@ from planner.spec import (
     Attention,
     Checkpointing,
     CompileMode,
+    CpRotate,
     Dtype,
     FlatParams,
+    Float8Recipe,
     GradSync,
     InitMode,
     LINEAR_MODULES,
@@ -72,6 +74,21 @@ def parse_strategies(raw: Any) -> tuple[Strategy, ...]:
     if not out:
         raise ValueError("give at least one strategy: " + ", ".join(str(s) for s in Strategy))
     return tuple(out)
+
+
+def parse_transformers_version(raw: Any) -> str:
+    """'4.45.2' or '4.45' -> '4.45': the release the model's loss code comes from."""
+    if isinstance(raw, float):  # 4.50 read as a number is 4.5
+        raise ValueError(f"must be a release written as text (\"4.50\"), got {raw!r}")
+    text = str(raw).strip().lstrip("v")
+    parts = text.split(".")
+    if isinstance(raw, bool) or len(parts) < 2 or not all(p.isdigit() for p in parts[:2]):
+        raise ValueError(f"must be a transformers release such as 4.46 or 4.45.2, got "
+                         f"{validate._show(raw)}")
+    major, minor = int(parts[0]), int(parts[1])
+    if major < 4 or major > 99:
+        raise ValueError(f"must be transformers 4.x or later, got {validate._show(raw)}")
+    return f"{major}.{minor}"
 
 
 def parse_loss(raw: Any) -> tuple[LossKind, int]:
@@ -244,6 +261,14 @@ def _ds_bool(raw: Any) -> bool:
     return validate.boolean(raw)
 
 
+def _hpz_size(raw: Any) -> int:
+    """ZeRO++ hpZ group size: a whole number of ranks; DeepSpeed's pydantic field takes >= 0
+    and turns hpZ on above 1, so 0 is the same as 1 (off)."""
+    if not isinstance(raw, bool) and (raw == 0 or (isinstance(raw, str) and raw.strip() == "0")):
+        return 1
+    return validate.count(raw, limit=1 << 20, what="a number of GPUs (0 or 1: off)")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Field:
     path: str
@@ -338,8 +363,10 @@ FIELDS: tuple[Field, ...] = (
           help="Step temporaries: foreach one state-sized copy, fused none, for-loop the "
           "largest tensor's."),
     Field(path="training.attention", flag="--attention", check=_choice(Attention),
-          choices=_names(Attention), default=_train_default("attention"),
-          help="sdpa: flash-style kernels; eager: materialized T x T scores."),
+          choices=_names(Attention), shown_default="the model's",
+          help="sdpa: flash-style kernels; eager: materialized T x T scores. Default: what "
+          "transformers runs for the model's family (eager for bloom and gemma2, which have "
+          "no sdpa; a config.json's attn_implementation), else sdpa."),
     Field(path="training.grad_sync", flag="--grad-sync", check=_choice(GradSync),
           choices=_names(GradSync), default=_train_default("grad_sync"),
           help="With --grad-accum: reduce gradients every micro-batch, or only the last "
@@ -351,6 +378,13 @@ FIELDS: tuple[Field, ...] = (
           help="Cross-entropy: fp32 upcast of the logits (default), bf16 logits, chunked into "
           "N pieces each upcast on its own (torchtune; N default 8), or fused linear + loss "
           "(Liger)."),
+    Field(path="training.transformers_version", flag="--transformers-version",
+          metavar="X.Y[.Z]", check=parse_transformers_version, shown_default="recent",
+          help="The transformers release of the model's own loss: where no autocast runs "
+          "(DeepSpeed's bf16 module, pure bf16) it decides whether --loss fp32 upcasts the "
+          "logits (Llama-style classes since 4.31, GPT-2/Falcon/BLOOM since 4.49) or takes "
+          "cross-entropy in bf16 (docs/model.md \"Loss\"); and the default attention of a "
+          "family that gained sdpa later (e.g. GPT-2 before 4.42: eager)."),
     Field(path="training.keep_logits", flag="--keep-logits", check=validate.boolean,
           is_flag=True, help="The loop keeps the logits alive through backward (a reference "
           "held past the loss)."),
@@ -364,6 +398,15 @@ FIELDS: tuple[Field, ...] = (
           choices=_names(CompileMode), default=_train_default("compile"),
           help="torch.compile: none, each transformer block (torchtitan), or the whole "
           "model."),
+    Field(path="training.float8", flag="--float8", check=_choice(Float8Recipe),
+          choices=_names(Float8Recipe), default=_train_default("float8"),
+          help="torchao float8 training of the blocks' linears (torchtitan's float8 "
+          "converter, axolotl fp8): tensorwise, rowwise or rowwise_with_gw_hp scaling; the "
+          "output head stays in bf16. Needs a GPU profile with an fp8 peak."),
+    Field(path="training.float8_all_gather", flag="--float8-all-gather",
+          check=validate.boolean, is_flag=True,
+          help="With --float8 tensorwise under FSDP: all-gather the float8 linears' weights in "
+          "float8 (torchao enable_fsdp_float8_all_gather): half the gathered bytes."),
     Field(path="training.allocator", flag="--allocator", check=_choice(Allocator),
           choices=_names(Allocator), default=_train_default("allocator"),
           help="CUDA caching allocator: default segments, or expandable "
@@ -446,6 +489,16 @@ FIELDS: tuple[Field, ...] = (
           "interleaved-1f1b",
           help="Pipeline stages per rank (torchtitan's default: 1 for gpipe and 1f1b, 2 for "
           "the multi-stage schedules)."),
+    # ---- context parallel (planner/context_parallel.py; docs/model.md "Context parallel")
+    Field(path="parallel.cp", flag="--cp", metavar="N", check=_count(1024), default=1,
+          help="Context-parallel degree: torch's context_parallel (ring attention, "
+          "load-balanced sequence sharding), FSDP2 over dp_shard x cp (torchtitan). Each GPU "
+          "holds seq / N tokens; 1: none."),
+    Field(path="parallel.cp_rotate", flag="--cp-rotate", check=_choice(CpRotate),
+          choices=_names(CpRotate), default=CpRotate.ALLGATHER.value,
+          help="How CP's ring moves keys and values (torch's set_rotate_method): allgather "
+          "(one all-gather, every rank's keys and values held) or alltoall (one chunk "
+          "passed on per step)."),
     # ---- DeepSpeed (the ZeRO candidates; DeepSpeed's defaults, docs/model.md "DeepSpeed ZeRO")
     Field(path="deepspeed.reduce_bucket_size", flag="--ds-reduce-bucket-size",
           metavar="N|auto", check=_ds_auto,
@@ -488,6 +541,22 @@ FIELDS: tuple[Field, ...] = (
           help="ZeRO-3: the model is built under deepspeed.zero.Init (default; the HF "
           "integration does so). --no-ds-zero-init: every rank builds the full model and "
           "the engine moves it to its GPU before partitioning."),
+    # ZeRO++ (ZeRO-3 only; docs/model.md "ZeRO++", docs/throughput.md "ZeRO++")
+    Field(path="deepspeed.zero_quantized_weights", flag="--ds-zero-quantized-weights",
+          check=_ds_bool, is_flag=True,
+          help="ZeRO++ qwZ (ZeRO-3): parameter all-gathers in int8 with per-group scales, "
+          "half the bytes of a 16-bit gather; the int8 and dequantized fp16 copies of the "
+          "module being gathered are extra memory."),
+    Field(path="deepspeed.zero_hpz_partition_size", flag="--ds-hpz-partition-size",
+          metavar="N", check=_hpz_size,
+          help="ZeRO++ hpZ (ZeRO-3): a secondary 16-bit parameter shard over N GPUs (a "
+          "node; N divides the GPUs per node), 1/N of the model per GPU, so every gather but "
+          "the first forward's stays inside the node. 0 or 1: off (default)."),
+    Field(path="deepspeed.zero_quantized_gradients", flag="--ds-zero-quantized-gradients",
+          check=_ds_bool, is_flag=True,
+          help="ZeRO++ qgZ (ZeRO-3, more than one node): gradients reduced by int4 "
+          "all-to-alls inside the node then across nodes, a quarter of the bytes of a 16-bit "
+          "reduce-scatter."),
     Field(path="deepspeed.fused_adam", flag="--ds-fused-adam", check=_ds_bool, is_flag=True,
           help="DeepSpeed's own optimizer (a config optimizer block: FusedAdam, no step "
           "temporaries; default). --no-ds-fused-adam: the client's torch optimizer "
@@ -497,6 +566,20 @@ FIELDS: tuple[Field, ...] = (
           choices=("cpu", "nvme"), shown_default="cpu",
           help="ZeRO-3 offload target: cpu (ZeRO-Offload) or nvme (ZeRO-Infinity: host RAM "
           "holds only the swapper's pinned buffers)."),
+    Field(path="deepspeed.grad_accum_dtype", flag="--ds-grad-accum-dtype",
+          check=_choice(Dtype), choices=_names(Dtype), shown_default="the model's",
+          help="data_types.grad_accum_dtype. fp32 with --precision bf16-amp on zero1 without "
+          "offload: DeepSpeed's BF16_Optimizer (a full-size fp32 gradient buffer, 4 B/param, "
+          "beside the bf16 grads); ZeRO-2/3 do not read it."),
+    Field(path="deepspeed.bf16_master_weights_and_grads",
+          flag="--ds-bf16-master-weights-and-grads", check=_ds_bool, is_flag=True,
+          help="bf16.bf16_master_weights_and_grads: the ZeRO master partition and the "
+          "gradient partition it steps in bf16 (2 B instead of 4). Without "
+          "--ds-bf16-optimizer-states DeepSpeed needs optimizer offload (DeepSpeedCPUAdam)."),
+    Field(path="deepspeed.bf16_optimizer_states", flag="--ds-bf16-optimizer-states",
+          check=_ds_bool, is_flag=True,
+          help="bf16.bf16_optimizer_states: the optimizer's moments in bf16 too (needs "
+          "--ds-bf16-master-weights-and-grads)."),
     # ---- hardware ----------------------------------------------------------------------
     Field(path="hardware.gpu", flag="--gpu", metavar="NAME|PATH", check=validate.text, files=True,
           help="GPU profile id (see --list-gpus) or a path to a TOML profile."),

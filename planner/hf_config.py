@@ -569,6 +569,7 @@ def _gpt2(r: _Reader, name: str) -> ModelSpec:
         ffn_hidden=ffn or 4 * hidden, vocab=vocab, tied_embeddings=tied, mlp=MlpKind.GELU,
         norm=NormKind.LAYERNORM, position=PositionKind.LEARNED, max_positions=positions,
         bias=True, python_gelu=act == "gelu_new",
+        loss_upcast_since=(4, 49),  # GPT2LMHeadModel: self.loss_function since 4.49
     )  # fmt: skip
 
 
@@ -619,6 +620,7 @@ def _bloom(r: _Reader, name: str) -> ModelSpec:
         name=name, n_layers=n_layers, hidden=hidden, n_heads=n_heads, n_kv_heads=n_heads,
         ffn_hidden=4 * hidden, vocab=vocab, tied_embeddings=tied, mlp=MlpKind.GELU,
         norm=NormKind.LAYERNORM, position=PositionKind.ALIBI, bias=True, embedding_norm=True,
+        loss_upcast_since=(4, 49),  # BloomForCausalLM: self.loss_function since 4.49
     )  # fmt: skip
 
 
@@ -649,6 +651,7 @@ def _falcon(r: _Reader, model_type: str, name: str) -> ModelSpec:
         ffn_hidden=ffn or 4 * hidden, vocab=vocab, tied_embeddings=tied, mlp=MlpKind.GELU,
         norm=NormKind.LAYERNORM, position=PositionKind.ALIBI if alibi else PositionKind.ROPE,
         bias=bias, norms_per_layer=norms, parallel_block=parallel,
+        loss_upcast_since=(4, 49),  # FalconForCausalLM: self.loss_function since 4.49
     )  # fmt: skip
 
 
@@ -682,7 +685,30 @@ def spec_from_hf_config(cfg: dict[str, Any], name: str, *, notes: list[str] | No
                      for f in found)
         notes.extend(Notice(f"{name}: {x}", Kind.CONFIG) for x in remarks)
     p = _dropout(cfg, name)
-    return dataclasses.replace(spec, dropout=p) if p else spec
+    family, attn = _family_and_attention(cfg, name)
+    return dataclasses.replace(spec, dropout=p or spec.dropout, family=family,
+                               attn_implementation=attn)
+
+
+def _family_and_attention(cfg: dict[str, Any], name: str) -> tuple[str, str]:
+    """The model_type read (the language model's, under a wrapper's text_config) and the
+    attention the config names (``attn_implementation`` or ``_attn_implementation``, which
+    transformers' PretrainedConfig takes as the requested implementation), "" when none."""
+    attn = ""
+    for depth in range(MAX_NESTING + 1):
+        for key in ("attn_implementation", "_attn_implementation"):
+            raw = cfg.get(key)
+            if raw is not None and not isinstance(raw, str):
+                raise ConfigError(f"{name}: {key} must be a string, got {_show(raw)}")
+            attn = attn or (raw or "")
+        model_type = str(cfg.get("model_type") or "").lower().replace("_", "-")
+        inner = cfg.get("text_config")
+        if model_type in _KNOWN or not isinstance(inner, dict) or depth == MAX_NESTING:
+            break
+        cfg = inner
+    if not model_type and "n_embd" in cfg:
+        model_type = "gpt2"
+    return model_type, attn
 
 
 CROSS_CHECK = 0.05

@@ -22,6 +22,8 @@ class Kind(StrEnum):
     """A job file's reading: what was read, assumed or not modelled."""
     ONE_GPU = "one-gpu"
     """A sharding strategy on one GPU, estimated as plain training."""
+    FLOAT8 = "float8"
+    """--float8: how far the float8 step time is from published runs."""
 
 
 class Notice(str):

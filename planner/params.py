@@ -13,118 +13,35 @@ import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from planner.arch import variants_of
+from planner.arch.base import Shape
+from planner.arch.base import linear as _linear
 from planner.spec import (
     LINEAR_MODULES,
     FineTune,
     ModelSpec,
-    NormKind,
-    PositionKind,
-    QkNorm,
     Quantize,
 )
-
-Shape = tuple[int, ...]
-
-
-def _norm(prefix: str, model: ModelSpec, width: int = 0) -> Iterator[tuple[str, Shape]]:
-    """A norm of the model's kind over ``width`` (default: hidden) elements."""
-    if model.norm is NormKind.LAYERNORM_PLAIN:
-        return  # OLMo-1: F.layer_norm with no weight or bias
-    yield f"{prefix}.weight", (width or model.hidden,)
-    if model.norm is NormKind.LAYERNORM:
-        yield f"{prefix}.bias", (width or model.hidden,)
-
-
-def _rms(prefix: str, width: int) -> Iterator[tuple[str, Shape]]:
-    """An RMSNorm inside attention (qk-norm, MLA's latent norms): weight only."""
-    yield f"{prefix}.weight", (width,)
-
-
-def _linear(prefix: str, out_f: int, in_f: int, bias: bool) -> Iterator[tuple[str, Shape]]:
-    yield f"{prefix}.weight", (out_f, in_f)
-    if bias:
-        yield f"{prefix}.bias", (out_f,)
-
-
-def _attention(model: ModelSpec, prefix: str) -> Iterator[tuple[str, Shape]]:
-    h = model.hidden
-    if model.mla:
-        # DeepseekV2Attention / DeepseekV3Attention (transformers): q = q_b(norm(q_a(x))) or
-        # q_proj(x); [c_kv, k_pe] = kv_a(x); k_nope, v = kv_b(norm(c_kv)); o(attn).
-        nh, qk, rope = model.n_heads, model.d_head, model.qk_rope_dim
-        v = model.v_head_dim or qk
-        if model.q_lora_rank:
-            yield from _linear(f"{prefix}attn.q_a", model.q_lora_rank, h, False)
-            yield from _rms(f"{prefix}attn.q_a_norm", model.q_lora_rank)
-            yield from _linear(f"{prefix}attn.q_b", nh * qk, model.q_lora_rank, False)
-        else:
-            yield from _linear(f"{prefix}attn.q", nh * qk, h, False)
-        yield from _linear(f"{prefix}attn.kv_a", model.kv_lora_rank + rope, h, False)
-        yield from _rms(f"{prefix}attn.kv_a_norm", model.kv_lora_rank)
-        yield from _linear(f"{prefix}attn.kv_b", nh * (qk - rope + v), model.kv_lora_rank, False)
-        yield from _linear(f"{prefix}attn.o", h, model.o_in_dim, False)
-        return
-    qkv_bias = model.bias or model.qkv_bias
-    yield from _linear(f"{prefix}attn.q", model.q_dim, h, qkv_bias)
-    yield from _linear(f"{prefix}attn.k", model.kv_dim, h, qkv_bias)
-    yield from _linear(f"{prefix}attn.v", model.kv_dim, h, qkv_bias)
-    yield from _linear(f"{prefix}attn.o", h, model.q_dim, model.bias or model.attn_out_bias)
-    if model.qk_norm is QkNorm.HEAD:
-        yield from _rms(f"{prefix}attn.q_norm", model.d_head)
-        yield from _rms(f"{prefix}attn.k_norm", model.d_head)
-    elif model.qk_norm is QkNorm.FULL:
-        yield from _rms(f"{prefix}attn.q_norm", model.q_dim)
-        yield from _rms(f"{prefix}attn.k_norm", model.kv_dim)
-
-
-def _mlp(prefix: str, model: ModelSpec, f: int) -> Iterator[tuple[str, Shape]]:
-    h = model.hidden
-    if model.mlp.gated:
-        yield from _linear(f"{prefix}.gate", f, h, model.bias)
-    yield from _linear(f"{prefix}.up", f, h, model.bias)
-    yield from _linear(f"{prefix}.down", h, f, model.bias)
 
 
 def block_tensors(model: ModelSpec, prefix: str = "", *,
                   dense: bool = False) -> Iterator[tuple[str, Shape]]:
     """One transformer block's parameters: the typical block (with experts for MoE), or with
-    ``dense`` one of an MoE model's dense-MLP blocks (n_dense_layers of them)."""
-    h, f = model.hidden, model.ffn_hidden
-    if not model.post_norms or model.norms_per_layer != 2:
-        yield from _norm(f"{prefix}norm1", model)
-    yield from _attention(model, prefix)
-    if model.post_norms and model.norms_per_layer == 2:
-        yield from _norm(f"{prefix}norm1", model)  # OLMo-2: after attention
-    if model.norms_per_layer >= 2:
-        yield from _norm(f"{prefix}norm2", model)
-    if model.norms_per_layer >= 4:  # Gemma-2 sandwich: post-attention and post-MLP norms
-        yield from _norm(f"{prefix}norm3", model)
-        yield from _norm(f"{prefix}norm4", model)
-    if model.is_moe and not dense:
-        e = model.n_experts
-        yield f"{prefix}mlp.router.weight", (e, h)
-        if model.mlp.gated:
-            yield f"{prefix}mlp.w_gate", (e, f, h)
-        yield f"{prefix}mlp.w_up", (e, f, h)
-        yield f"{prefix}mlp.w_down", (e, h, f)
-        if model.shared_ffn:
-            yield from _mlp(f"{prefix}mlp.shared", model, model.shared_ffn)
-        if model.shared_expert_gate:
-            yield f"{prefix}mlp.shared_gate.weight", (1, h)
-        return
-    yield from _mlp(f"{prefix}mlp", model, model.dense_ffn_hidden if dense else f)
+    ``dense`` one of an MoE model's dense-MLP blocks (n_dense_layers of them). Each variant
+    lists its own (planner/arch/)."""
+    return variants_of(model).block_params(model, prefix, dense)
 
 
 def root_tensors(model: ModelSpec) -> Iterator[tuple[str, Shape]]:
     """Parameters outside the blocks: embeddings, final norm, output head."""
     h = model.hidden
+    arch = variants_of(model)
     yield "embed.weight", (model.vocab, h)
-    if model.position is PositionKind.LEARNED:
-        yield "pos_embed.weight", (model.max_positions, h)
+    yield from arch.position.params(model)
     if model.type_vocab:
         yield "type_embed.weight", (model.type_vocab, h)
     if model.embedding_norm:
-        yield from _norm("embed_norm", model)
+        yield from arch.norm.params(model, "embed_norm")
     if model.encoder_head:
         # BERT: pooler (BertForPreTraining; not BertForMaskedLM), then the MLM transform
         # (dense + norm) and a decoder bias; the decoder weight is the (tied) embedding.
@@ -132,12 +49,12 @@ def root_tensors(model: ModelSpec) -> Iterator[tuple[str, Shape]]:
         if model.pooler:
             yield from _linear("pooler", h, h, True)
         yield from _linear("head.dense", h, h, True)
-        yield from _norm("head.norm", model)
+        yield from arch.norm.params(model, "head.norm")
         if not model.tied_embeddings:
             yield "lm_head.weight", (model.vocab, h)
         yield "lm_head.bias", (model.vocab,)
         return
-    yield from _norm("final_norm", model)
+    yield from arch.norm.params(model, "final_norm")
     if not model.tied_embeddings:
         yield "lm_head.weight", (model.vocab, h)
     if model.head_bias:

@@ -153,7 +153,7 @@ def problem(p: Pipeline, n_layers: int) -> tuple[str, str] | None:
     refuse it, else None."""
     if p.schedule is PipeSchedule.ZBV:
         # its micro-batch counts are torch's (tests/test_pipeline.py), but its memory is not
-        # checked: the split backward could not be traced (docs/model.md §8.6), and between
+        # checked: the split backward could not be traced (docs/model.md §8.7), and between
         # an input and a weight backward it keeps the graph and the weights' output
         # gradients, which the planner does not count
         return "parallel.pp_schedule", ("zbv is NOT MODELLED: its split input/weight "

@@ -370,6 +370,17 @@ def _grows(c: Candidate) -> bool:
     return c.strategy is Strategy.ZERO3 and c.offload is Offload.PARAMS_AND_OPTIMIZER
 
 
+def count_step(r: Request, c: Candidate) -> int:
+    """The GPU counts ``c`` runs on are multiples of this within a node: its TP degree, or
+    for ZeRO-3 with ZeRO++ hpZ the hpZ group, which DeepSpeed requires to divide the GPUs
+    (planner.memory.zero.zeropp_problem); counts below the group (where it would be the
+    whole world) are not searched."""
+    h = r.training.deepspeed.zero_hpz_partition_size
+    if c.strategy is Strategy.ZERO3 and h > 1:
+        return h
+    return c.tp
+
+
 def first_fit(at: Points, c: Candidate, start: int, below: Any) -> Any:
     """The fewest GPUs (>= start > 1, < below) at which ``c`` fits, per point; ``below``
     where none does. Searched over the counts its TP degree runs on (planner.search.Counts),
@@ -393,7 +404,9 @@ def first_fit(at: Points, c: Candidate, start: int, below: Any) -> Any:
     communicator there). tests/test_min_gpus.py and benchmarks/fuzz.py check found minima
     against a plan of every count."""
     r = at.request
-    counts = Counts(at.gpus_per_node, c.tp)
+    # the counts its TP group or hpZ group divides, times a context-parallel group beside it
+    t = count_step(r, c) * r.training.cp
+    counts = Counts(at.gpus_per_node, t)
     runs = at.each(lambda n, gpn: c.tp <= gpn)  # a TP group lives inside a node
     if c.tp > 1:  # and the model allows it (or not, at any count)
         runs = runs & at.with_gpus(at.gpus_per_node * 0 + c.tp).each(
@@ -418,7 +431,7 @@ def first_fit(at: Points, c: Candidate, start: int, below: Any) -> Any:
 
     def rises(p: Points) -> Any:
         """Device memory at the next count is no less than here."""
-        step = Counts(p.gpus_per_node, c.tp)
+        step = Counts(p.gpus_per_node, t)
         nxt = p.with_gpus(step.at(step.index_of(p.n_gpus) + 1))
         return nxt.estimate(c).required_bytes >= p.estimate(c).required_bytes
 

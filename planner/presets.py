@@ -50,6 +50,7 @@ def _gpt2(name: str, n_layers: int, hidden: int, n_heads: int) -> ModelSpec:
         norm=NormKind.LAYERNORM, position=PositionKind.LEARNED, max_positions=1024, bias=True,
         dropout=0.1,  # resid_pdrop = embd_pdrop = attn_pdrop = 0.1
         python_gelu=True,  # activation_function "gelu_new": NewGELUActivation, op by op
+        loss_upcast_since=(4, 49),  # GPT2LMHeadModel: self.loss_function since 4.49
     )  # fmt: skip
 
 
@@ -100,6 +101,7 @@ def _bloom(name: str, n_layers: int, hidden: int, n_heads: int) -> ModelSpec:
         name=name, n_layers=n_layers, hidden=hidden, n_heads=n_heads, n_kv_heads=n_heads,
         ffn_hidden=4 * hidden, vocab=250880, tied_embeddings=True, mlp=MlpKind.GELU,
         norm=NormKind.LAYERNORM, position=PositionKind.ALIBI, bias=True, embedding_norm=True,
+        loss_upcast_since=(4, 49),  # BloomForCausalLM: self.loss_function since 4.49
     )  # fmt: skip
 
 
@@ -158,6 +160,7 @@ _ALL: list[ModelSpec] = [
         name="falcon-7b", n_layers=32, hidden=4544, n_heads=71, n_kv_heads=1,
         ffn_hidden=4 * 4544, vocab=65024, tied_embeddings=True, mlp=MlpKind.GELU,
         norm=NormKind.LAYERNORM, norms_per_layer=1, parallel_block=True,
+        loss_upcast_since=(4, 49),  # FalconForCausalLM: self.loss_function since 4.49
     ),  # fmt: skip
     # https://huggingface.co/tiiuae/falcon-40b/blob/main/config.json
     # new_decoder_architecture: 8 KV groups, parallel block with two LayerNorms (ln_attn, ln_mlp).
@@ -165,6 +168,7 @@ _ALL: list[ModelSpec] = [
         name="falcon-40b", n_layers=60, hidden=8192, n_heads=128, n_kv_heads=8,
         ffn_hidden=4 * 8192, vocab=65024, tied_embeddings=True, mlp=MlpKind.GELU,
         norm=NormKind.LAYERNORM, norms_per_layer=2, parallel_block=True,
+        loss_upcast_since=(4, 49),
     ),  # fmt: skip
     # https://huggingface.co/bigscience/bloom-560m/blob/main/config.json
     _bloom("bloom-560m", 24, 1024, 16),
@@ -241,7 +245,24 @@ _ALL += [
     ),
 ]
 
-PRESETS: dict[str, ModelSpec] = {spec.name: spec for spec in _ALL}
+_FAMILY_PREFIXES = (
+    ("gpt2", "gpt2"), ("bert", "bert"), ("llama", "llama"), ("mixtral", "mixtral"),
+    ("mistral", "mistral"), ("qwen2.5", "qwen2"), ("qwen1.5-moe", "qwen2-moe"),
+    ("qwen3-30b-a3b", "qwen3-moe"), ("qwen3", "qwen3"), ("gemma2", "gemma2"),
+    ("gemma3", "gemma3-text"), ("falcon", "falcon"), ("bloom", "bloom"), ("phi3", "phi3"),
+    ("phi-4", "phi3"), ("phi-2", "phi"), ("olmo2", "olmo2"), ("olmo", "olmo"),
+    ("deepseek-v2", "deepseek-v2"), ("deepseek-v3", "deepseek-v3"),
+)
+"""Preset id prefix -> the ``model_type`` of the config.json each preset cites (first match;
+the default attention follows it: planner/attention.py)."""
+
+
+def _with_family(spec: ModelSpec) -> ModelSpec:
+    family = next(f for prefix, f in _FAMILY_PREFIXES if spec.name.startswith(prefix))
+    return dataclasses.replace(spec, family=family)
+
+
+PRESETS: dict[str, ModelSpec] = {spec.name: _with_family(spec) for spec in _ALL}
 """Preset id -> shape. ModelSpec is frozen, so sharing the instances is safe."""
 
 # Hugging Face repository ids (and a few common spellings) that name a preset.

@@ -9,12 +9,13 @@ from collections.abc import Callable
 from typing import Any
 
 from planner.error_bands import bands_json, bands_line
+from planner.loss_dtype import assumption as loss_assumption
 from planner.memory import DEFAULT_MARGIN, Estimate
 from planner.params import active_params, total_params, trainable
 from planner.candidates import label
 from planner.plan import Answer, Found, interval
 from planner.spec import (Checkpointing, CompileMode, GradSync, LossKind, ModelSpec, Offload,
-                          Quantize, Strategy)
+                          Precision, Quantize, Strategy, TrainingSpec)
 from planner.throughput import StepEstimate, default_compute_efficiency, efficiency_provenance
 
 SCHEMA_VERSION = 1
@@ -155,6 +156,7 @@ def answer_json(answer: Answer, found: Found | None = None) -> dict[str, Any]:
             "pp": {"degree": t.pipeline.degree, "schedule": str(t.pipeline.schedule),
                    "microbatches": t.pipeline.microbatches,
                    "virtual_stages": t.pipeline.virtual},
+            "cp": t.cp, "cp_rotate": str(t.cp_rotate),
         },
         "candidates": [candidate_json(e, st, d, t.grad_accum, t.compile, cl.gpu) for e, st, d
                        in zip(answer.estimates, answer.steps, answer.ddp_steps)],
@@ -237,6 +239,14 @@ def finetune_json(q) -> dict[str, Any]:
     }
 
 
+def cp_words(t: TrainingSpec) -> str:
+    """', context parallel 4 (allgather): 16384 tokens per GPU' ('' without CP)."""
+    if t.cp <= 1:
+        return ""
+    return (f", context parallel {t.cp} ({t.cp_rotate} ring): {t.local_seq} tokens of each "
+            "sequence per GPU")
+
+
 def finetune_line(q) -> str | None:
     """'LoRA r 8 on q, v: 4,194,304 trainable (0.06 %), fp32 adapters' (None: full training)."""
     ft = q.training.finetune
@@ -298,15 +308,25 @@ def assumptions(answer: Answer) -> list[str]:
     loss = f"chunked:{t.loss_chunks}" if t.loss is LossKind.CHUNKED else str(t.loss)
     out.append(f"training loop: gradients synced {'every micro-batch' if t.grad_sync is GradSync.EVERY else 'on the last micro-batch only'}, "
                f"loss {loss}{' (logits kept through backward)' if t.keep_logits else ''}, "
-               f"compile {t.compile}, allocator {t.allocator}, FSDP{t.fsdp_version}, init {t.init}")
+               f"compile {t.compile}, allocator {t.allocator}, FSDP{t.fsdp_version}, init {t.init}"
+               + (f", float8 {t.float8}{' (float8 all-gather)' if t.float8_all_gather else ''}"
+                  if t.float8.value != "none" else ""))
+    ds_line = deepspeed_assumption(t)
+    if ds_line:
+        out.append(ds_line)
+    loss_line = loss_assumption(q.model, t)
+    if loss_line:
+        out.append(f"loss: {loss_line}")
+    if q.attention:
+        out.append(q.attention)
     ft = finetune_line(q)
     out.append(f"fine-tuning: {ft}" if ft else "fine-tuning: none (every parameter trains)")
     tp = q.options.tp
     out.append(("tensor parallel: auto (TP 2/4/8 with sequence parallel, FSDP over the rest, "
                 "tried only when nothing fits without it)" if tp is None else
                 f"tensor parallel: {tp}" + (" (with sequence parallel)" if tp > 1 else ""))
-               + ("; pipeline parallel: none" if not t.pipeline.enabled else "")
-               + "; context and expert parallel: not modelled")
+               + cp_assumption(t) + ("; pipeline parallel: none" if not t.pipeline.enabled
+                                     else "") + "; expert parallel: not modelled")
     if t.pipeline.enabled:
         out.append(pipeline_line(t))
     return out
@@ -321,7 +341,32 @@ def pipeline_line(t) -> str:
             "inside each stage not resharded after forward or backward until the "
             "schedule's gradient reduction; the fullest rank decides the fit; no public "
             "pipeline-parallel run measured: the error band shown is FSDP's and the step time "
-            "*assumed* (docs/model.md §8.6)")
+            "*assumed* (docs/model.md §8.7)")
+
+
+def cp_assumption(t: TrainingSpec) -> str:
+    """The context-parallel part of the parallelism assumption line."""
+    if t.cp <= 1:
+        return "; context parallel: none"
+    return (f"; context parallel: {t.cp} (torch's ring attention, {t.cp_rotate} rotation "
+            "counted on the critical path, assumed not overlapped; FSDP2 over dp_shard x cp)")
+
+
+def deepspeed_assumption(t) -> str | None:
+    """Which optimizer wrapper and master dtypes DeepSpeed runs, when the settings change them
+    (planner/memory/zero.py)."""
+    ds = t.deepspeed
+    parts = []
+    if ds.grad_accum_dtype is not None:
+        parts.append(f"grad_accum_dtype {ds.grad_accum_dtype}"
+                     + (": zero1 without offload runs BF16_Optimizer (a full fp32 gradient "
+                        "buffer beside the bf16 grads); ZeRO-2/3 do not read it"
+                        if ds.grad_accum_dtype == "fp32" and t.precision is Precision.BF16_AMP
+                        else ": no memory change"))
+    if ds.bf16_master_weights_and_grads:
+        parts.append("bf16 master weights and stepped gradients, optimizer states in "
+                     + ("bf16" if ds.bf16_optimizer_states else "fp32 (on the host)"))
+    return "DeepSpeed: " + "; ".join(parts) if parts else None
 
 
 def why_never(q) -> str:
@@ -465,7 +510,8 @@ def table(answer: Answer, found: Found | None = None, *, width: int = 100,
                     f"grad-accum {t.grad_accum} ({t.grad_accum * t.micro_batch * cl.n_gpus} "
                     "sequences)")
     head.append(f"training  seq {t.seq}, micro-batch {t.micro_batch}, grad-accum {t.grad_accum}, "
-                f"{t.precision}, {t.optimizer} ({t.optimizer_impl}), attention {t.attention}")
+                f"{t.precision}, {t.optimizer} ({t.optimizer_impl}), attention {t.attention}"
+                + cp_words(t))
     ft = finetune_line(q)
     if ft:
         head.append(f"finetune  {ft}")
@@ -480,7 +526,7 @@ def table(answer: Answer, found: Found | None = None, *, width: int = 100,
                if any(e.candidate.tp > 1 for e in answer.estimates) else "")
     pp = t.pipeline
     step_note = (f"(one optimizer step = {t.grad_accum} micro-batch(es) of {t.micro_batch} x "
-                 f"{t.seq} tokens per GPU; vs DDP = step time over DDP's with the same "
+                 f"{t.local_seq} tokens per GPU; vs DDP = step time over DDP's with the same "
                  f"checkpointing, whether or not DDP fits{tp_note})") if not pp.enabled else (
         f"(one optimizer step = {pp.microbatches} micro-batches of {t.micro_batch} x {t.seq} "
         f"tokens through {pp.degree} pipeline ranks; vs DDP: not meaningful under --pp, the "
@@ -493,7 +539,7 @@ def table(answer: Answer, found: Found | None = None, *, width: int = 100,
             lines.append("")
     else:
         lines.append(_compact(rows, width))
-        per_step = (f"{t.grad_accum} x {t.micro_batch} x {t.seq} tokens per GPU"
+        per_step = (f"{t.grad_accum} x {t.micro_batch} x {t.local_seq} tokens per GPU"
                     if not pp.enabled else f"{pp.microbatches} x {t.micro_batch} x {t.seq} "
                     f"tokens through {pp.degree} pipeline ranks")
         lines += _wrap("(GiB per GPU at each candidate's peak moment; step time of one optimizer "

@@ -229,6 +229,16 @@ class Pipeline:
         return self.degree * self.virtual
 
 
+class Float8Recipe(enum.StrEnum):
+    """torchao float8 training (``torchao.float8.Float8LinearRecipeName``): the linears of the
+    blocks swapped for ``Float8Linear`` (torchtitan's float8 converter; the output head kept)."""
+
+    NONE = "none"
+    TENSORWISE = "tensorwise"  # one scale per tensor, e4m3 forward / e5m2 grad_output
+    ROWWISE = "rowwise"  # a scale per row (axiswise), e4m3 everywhere
+    ROWWISE_WITH_GW_HP = "rowwise_with_gw_hp"  # rowwise, the weight gradient in bf16
+
+
 class LossKind(enum.StrEnum):
     """How the cross-entropy over the vocabulary is computed."""
 
@@ -236,6 +246,13 @@ class LossKind(enum.StrEnum):
     BF16 = "bf16"  # cross_entropy on the low-precision logits
     CHUNKED = "chunked"  # N chunks, each upcast on its own (torchtune CEWithChunkedOutputLoss)
     FUSED = "fused"  # fused linear + cross-entropy, no full logits (Liger)
+
+
+class CpRotate(enum.StrEnum):
+    """How context parallel's ring moves keys and values (torch's ``set_rotate_method``)."""
+
+    ALLGATHER = "allgather"  # torch's default: one all-gather of every rank's k, v
+    ALLTOALL = "alltoall"  # a permute (all_to_all) to the next rank each step
 
 
 class CompileMode(enum.StrEnum):
@@ -323,6 +340,12 @@ class ModelSpec:
     mask per element for backward."""
     shape_assumed: bool = False
     """True when the shape was derived from --params by the scaling rule, not given."""
+    family: str = field(default="", compare=False)
+    """The transformers ``model_type`` the shape was read as (a config.json's, a preset's);
+    "" when unknown. Sets the default attention (planner/attention.py), nothing in the count."""
+    attn_implementation: str = field(default="", compare=False)
+    """The attention a config.json names (``attn_implementation`` / ``_attn_implementation``),
+    "" when it names none."""
     # ---- features of particular families (defaults: the plain block above) -----------------
     attn_out_bias: bool = False
     """The attention output projection carries a bias (Llama's attention_bias=true)."""
@@ -380,6 +403,11 @@ class ModelSpec:
     loss_upcast: bool = True
     """The class's own loss upcasts the logits to fp32 (HF ForCausalLMLoss); False: it takes
     cross-entropy in the logits' dtype (BertForMaskedLM's CrossEntropyLoss)."""
+    loss_upcast_since: tuple[int, int] = (4, 31)
+    """The first transformers release whose class upcasts (planner/loss_dtype.py): 4.31 for
+    LlamaForCausalLM (``logits = logits.float()``; not in 4.30.2) and the families that copied
+    its head later; 4.49 for GPT-2, Falcon and BLOOM (``self.loss_function``, ForCausalLMLoss;
+    4.48.0 still took CrossEntropyLoss on the low-precision logits)."""
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab"):
@@ -558,12 +586,50 @@ class DeepSpeedConfig:
     zero_init: bool = True
     """ZeRO-3: the model is built under ``deepspeed.zero.Init`` (partitioned as it is
     constructed; the HF integration does this when the config says stage 3)."""
+    # ---- ZeRO++ (Wang et al. 2023, arXiv 2306.10209; ZeRO-3 only: stage_1_and_2.py reads
+    # none of the three): planner/memory/zero.py (memory), planner/throughput.py (traffic)
+    zero_quantized_weights: bool = False
+    """qwZ: ZeRO-3's parameter all-gathers move int8 with an fp32 scale per group of at most
+    8000 elements (``partition_parameters.py`` ``CUDAQuantizer``), dequantized on arrival."""
+    zero_hpz_partition_size: int = 1
+    """hpZ: a secondary 16-bit copy of the parameters sharded over this many ranks (a node),
+    kept from the forward to the step; every gather but the first forward's reads it inside
+    the group (``_partition_param_sec``). 0 or 1: off."""
+    zero_quantized_gradients: bool = False
+    """qgZ: on more than one node, ZeRO-3 reduces each gradient matrix by int4 all-to-alls,
+    inside the node and then across nodes (``comm/coalesced_collectives.py``
+    ``all_to_all_quant_reduce``), instead of a reduce-scatter."""
     fused_adam: bool = True
     """The optimizer is DeepSpeed's own (an ``optimizer`` block: FusedAdam, DeepSpeedCPUAdam
     under offload), else the client's torch optimizer (the HF Trainer without one)."""
     offload_device: str = "cpu"
     """Where ZeRO-3's offload goes: "cpu" (ZeRO-Offload) or "nvme" (ZeRO-Infinity: the states
     live on NVMe; host RAM holds only the swapper's pinned buffers)."""
+    grad_accum_dtype: Dtype | None = None
+    """``data_types.grad_accum_dtype`` (None: the model's dtype). A bf16 model with fp32
+    accumulation under ZeRO stage 1 without offload runs ``BF16_Optimizer``
+    (``bf16_optimizer``); the ZeRO optimizers of stages 2-3 (and stage 1 under offload) do
+    not read it."""
+    bf16_master_weights_and_grads: bool = False
+    """``bf16.bf16_master_weights_and_grads``: the ZeRO optimizer's master partition and the
+    gradient partition it steps are bf16 (``base_optimizer.py`` ``_configure_master_weights``)."""
+    bf16_optimizer_states: bool = False
+    """``bf16.bf16_optimizer_states``: the optimizer's moments in bf16 too (the optimizer
+    steps bf16 master weights); without it they stay fp32, which DeepSpeed allows only under
+    ZeRO-Offload with DeepSpeedCPUAdam."""
+
+    def bf16_optimizer(self, strategy: Strategy, offload: Offload, precision: Precision) -> bool:
+        """The engine wraps the optimizer in ``BF16_Optimizer`` rather than the ZeRO optimizer:
+        a bf16 model, fp32 gradient accumulation, ZeRO stage 1, no optimizer offload
+        (``engine.py`` ``_do_optimizer_sanity_check``, DeepSpeed 0.19.6-0.19.8)."""
+        return (strategy is Strategy.ZERO1 and offload is Offload.NONE
+                and precision is Precision.BF16_AMP and self.grad_accum_dtype == Dtype.FP32)
+
+    @property
+    def zeropp(self) -> bool:
+        """Any ZeRO++ variant on."""
+        return (self.zero_quantized_weights or self.zero_quantized_gradients
+                or self.zero_hpz_partition_size > 1)
 
     def overlap(self, stage3: bool) -> bool:
         """overlap_comm as DeepSpeed resolves it (``overlap_comm_valid``)."""
@@ -612,6 +678,11 @@ class TrainingSpec:
     """Saved activations offloaded to pinned host RAM (torchtune/TRL ``OffloadActivations``):
     the GPU keeps what is in flight, the host a copy of every offloaded tensor."""
     compile: CompileMode = CompileMode.NONE
+    float8: Float8Recipe = Float8Recipe.NONE
+    """torchao float8 training of the blocks' linears (docs/model.md "Float8 training")."""
+    float8_all_gather: bool = False
+    """FSDP all-gathers the float8 linears' weights in float8 (torchao
+    ``enable_fsdp_float8_all_gather``; tensorwise only)."""
     allocator: Allocator = Allocator.DEFAULT
     fsdp_version: int = 2
     """FSDP1 (FullyShardedDataParallel) or FSDP2 (fully_shard), for the FSDP strategies."""
@@ -630,12 +701,20 @@ class TrainingSpec:
     init: InitMode = InitMode.META
     finetune: FineTune = field(default_factory=FineTune)
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
+    """The DeepSpeed engine's settings, for the ZeRO candidates."""
     pipeline: Pipeline = field(default_factory=Pipeline)
     """Pipeline parallel (``--pp``): FSDP2 over the data-parallel ranks of each stage."""
-    """The DeepSpeed engine's settings, for the ZeRO candidates."""
+    cp: int = 1
+    """Context-parallel degree (torch's ``context_parallel``, ring attention): each GPU of a
+    CP group holds seq / cp tokens; 1: none (planner/context_parallel.py)."""
+    cp_rotate: CpRotate = CpRotate.ALLGATHER
+    """How the ring moves keys and values (torch's ``set_rotate_method``)."""
+    transformers_version: str | None = None
+    """The transformers release the model's own loss comes from ("major.minor"); None: a
+    recent one (planner/loss_dtype.py)."""
 
     def __post_init__(self) -> None:
-        for name in ("seq", "micro_batch", "grad_accum", "loss_chunks"):
+        for name in ("seq", "micro_batch", "grad_accum", "loss_chunks", "cp"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -645,6 +724,11 @@ class TrainingSpec:
     @property
     def tokens_per_micro_batch(self) -> int:
         return self.seq * self.micro_batch
+
+    @property
+    def local_seq(self) -> int:
+        """Tokens of a sequence on one GPU: seq / cp under context parallel."""
+        return self.seq // self.cp
 
     @property
     def mixed_precision(self) -> MixedPrecision:
@@ -682,6 +766,8 @@ class GpuProfile:
     tf32_tflops: float
     fp32_tflops: float
     """Dense peak rates, TFLOP/s (no structured sparsity)."""
+    fp8_tflops: float | None = None
+    """Dense float8 tensor-core peak (e4m3/e5m2 inputs); None: the GPU has none."""
     hbm_bandwidth_bytes_per_s: float
     intra_node_link: str
     intra_node_bandwidth_bytes_per_s: float

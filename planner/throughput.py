@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner import vec
+from planner.arch import variants_of
 from planner.spec import (
     Checkpointing,
     Candidate,
@@ -133,35 +134,19 @@ DEFAULT_ASSUMPTIONS = ThroughputAssumptions()
 def matmul_params(model: ModelSpec) -> tuple[int, int]:
     """(matmul weights per block that a token multiplies, output-head weights).
 
-    Per block: q (q_dim x h), k and v (kv_dim x h), o (h x q_dim), the MLP matrices
-    (3 for gated MLPs, 2 otherwise; ``experts_per_token`` of them for MoE) and the MoE router.
-    Biases and norms are excluded (they are not matmuls). Head: vocab x hidden. Multi-head
-    latent attention, shared experts and dense blocks: read off the block's tensors.
+    Per block, each variant's own count (planner/arch/, ``flops``): q (q_dim x h), k and v
+    (kv_dim x h), o (h x q_dim) or multi-head latent attention's projections; the MLP
+    matrices (3 for gated MLPs, 2 otherwise; ``experts_per_token`` of them for MoE, plus the
+    router, shared experts and gate); an MoE model with dense blocks: the average block.
+    Biases and norms are excluded (they are not matmuls). Head: vocab x hidden.
     """
-    h = model.hidden
-    if model.mla or model.shared_ffn or model.n_dense_layers or model.shared_expert_gate:
-        # the block's own tensors (planner.params): every matrix, routed experts weighted by
-        # top-k / experts; an MoE model with dense blocks: the average block
-        from planner.params import block_tensors, numel
+    return variants_of(model).block_matmul_weights(model), model.vocab * model.hidden
 
-        def mm(dense: bool) -> int:
-            total = 0
-            for name, shape in block_tensors(model, dense=dense):
-                if len(shape) < 2:
-                    continue
-                k = numel(shape)
-                routed = name.startswith("mlp.w_") and not dense
-                total += k * model.experts_per_token // model.n_experts if routed else k
-            return total
 
-        L, nd = model.n_layers, model.n_dense_layers
-        block = (mm(False) * (L - nd) + (mm(True) * nd if nd else 0)) // L
-        return block, model.vocab * h
-    attn = h * (2 * model.q_dim + 2 * model.kv_dim)
-    mlp = (3 if model.mlp.gated else 2) * h * model.ffn_hidden
-    if model.is_moe:
-        mlp = mlp * model.experts_per_token + h * model.n_experts
-    return attn + mlp, model.vocab * h
+def attn_width(model: ModelSpec) -> int:
+    """Width of the QK^T and AV products per layer (the attention variant's: n_heads ·
+    head_dim)."""
+    return variants_of(model).attention.attn_width(model)
 
 
 def model_flops_per_token(model: ModelSpec, seq: int) -> float:
@@ -172,7 +157,7 @@ def model_flops_per_token(model: ModelSpec, seq: int) -> float:
     forward + backward; not halved for causal masking, as PaLM / torchtitan / llm-foundry).
     """
     block, head = matmul_params(model)
-    return 6.0 * (model.n_layers * block + head) + 12.0 * model.n_layers * seq * model.q_dim
+    return 6.0 * (model.n_layers * block + head) + 12.0 * model.n_layers * seq * attn_width(model)
 
 
 def recompute_flops_per_token(model: ModelSpec, seq: int, checkpointing: Checkpointing) -> float:
@@ -180,7 +165,7 @@ def recompute_flops_per_token(model: ModelSpec, seq: int, checkpointing: Checkpo
     rc = RECOMPUTE[_ckpt(checkpointing)]
     block, _ = matmul_params(model)
     return (rc.matmul * 2.0 * model.n_layers * block
-            + rc.attention * 4.0 * model.n_layers * seq * model.q_dim)
+            + rc.attention * 4.0 * model.n_layers * seq * attn_width(model))
 
 
 def training_flops_per_token(model: ModelSpec, seq: int, checkpointing: Checkpointing) -> float:
@@ -455,6 +440,45 @@ class StepInputs:
     act_offload_bytes: Any = 0.0
     """Activation offloading: bytes one micro-batch copies to the host in forward (and back
     in backward)."""
+    # ---- context parallel (default: none; planner/context_parallel.py) --------------------
+    cp: Any = 1.0
+    """Context-parallel degree: a CP group shares each micro-batch (seq / cp tokens each)."""
+    cp_fwd_bytes: Any = 0.0
+    """Bytes one GPU receives per layer and micro-batch rotating keys and values, forward."""
+    cp_bwd_bytes: Any = 0.0
+    """The same in backward (keys and values again, the fp32 key/value gradients)."""
+    cp_calls: Any = 0.0
+    """Collectives per layer and micro-batch, forward and backward (their latency)."""
+    cp_inter: Any = 0.0
+    """1 where the CP group spans nodes (cp x tp > GPUs per node)."""
+    # ---- DeepSpeed ZeRO++ (ZeRO-3; defaults: off; ``zeropp_times``) -------------------------
+    ag_b: Any = None
+    """Bytes per parameter element a ZeRO-3 all-gather moves: qwZ's int8 and its scales;
+    None: gather_b."""
+    hpz: Any = 1.0
+    """hpZ's group (ranks; 1: off): every gather but the first forward's runs inside it."""
+    qgz: Any = 0.0
+    """1: qgZ's all-to-all gradient reduction (applies on more than one node)."""
+    qgz_b: Any = 0.0
+    """Bytes per gradient-matrix element qgZ moves: int4 and an fp32 scale per group."""
+    qgz_mat_elems: Any = 0.0
+    qgz_mats: Any = 0.0
+    """Elements and count of the gradient matrices qgZ reduces (four all-to-alls each)."""
+    qgz_vec_elems: Any = 0.0
+    qgz_vecs: Any = 0.0
+    """... of the 1-D gradients (norms, biases) it leaves to a reduce-scatter each."""
+    # ---- float8 (planner/float8.py; defaults: none) ----------------------------------------
+    f8_discount: Any = 0.0
+    """Of each FLOP of a float8 matmul, the part saved: 1 - bf16 peak / fp8 peak."""
+    f8_p_block: Any = 0.0
+    """Of p_block, the float8 linears' weights (planner/float8.py ``linears``)."""
+    f8_gw: Any = 1.0
+    """1: the weight-gradient matmul runs in float8 too; 0: in bf16 (rowwise_with_gw_hp)."""
+    f8_cast_fwd_s: Any = 0.0
+    """Seconds of a forward's float8 casts per micro-batch (memory-bound, at HBM bandwidth);
+    a recomputed forward casts again."""
+    f8_cast_bwd_s: Any = 0.0
+    """The same for a backward's casts."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -501,10 +525,18 @@ def step_core(x: StepInputs) -> StepEstimate:
     recompute_tok = rc.matmul * 2.0 * L * x.p_block + rc.attention * attn_fwd
     tokens_micro = mb * seq
     tp = x.tp
-    rate = x.peak * x.eff * tp  # a TP group shares each micro-batch's matmuls
-    fwd_s = tokens_micro * fwd_tok / rate + 0.5 * x.dequant_s
+    # a TP group shares each micro-batch's matmuls; a CP group its tokens (load-balanced
+    # causal chunks: each rank an equal share of the attention too)
+    rate = x.peak * x.eff * tp * x.cp
+    # float8 (torchao Float8Linear on the blocks' linears): their forward, input-gradient and
+    # weight-gradient matmuls (and the recomputed forward ones) at the fp8 peak, at the same
+    # achieved fraction of it; the casts at HBM bandwidth (a recomputed forward casts again)
+    f8 = 2.0 * L * x.f8_p_block * x.f8_discount
+    fwd_s = tokens_micro * (fwd_tok - f8) / rate + 0.5 * x.dequant_s + x.f8_cast_fwd_s
     # (a recomputed forward dequantizes again)
-    bwd_s = tokens_micro * (bwd_tok + recompute_tok) / rate + 0.5 * x.dequant_s * (1.0 + rc.matmul)
+    bwd_s = (tokens_micro * (bwd_tok + recompute_tok - f8 * (1.0 + x.f8_gw + rc.matmul)) / rate
+             + 0.5 * x.dequant_s * (1.0 + rc.matmul)
+             + x.f8_cast_bwd_s + rc.matmul * x.f8_cast_fwd_s)
     compute_s = ga * (fwd_s + bwd_s)
 
     # ---- communication ----------------------------------------------------------------------
@@ -539,9 +571,14 @@ def step_core(x: StepInputs) -> StepEstimate:
     t_xar = vec.where(k > 1.0, 2.0 * (k - 1.0) / k * (grad_buf / m) / x.bw_inter
                       + calls_grad * 2.0 * (k - 1.0) * x.lat_inter, 0.0) * cm.hybrid
 
-    f_micro = cm.ag_fwd * t_ag  # hidden behind forward compute (prefetch)
+    # DeepSpeed ZeRO++ (ZeRO-3): qwZ's int8 gathers, hpZ's gathers inside its group after
+    # the first forward, qgZ's all-to-all reduction; the plain collectives when off
+    t_ag, t_ag2, t_rs = zeropp_times(x, m, bw, hop, calls_param, t_ag, t_rs)
+    # hidden behind forward compute (prefetch); per micro-batch on average: hpZ's secondary
+    # copy is made in the first forward and kept until the step
+    f_micro = cm.ag_fwd * (t_ag + (ga - 1.0) / ga * (t_ag2 - t_ag))
     # hidden behind backward
-    b_micro = cm.ag_bwd * t_ag + cm.rs_micro * (t_rs + t_xar) + cm.ar_micro * t_ar
+    b_micro = cm.ag_bwd * t_ag2 + cm.rs_micro * (t_rs + t_xar) + cm.ar_micro * t_ar
     b_step = cm.ar_step * t_ar + cm.rs_step * (t_rs + t_xar)  # last backward only
     e_step = cm.ag_step * t_ag  # after the optimizer step: exposed
     comm_s = ga * (f_micro + b_micro) + b_step + e_step
@@ -565,6 +602,9 @@ def step_core(x: StepInputs) -> StepEstimate:
                                                  + (tp - 1.0) * x.lat_intra), 0.0)
     comm_s = comm_s + tp_s
     exposed_s = exposed_s + tp_s
+    cp_s = cp_rotation_s(x, rc.attention)
+    comm_s = comm_s + cp_s
+    exposed_s = exposed_s + cp_s
 
     # ---- offload over PCIe + CPU optimizer (not overlapped: an upper bound) ------------------
     p_local = p_grad / vec.where(cm.sharded_opt > 0, m, 1.0)
@@ -579,12 +619,114 @@ def step_core(x: StepInputs) -> StepEstimate:
     offload_s = pcie_bytes / x.pcie + off.cpu_step * p_local / x.cpu_rate
 
     step_s = compute_s + exposed_s + offload_s
-    tokens_step = ga * tokens_micro / tp  # per GPU: a TP group shares its micro-batches
+    # per GPU: a TP group shares its micro-batches, a CP group its sequences
+    tokens_step = ga * tokens_micro / (tp * x.cp)
     return StepEstimate(
         step_time_s=step_s, compute_s=compute_s, comm_s=comm_s, exposed_comm_s=exposed_s,
         offload_s=offload_s, tokens_per_s_per_gpu=tokens_step / step_s,
         mfu=tokens_step * model_tok / (step_s * x.peak),
         flops_per_step=tokens_step * (model_tok + recompute_tok))
+
+
+def cp_rotation_s(x: StepInputs, attn_recompute: Any) -> Any:
+    """Context parallel's key/value rotation per step (planner/context_parallel.py
+    ``rotation_bytes``): every layer of every micro-batch, forward, backward and a
+    recomputed forward (full checkpointing reruns the ring). Counted on the critical path,
+    as the sequence-parallel collectives are: torch issues each rotation before the step's
+    attention and waits at the next step, so part of it hides behind compute (*assumed* not
+    hidden: an upper bound). Inside a node at the NVLink rate, else at the NIC's."""
+    bw = vec.where(x.cp_inter > 0, vec.minimum(x.bw_intra, x.bw_inter), x.bw_intra)
+    lat = vec.where(x.cp_inter > 0, x.lat_inter, x.lat_intra)
+    per_layer = ((1.0 + attn_recompute) * x.cp_fwd_bytes + x.cp_bwd_bytes) / bw \
+        + x.cp_calls * lat
+    return vec.where(x.cp > 1.0, x.ga * x.n_layers * per_layer, 0.0)
+
+
+def ring_link(x: StepInputs, group: Any) -> tuple[Any, Any]:
+    """(bus bandwidth, seconds per hop) of a ring over ``group`` consecutive ranks: NVLink
+    inside a node; across nodes min(intra, local x NIC), as ``step_core`` explains."""
+    spans = group > x.gpn
+    bw = vec.where(spans, vec.minimum(x.bw_intra, vec.minimum(group, x.gpn) * x.bw_inter),
+                   x.bw_intra)
+    return bw, vec.where(spans, x.lat_inter, x.lat_intra)
+
+
+def zeropp_times(x: StepInputs, m: Any, bw: Any, hop: Any, calls_param: Any, t_ag: Any,
+                 t_rs: Any) -> tuple[Any, Any, Any]:
+    """ZeRO-3's (first all-gather, later all-gathers, gradient reduction) seconds per pass
+    under DeepSpeed's ZeRO++ (Wang et al. 2023, arXiv 2306.10209, sec. 3; DeepSpeed v0.19.6),
+    the plain ``t_ag, t_ag, t_rs`` when it is off. Per GPU, P parameters, N GPUs, L per node:
+
+    - qwZ (``partition_parameters.py`` ``_all_gather_coalesced``, ``quantize``): every
+      gather moves int8 and an fp32 scale per group, ``ag_b`` = 1 + 4/4096 B per element
+      instead of 2: (N-1)/N P ag_b over the ring.
+    - hpZ (``_partition_param_sec``; ``partitioned_param_coordinator.py`` gathers from
+      ``ds_secondary_tensor`` over ``zero_param_process_group`` while it exists): the first
+      forward gathers the trainable parameters over all N (``_post_step`` dropped their
+      secondary copies; frozen ones keep theirs); every later gather (the backward,
+      recompute, later micro-batches' forwards) runs over the h ranks of the group, inside a
+      node: (h-1)/h P ag_b on NVLink.
+    - qgZ (``comm/coalesced_collectives.py`` ``all_to_all_quant_reduce``, used by
+      ``stage3.py`` ``__avg_scatter_grads`` when world // local > 1): each gradient matrix is
+      quantized to int4 (``qgz_b`` = 0.5 B and an fp32 scale per group of min(rows, cols)
+      elements), all-to-all inside the node ((L-1)/L of it leaves each GPU on NVLink), reduced
+      to P/L, re-quantized, all-to-all across the k = N/L nodes ((k-1)/k of P/L qgz_b over
+      each GPU's NIC), dequantized and summed. Each all-to-all (data, then scales: four per
+      matrix) costs one hop of latency (*assumed*: NCCL sends to every peer at once); 1-D
+      gradients go through a reduce-scatter each.
+
+    The paper's cross-node volume per step (sec. 3.4) is 3M for ZeRO-3 (forward gather,
+    backward gather, reduce-scatter, M the 16-bit model bytes) and 0.75M with all three
+    (0.5M + 0 + 0.25M); the source agrees, up to the scales (tests/test_zeropp.py).
+    """
+    ag_b = x.gather_b if x.ag_b is None else x.ag_b
+    p = x.p_total / x.tp
+    ring = (m - 1.0) / m
+    t_first = vec.where(ag_b != x.gather_b,
+                        t_ag + ring * p * (ag_b - x.gather_b) / bw, t_ag)
+    h = x.hpz
+    bw_h, hop_h = ring_link(x, h)
+    t_later = vec.where(h > 1.0, (h - 1.0) / h * p * ag_b / bw_h + calls_param * (h - 1.0)
+                        * hop_h, t_first)
+    # frozen parameters (LoRA, frozen layers) keep their secondary copy across steps
+    frozen = 1.0 - (x.p_total if x.p_grad is None else x.p_grad) / x.p_total
+    t_first = vec.where(h > 1.0, t_first + frozen * (t_later - t_first), t_first)
+    local = x.gpn  # DeepSpeed: local_world_size = device_count(), nodes = world // local
+    k = vec.maximum(vec.floor_int(x.n / x.gpn) * 1.0, 1.0)
+    mats = x.qgz_mat_elems * x.qgz_b
+    intra = (local - 1.0) / local * mats / x.bw_intra + 2.0 * x.qgz_mats * x.lat_intra
+    inter = (k - 1.0) / k * mats / local / x.bw_inter + 2.0 * x.qgz_mats * x.lat_inter
+    vecs = ring * x.qgz_vec_elems * x.grad_b / bw + x.qgz_vecs * (m - 1.0) * hop
+    t_red = vec.where((x.qgz > 0) * (k > 1.0), intra + inter + vecs, t_rs)
+    return t_first, t_later, t_red
+
+
+def zeropp_inputs(model: ModelSpec, training: TrainingSpec, candidate: Candidate, n: Any
+                  ) -> dict[str, Any]:
+    """The StepInputs fields of DeepSpeed's ZeRO++ (empty unless a ZeRO-3 candidate has it
+    on): ``zeropp_times`` reads them."""
+    ds = training.deepspeed
+    if candidate.strategy is not Strategy.ZERO3 or not ds.zeropp:
+        return {}
+    from planner.memory.zero import QWZ_GROUP, hpz_group
+    from planner.params import numel, trainable
+
+    out: dict[str, Any] = {"hpz": hpz_group(ds, n) * 1.0}
+    if ds.zero_quantized_weights:
+        out["ag_b"] = 1.0 + 4.0 / QWZ_GROUP
+    if ds.zero_quantized_gradients:
+        # int4 codes and an fp32 scale per group; max(rows, cols, world) groups a matrix
+        # (``intra_quant_group``): 0.5 numel + 4 max(rows, cols) bytes (world < both here)
+        groups = trainable(model, training.finetune).groups
+        mats = [(s, k) for _, s, k in groups if len(s) >= 2]
+        vecs = [(s, k) for _, s, k in groups if len(s) < 2]
+        elems = sum(numel(s) * k for s, k in mats)
+        wire = sum((numel(s) / 2 + 4.0 * max(s)) * k for s, k in mats)
+        out.update(qgz=1.0, qgz_b=wire / elems if elems else 0.5, qgz_mat_elems=float(elems),
+                   qgz_mats=float(sum(k for _, k in mats)),
+                   qgz_vec_elems=float(sum(numel(s) * k for s, k in vecs)),
+                   qgz_vecs=float(sum(k for _, k in vecs)))
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -650,6 +792,9 @@ class Rates:
     """Host <-> device bytes/s."""
     hbm: Any
     """Device memory bytes/s (dequantizing a quantized base)."""
+    peak_fp8: Any = 0.0
+    """Dense float8 peak FLOP/s (the bf16 peak where the GPU has none: float8 is refused
+    there before any step time is asked)."""
 
     @classmethod
     def of(cls, gpu: GpuProfile, training: TrainingSpec,
@@ -662,7 +807,8 @@ class Rates:
                    bw_intra=gpu.intra_node_bandwidth_bytes_per_s * a.intra_node_comm_efficiency,
                    bw_inter=gpu.inter_node_bandwidth_bytes_per_s * a.inter_node_comm_efficiency,
                    pcie=gpu.pcie_bandwidth_bytes_per_s * a.pcie_efficiency,
-                   hbm=gpu.hbm_bandwidth_bytes_per_s)
+                   hbm=gpu.hbm_bandwidth_bytes_per_s,
+                   peak_fp8=(gpu.fp8_tflops or gpu.bf16_tflops) * 1e12)
 
 
 def step_inputs_at(model: ModelSpec, training: TrainingSpec, candidate: Candidate,
@@ -680,8 +826,14 @@ def step_inputs_at(model: ModelSpec, training: TrainingSpec, candidate: Candidat
     # own without a policy, the same numbers as the precision-based ones below)
     fd = training.fsdp_dtypes
     p_block, p_head = matmul_params(model)
+    f8 = float8_inputs(model, training, candidate, rates, mb * seq, n,
+                       peak=rates.peak_fsdp if fsdp else rates.peak)
+    gather_b = float(fd.param if fsdp else gather_bytes(precision))
+    if fsdp and "f8_gather_saving" in f8:  # float8 all-gather: fewer bytes per parameter
+        gather_b = gather_b - f8["f8_gather_saving"] / float(total_params(model))
+    f8.pop("f8_gather_saving", None)
     return StepInputs(
-        n_layers=float(model.n_layers), q_dim=float(model.q_dim), seq=seq * 1.0,
+        n_layers=float(model.n_layers), q_dim=float(attn_width(model)), seq=seq * 1.0,
         mb=mb * 1.0, ga=float(training.grad_accum), n=n * 1.0, gpn=gpn * 1.0,
         p_total=float(total_params(model)), p_block=float(p_block), p_head=float(p_head),
         peak=rates.peak_fsdp if fsdp else rates.peak, eff=rates.eff, bw_intra=rates.bw_intra,
@@ -689,7 +841,7 @@ def step_inputs_at(model: ModelSpec, training: TrainingSpec, candidate: Candidat
         lat_intra=a.intra_node_hop_latency_s, lat_inter=a.inter_node_hop_latency_s,
         pcie=rates.pcie, cpu_rate=a.cpu_adam_params_per_s, bucket=float(a.ddp_bucket_bytes),
         overlap=a.overlap_fraction,
-        gather_b=float(fd.param if fsdp else gather_bytes(precision)),
+        gather_b=gather_b,
         grad_b=float(fd.reduce if fsdp else grad_reduce_bytes(precision, candidate.strategy)),
         master_b=float(fd.storage if fsdp else precision.param_bytes),
         comm=collectives(candidate.strategy, training.grad_sync),
@@ -698,7 +850,43 @@ def step_inputs_at(model: ModelSpec, training: TrainingSpec, candidate: Candidat
         tp=float(candidate.tp),
         act_offload_bytes=_act_offload_bytes(model, training, candidate) * mb * seq * 1.0,
         tp_bytes=mb * seq * model.hidden * (fd.param if fsdp else precision.compute_bytes) * 1.0,
-        **finetune_inputs(model, training, rates.hbm))
+        **finetune_inputs(model, training, rates.hbm),
+        **zeropp_inputs(model, training, candidate, n),
+        **cp_inputs(model, training, candidate, mb=mb, seq=seq, gpn=gpn,
+                    c=fd.param if fsdp else precision.compute_bytes), **f8)
+
+
+def float8_inputs(model: ModelSpec, training: TrainingSpec, candidate: Candidate, rates: Rates,
+                  tokens: Any, n: Any, *, peak: Any) -> dict[str, Any]:
+    """StepInputs fields of ``--float8`` (empty without it): planner/float8.py ``step_terms``."""
+    from planner import float8
+
+    if not float8.enabled(training):
+        return {}
+    return float8.step_terms(model, training, candidate, tokens=tokens, n=n, peak=peak,
+                             peak_fp8=rates.peak_fp8, hbm=rates.hbm)
+
+
+def cp_inputs(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, mb: Any,
+              seq: Any, gpn: Any, c: int) -> dict[str, Any]:
+    """StepInputs fields of context parallel (empty without it): the rotation's bytes per
+    layer (keys and values with every query head, over the TP group's heads: n_heads / tp),
+    its collectives (all-gather: one in forward, one in backward; all-to-all: cp - 1 each;
+    the backward's fp32 key/value gradients: cp all-to-alls) and whether the group spans
+    nodes (torchtitan's mesh puts cp beside tp, innermost)."""
+    cp = training.cp
+    if cp <= 1:
+        return {}
+    from planner.context_parallel import rotation_bytes
+    from planner.spec import CpRotate
+
+    fwd, bwd = rotation_bytes(batch=1, seq=cp, n_heads=model.n_heads // candidate.tp,
+                              d_head=model.d_head, c=c, cp=cp)
+    per_token = mb * seq / cp  # rotation_bytes at one token per rank, times the local tokens
+    kv_calls = 1.0 if training.cp_rotate is CpRotate.ALLGATHER else cp - 1.0
+    return {"cp": float(cp), "cp_fwd_bytes": fwd * per_token, "cp_bwd_bytes": bwd * per_token,
+            "cp_calls": 2.0 * kv_calls + cp,
+            "cp_inter": vec.where(cp * candidate.tp > gpn, 1.0, 0.0)}
 
 
 def _act_offload_bytes(model: ModelSpec, training: TrainingSpec, candidate: Candidate) -> float:

@@ -40,15 +40,36 @@ CASES: dict[str, dict[str, Any]] = {
            "stage3_param_persistence_threshold": 100, "sub_group_size": 20_000},
     "z3-one-group": {"stage": 3, "reduce_bucket_size": 30_000,
                      "stage3_param_persistence_threshold": 100},
+    # bf16 model, fp32 gradient accumulation, stage 1, no offload: the engine picks
+    # BF16_Optimizer instead of the ZeRO optimizer (engine.py _do_optimizer_sanity_check)
+    "z1-bf16-optimizer": {"stage": 1, "reduce_bucket_size": 30_000,
+                          "data_types": {"grad_accum_dtype": "fp32"}},
+    # bf16 master weights, gradients and optimizer states on the GPU (no offload)
+    "z2-bf16-master": {"stage": 2, "reduce_bucket_size": 30_000,
+                       "bf16": {"bf16_master_weights_and_grads": True,
+                                "bf16_optimizer_states": True}},
+    "z3-bf16-master": {"stage": 3, "reduce_bucket_size": 30_000,
+                       "stage3_param_persistence_threshold": 100,
+                       "bf16": {"bf16_master_weights_and_grads": True,
+                                "bf16_optimizer_states": True}},
+    # ZeRO++ hpZ: the secondary partition over both ranks (qwZ and qgZ need DeepSpeed's CUDA
+    # quantizer op: not on the CPU accelerator)
+    "z3-hpz": {"stage": 3, "reduce_bucket_size": 30_000,
+               "stage3_param_persistence_threshold": 100, "zero_hpz_partition_size": 2},
 }
+NOT_ZERO = ("ga", "bf16", "data_types")
+"""Case keys that are not zero_optimization's."""
 
 
 def ds_config(case: dict[str, Any]) -> dict[str, Any]:
-    zo = {k: v for k, v in case.items() if k not in ("ga",)}
-    return {"train_micro_batch_size_per_gpu": MICRO,
-            "gradient_accumulation_steps": case.get("ga", 1),
-            "bf16": {"enabled": True}, "zero_optimization": zo,
-            "zero_allow_untested_optimizer": True, "steps_per_print": 10**9}
+    zo = {k: v for k, v in case.items() if k not in NOT_ZERO}
+    cfg = {"train_micro_batch_size_per_gpu": MICRO,
+           "gradient_accumulation_steps": case.get("ga", 1),
+           "bf16": {"enabled": True, **case.get("bf16", {})}, "zero_optimization": zo,
+           "zero_allow_untested_optimizer": True, "steps_per_print": 10**9}
+    if "data_types" in case:
+        cfg["data_types"] = case["data_types"]
+    return cfg
 
 
 def _nbytes(t: Any) -> int:
@@ -78,7 +99,9 @@ def _worker(rank: int, name: str, port: int, out: str) -> None:
     rec: dict[str, Any] = {"case": name, "deepspeed": deepspeed.__version__,
                            "torch": torch.__version__, "world": WORLD, "config": cfg}
     stage = case["stage"]
-    if stage == 3:
+    if type(zopt).__name__ == "BF16_Optimizer":
+        _record_bf16_optimizer(rec, model, zopt, engine)
+    elif stage == 3:
         rec["grad_flat_buffer"] = _nbytes(zopt.grad_partitions_flat_buffer)
         rec["bucket_at_init"] = sum(_nbytes(b.buffer) for b in zopt.ipg_buckets.values())
         rec["master"] = sum(_nbytes(t) for t in zopt.fp32_partitioned_groups_flat)
@@ -122,8 +145,13 @@ def _worker(rank: int, name: str, port: int, out: str) -> None:
     steps: list[int] = []
     inner_step = opt.step
 
+    secondary: list[int] = []
+
     def step(*a: Any, **k: Any) -> Any:
         steps.append(sum(_nbytes(p.grad) for g in opt.param_groups for p in g["params"]))
+        # hpZ's secondary partitions at the step (freed after it, in _post_step)
+        secondary.append(sum(_nbytes(getattr(p, "ds_secondary_tensor", None))
+                             for p in model.parameters()))
         return inner_step(*a, **k)
 
     opt.step = step
@@ -133,8 +161,15 @@ def _worker(rank: int, name: str, port: int, out: str) -> None:
         loss = engine(ids, ids)
         engine.backward(loss)
         engine.step()
-    if stage != 3:
+    if stage != 3 and "bf16_optimizer" not in rec:
         rec.update(seen)
+    rec.update(rec.pop("_seen", {}))
+    if case.get("zero_hpz_partition_size", 1) > 1:
+        # the second step's: after one _post_step has dropped the secondary copies (the
+        # first step's is the same, 115,008 B: every parameter has one at both)
+        rec["hpz_secondary_at_step"] = secondary[-1]
+        rec["hpz_secondary_after_step"] = sum(_nbytes(getattr(p, "ds_secondary_tensor", None))
+                                              for p in model.parameters())
     rec["step_fp32_grads"] = max(steps)
     rec["steps_per_step"] = len(steps) // 2
     rec["adam_state"] = sum(_nbytes(v) for s in opt.state.values() for v in s.values()
@@ -142,6 +177,36 @@ def _worker(rank: int, name: str, port: int, out: str) -> None:
     if rank == 0:
         with open(out, "w") as f:
             json.dump(rec, f)
+
+
+def _record_bf16_optimizer(rec: dict[str, Any], model: Any, zopt: Any, engine: Any) -> None:
+    """BF16_Optimizer (bf16_optimizer.py): the flat bf16 module, the fp32 master partition,
+    the full-size gradient accumulation buffer (``grad_acc_dtype``), the bf16 param.grads
+    alive when backward ends, and the largest tensor handed to all_reduce (the accumulation
+    buffer cast to the communication dtype, engine.py ``allreduce_bucket``)."""
+    import deepspeed.comm as dscomm
+
+    rec["bf16_optimizer"] = True
+    rec["flat_params"] = sum(_nbytes(t) for t in zopt.bf16_groups_flat)
+    rec["master"] = sum(_nbytes(t) for t in zopt.fp32_groups_flat_partition)
+    rec["grad_acc_buffer"] = sum(_nbytes(t) for t in zopt.fp32_groups_gradients_flat)
+    seen = {"grads_at_backward_end": 0, "allreduce_tensor": 0}
+    epilogue = zopt.backward_epilogue
+
+    def backward_epilogue(*a: Any, **k: Any) -> Any:
+        live = sum(_nbytes(p.grad) for p in model.parameters())
+        seen["grads_at_backward_end"] = max(seen["grads_at_backward_end"], live)
+        return epilogue(*a, **k)
+
+    zopt.backward_epilogue = backward_epilogue
+    all_reduce = dscomm.all_reduce
+
+    def counting_all_reduce(tensor: Any, *a: Any, **k: Any) -> Any:
+        seen["allreduce_tensor"] = max(seen["allreduce_tensor"], _nbytes(tensor))
+        return all_reduce(tensor, *a, **k)
+
+    dscomm.all_reduce = counting_all_reduce
+    rec["_seen"] = seen
 
 
 def run_case(name: str) -> dict[str, Any]:

@@ -78,6 +78,7 @@ model's structure (``"inspect": {...}``, no trace; ``probes.hf.inspect``).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -103,6 +104,7 @@ from planner.spec import (
     Candidate,
     Checkpointing,
     CompileMode,
+    Float8Recipe,
     GradSync,
     LossKind,
     ModelSpec,
@@ -166,6 +168,17 @@ def reference_factory(spec: ModelSpec) -> ModelFactory:
 
             compile_blocks(net)
             effects.add("compile")
+        elif tr.compile is CompileMode.MODEL and opts.checkpointing is Checkpointing.NONE \
+                and tr.finetune.full and tr.loss is LossKind.FP32 and not tr.keep_logits \
+                and not spec.is_moe and (opts.candidate is None
+                                         or opts.candidate.strategy is Strategy.DDP):
+            from probes.compile_step import compile_model
+
+            compile_model(net)
+            effects.add("compile_model")
+        if tr.float8 is not Float8Recipe.NONE:
+            float8_convert(net, tr)
+            effects.add("float8")
         parallelize = None
         ft = tr.finetune
         if not ft.full or (opts.candidate is not None and opts.candidate.tp > 1):
@@ -186,6 +199,13 @@ def reference_factory(spec: ModelSpec) -> ModelFactory:
             from torch.distributed.tensor.parallel import loss_parallel
 
             kernel_context = loss_parallel  # forward and backward (its docs)
+        if tr.cp > 1:
+            from probes.context_parallel import ring_sdpa
+
+            if parallelize is not None:
+                raise UnsupportedConfig("context parallel with TP or a fine-tune: not traced")
+            kernel_context = functools.partial(ring_sdpa, tr.cp, tr.cp_rotate.value)
+            effects.add("cp")
 
         def make_batch(b: int, t: int) -> tuple:
             return (torch.randint(0, spec.vocab, (b, t), dtype=torch.int64),
@@ -204,6 +224,54 @@ def reference_factory(spec: ModelSpec) -> ModelFactory:
 # --------------------------------------------------------------------------- pieces
 
 
+def float8_convert(net: nn.Module, training: TrainingSpec) -> None:
+    """torchao's ``convert_to_float8_training`` as torchtitan's float8 converter calls it:
+    the recipe's ``Float8LinearConfig`` (``from_recipe_name``), float8 all-gather as asked,
+    every ``nn.Linear`` but the output head (``filter_fqns = ["output"]``) and any whose dims
+    are not divisible by 16. Needs torchao (``pip install torchao``)."""
+    import dataclasses
+
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    except ImportError as exc:
+        raise UnsupportedConfig(f"float8 {training.float8.value}: torchao is not installed "
+                                f"({first_line(exc)})") from None
+    config = Float8LinearConfig.from_recipe_name(training.float8.value)
+    if training.float8_all_gather:
+        config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
+
+    def keep(mod: nn.Module, fqn: str) -> bool:
+        if fqn.split(".")[-1] in ("lm_head", "output"):
+            return False
+        return mod.in_features % 16 == 0 and mod.out_features % 16 == 0
+
+    convert_to_float8_training(net, config=config, module_filter_fn=keep)
+    from torchao.float8.float8_linear import Float8Linear
+
+    for mod in net.modules():
+        if isinstance(mod, Float8Linear):
+            mod.forward = _autocast_input(mod.forward)
+
+
+def _autocast_input(forward: Callable) -> Callable:
+    """``Float8Linear.forward`` casts its input to the autocast dtype when CUDA autocast is on
+    (``torch.is_autocast_enabled()``); under the trace's CUDA autocast emulation (a
+    TorchFunctionMode, which that call does not see) the same cast, from the emulation's dtype."""
+    from probes.autocast_emul import CudaAutocastEmulation
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        from torch.overrides import _get_current_function_mode_stack
+
+        for mode in _get_current_function_mode_stack():
+            if isinstance(mode, CudaAutocastEmulation) and x.is_floating_point():
+                x = x.to(mode.dtype)
+                break
+        return forward(x)
+
+    return run
+
+
+
 def effects_asked(training: TrainingSpec, candidate: Candidate) -> dict[str, str]:
     """The non-default training-loop effects of this run that the model must implement
     (``TraceModel.effects``) -> how to name them in a refusal."""
@@ -218,6 +286,12 @@ def effects_asked(training: TrainingSpec, candidate: Candidate) -> dict[str, str
         out["tp"] = f"tensor parallel degree {candidate.tp}"
     if training.compile is CompileMode.BLOCKS:
         out["compile"] = "compile blocks"
+    if training.float8 is not Float8Recipe.NONE:
+        out["float8"] = f"float8 {training.float8.value}"
+    if training.compile is CompileMode.MODEL:
+        out["compile_model"] = "compile model"
+    if training.cp > 1:
+        out["cp"] = f"context parallel degree {training.cp}"
     return out
 
 
@@ -225,10 +299,14 @@ def check_supported(training: TrainingSpec, candidate: Candidate) -> None:
     if candidate.tp > 1 and not candidate.strategy.is_fsdp and candidate.strategy is not \
             Strategy.DDP:
         raise UnsupportedConfig(f"tensor parallel with {candidate.strategy.value}: not traced")
-    if training.compile is CompileMode.MODEL:
+    if training.float8 is not Float8Recipe.NONE and training.compile is not CompileMode.NONE:
         raise UnsupportedConfig(
-            "compile model: not traced (Dynamo skips frames under the trace's dispatch modes;"
-            " --compile blocks is traced as AOTAutograd-compiled blocks, probes/compile_step.py)")
+            f"float8 {training.float8.value} with compile {training.compile.value}: not traced "
+            "(torchao's Float8Linear is traced eagerly; the compiled float8 graph is not)")
+    if training.compile is CompileMode.MODEL and candidate.strategy is not Strategy.DDP:
+        raise UnsupportedConfig(
+            f"compile model with {candidate.strategy.value}: not traced (the whole model as"
+            " one AOTAutograd graph is traced for ddp only, probes/compile_step.py)")
     if candidate.strategy.is_zero:
         raise UnsupportedConfig(
             f"strategy {candidate.strategy.value}: DeepSpeed ZeRO is not traced (no DeepSpeed"
@@ -241,6 +319,12 @@ def check_supported(training: TrainingSpec, candidate: Candidate) -> None:
         )
     if candidate.checkpointing is Checkpointing.AUTO:
         raise UnsupportedConfig("checkpointing 'auto' must be expanded before tracing")
+    if training.cp > 1 and (candidate.checkpointing is Checkpointing.SELECTIVE
+                            or not candidate.strategy.is_fsdp):
+        # the op-level SAC policy would see the ring's own ops (probes/context_parallel.py
+        # runs them on local tensors), which on a GPU run inside one DTensor op
+        raise UnsupportedConfig("context parallel is traced with FSDP and no or full "
+                                "checkpointing")
     opt = training.optimizer
     if opt in (OptimizerKind.LION, OptimizerKind.ADAMW_8BIT):
         raise UnsupportedConfig(f"optimizer {opt.value}: not in torch.optim, not traced")
@@ -784,7 +868,7 @@ def _trace(factory: ModelFactory, training: TrainingSpec, candidate: Candidate,
         mesh_shape = _apply_fsdp(tm, strategy, training, world_size, gpus_per_node)
 
     t_built = time.perf_counter()
-    b, t = training.micro_batch, training.seq
+    b, t = training.micro_batch, training.local_seq  # context parallel: seq / cp per GPU
     n_micro = min(training.grad_accum, _MAX_MICRO_BATCHES)
     with FakeTensorMode(allow_non_fake_inputs=True):
         _to_empty(net)
@@ -800,7 +884,7 @@ def _trace(factory: ModelFactory, training: TrainingSpec, candidate: Candidate,
         optimizer = make_optimizer(opt_params, training)
         batch = tm.make_batch(b, t)
         t0 = time.perf_counter()
-        if training.compile is CompileMode.BLOCKS:
+        if training.compile is not CompileMode.NONE:
             # the compiled blocks trace their graphs on the first call: one untracked
             # micro-batch first (the FX tracing would otherwise be counted)
             with tm.kernel_context(), (CudaAutocastEmulation(low) if emulate_autocast
@@ -939,6 +1023,8 @@ def _trace(factory: ModelFactory, training: TrainingSpec, candidate: Candidate,
         "grad_sync": training.grad_sync.value if sync_last else "every",
         "tp": candidate.tp,
         "compile": training.compile.value,
+        "float8": training.float8.value,
+        "float8_all_gather": training.float8_all_gather,
         "n_blocks": len(tm.blocks),
         "optimizer_scalar_bytes": int(scalar_bytes),
         "optimizer_scalars_on_host": training.optimizer_impl is not OptimizerImpl.FUSED,

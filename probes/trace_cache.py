@@ -6,8 +6,9 @@ canonical JSON of:
 
 - ``format``: this module's ``FORMAT`` (bumped when the result layout changes);
 - ``code``: sha256 of the probe sources that produce the numbers (probes/trace.py, hf.py,
-  models.py, autocast_emul.py): any edit to them invalidates every entry;
-- ``torch`` and ``transformers`` versions (the kernels and classes traced);
+  models.py, autocast_emul.py, context_parallel.py): any edit to them invalidates every entry;
+- ``torch``, ``transformers`` and ``torchao`` versions (the kernels and classes traced; torchao's
+  Float8Linear under ``--float8``);
 - the job: the model (the config.json's digest and the depth traced, or the reference spec),
   the training run (every TrainingSpec field), the candidate, world size, GPUs per node and
   the trace options.
@@ -38,7 +39,7 @@ from typing import Any
 
 FORMAT = 1
 ENV = "FITCHECK_TRACE_CACHE"
-CODE_FILES = ("trace.py", "hf.py", "models.py", "autocast_emul.py")
+CODE_FILES = ("trace.py", "hf.py", "models.py", "autocast_emul.py", "context_parallel.py")
 
 
 def default_dir() -> Path | None:
@@ -62,11 +63,11 @@ def code_digest() -> str:
 
 @lru_cache(maxsize=1)
 def versions() -> dict[str, str]:
-    """torch and transformers versions without importing them (importlib.metadata)."""
+    """torch, transformers and torchao versions without importing them (importlib.metadata)."""
     from importlib import metadata
 
     out = {}
-    for dist in ("torch", "transformers"):
+    for dist in ("torch", "transformers", "torchao"):
         try:
             out[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:

@@ -302,25 +302,47 @@ def _planner_terms(name: str, rec: dict) -> dict[str, int]:
     from planner.spec import FineTune
     from probes.deepspeed_cpu import CASES, MODEL
 
+    from planner.memory.zero import bf16_buffers
+    from planner.spec import Dtype
+    from probes.deepspeed_cpu import NOT_ZERO
+
     case = CASES[name]
-    zo = {k: v for k, v in case.items() if k not in ("stage", "ga")}
-    ds = DeepSpeedConfig(**zo)
+    zo = {k: v for k, v in case.items() if k not in ("stage",) + NOT_ZERO}
+    acc = case.get("data_types", {}).get("grad_accum_dtype")
+    ds = DeepSpeedConfig(**zo, **case.get("bf16", {}),
+                         grad_accum_dtype=Dtype(acc) if acc else None)
     strategy = {1: Strategy.ZERO1, 2: Strategy.ZERO2, 3: Strategy.ZERO3}[case["stage"]]
     P, N = total_params(MODEL), 2
     Tn = -(-P // N)
     e = estimate(MODEL, TrainingSpec(deepspeed=ds, grad_accum=case.get("ga", 1), seq=16,
                                      micro_batch=2, optimizer_impl=OptimizerImpl.FOR_LOOP),
                  cluster(N, "h100-80"), Candidate(strategy=strategy))
-    out = {"master": 4 * Tn, "adam_state": 8 * Tn}
+    m, st = (2, 2) if ds.bf16_master_weights_and_grads else (4, 4)  # bf16 master and states
+    out = {"master": m * Tn, "adam_state": 2 * st * Tn}
     largest = 256 * 64
     S = step_elems(strategy, ds, Tn, -(-largest // N),
                    ordered_sizes(MODEL, trainable(MODEL, FineTune())), N)
-    out["step_fp32_grads"] = 4 * S
+    out["step_fp32_grads"] = m * S
+    if rec.get("bf16_optimizer"):
+        # BF16_Optimizer: the buffer is counted with the optimizer states (master 4 Tn, AdamW
+        # 8 Tn beside it); the bf16 grads; the all-reduced bf16 copy of the buffer
+        out["grad_acc_buffer"] = e.phases["forward"].optimizer_states - 12 * Tn
+        out["grads_at_backward_end"] = e.phases["bwd_end"].gradients
+        out["allreduce_tensor"] = bf16_buffers(train=P, b=2, temps=0).step_extra
+        out["flat_params"] = e.phases["forward"].params
+        return out
     if strategy is Strategy.ZERO3:
         p = persistent_elems(MODEL, ds.stage3_param_persistence_threshold)
         out["grad_flat_buffer"] = e.phases["forward"].gradients
         out["bucket_at_init"] = e.phases["forward"].comm_buffers
         out["persistent_full"] = 2 * p
+        if ds.zero_hpz_partition_size > 1:  # ZeRO++ hpZ: the parameters held at the step
+            plain = estimate(MODEL, TrainingSpec(deepspeed=DeepSpeedConfig(
+                **{k: v for k, v in zo.items() if k != "zero_hpz_partition_size"}),
+                seq=16, micro_batch=2, optimizer_impl=OptimizerImpl.FOR_LOOP),
+                cluster(N, "h100-80"), Candidate(strategy=strategy))
+            out["hpz_secondary_at_step"] = (e.phases["optimizer"].params
+                                            - plain.phases["optimizer"].params)
     else:
         out["flat_params"] = e.phases["forward"].params
         # backward buffers: the buckets, the flattened copy of one bucket (not measurable on
@@ -405,3 +427,140 @@ def test_zero_infinity_host_ram_is_the_swap_buffers():
     per_rank = 4 * min(10**9, tn) * 4 + 5 * 10**8 * 2
     assert nvme.host_bytes_per_node == 8 * (ov.host_bytes_per_process + per_rank)
     assert cpu.host_bytes_per_node > nvme.host_bytes_per_node
+
+
+# ---- bf16 master weights, bf16 optimizer states, BF16_Optimizer (issue 24 item 4) ----------
+
+def test_bf16_optimizer_holds_a_full_fp32_gradient_buffer():
+    # bf16 + data_types.grad_accum_dtype fp32 + stage 1, no offload: engine.py
+    # _do_optimizer_sanity_check returns BFLOAT16 -> BF16_Optimizer. Per rank of 8:
+    # optimizer states: fp32 master 4 TN + Adam 8 TN + fp32_groups_gradients_flat 4 PSI
+    #   = 12 x 842,301,952 + 4 x 6,738,415,616 = 10,107,623,424 + 26,953,662,464
+    # gradients: every bf16 param.grad, 2 PSI = 13,476,831,232 (no grads_in_partition copy)
+    from planner.spec import Dtype
+
+    e = run(Strategy.ZERO1, ds=DeepSpeedConfig(grad_accum_dtype=Dtype.FP32))
+    assert e.phases["forward"].optimizer_states == 37_061_285_888
+    assert e.phases["bwd_end"].gradients == 13_476_831_232
+    # no reduce buckets in backward (the ZeRO optimizer's hooks are not installed)
+    assert e.phases["bwd_end"].comm_buffers == 0
+    # the all-reduce of the buffer in the bf16 communication dtype: a 2 PSI copy beside every
+    # gradient; FusedAdam has no temporaries and the step no overflow check or copies
+    assert e.phases["optimizer"].optimizer_temporaries == 2 * PSI
+    assert e.phases["optimizer"].gradients == 2 * PSI
+    # the ZeRO optimizer runs instead for stage 2, under optimizer offload, or with the
+    # model's own accumulation dtype: optimizer states 12 TN only
+    for strategy, offload, acc in ((Strategy.ZERO2, Offload.NONE, Dtype.FP32),
+                                   (Strategy.ZERO1, Offload.NONE, Dtype.BF16),
+                                   (Strategy.ZERO1, Offload.OPTIMIZER, Dtype.FP32)):
+        e = run(strategy, offload=offload, ds=DeepSpeedConfig(grad_accum_dtype=acc))
+        assert e.phases["forward"].optimizer_states == (0 if offload is Offload.OPTIMIZER
+                                                        else 12 * TN), (strategy, offload, acc)
+
+
+def test_bf16_master_weights_and_states_on_the_gpu():
+    # bf16_master_weights_and_grads + bf16_optimizer_states, ZeRO-2 on 8 GPUs: master 2 TN,
+    # Adam's two moments 2 x 2 TN: 6 x 842,301,952 = 5,053,811,712 (fp32: 12 TN)
+    ds = DeepSpeedConfig(bf16_master_weights_and_grads=True, bf16_optimizer_states=True)
+    e = run(Strategy.ZERO2, ds=ds)
+    assert e.phases["forward"].optimizer_states == 5_053_811_712
+    # the step: the flattened bf16 partition is the gradient (.to(bf16) copies nothing):
+    # 2 TN = 1,684,603,904, where fp32 masters take 4 TN + 2 TN
+    assert e.phases["optimizer"].optimizer_temporaries == 1_684_603_904
+    assert run(Strategy.ZERO2).phases["optimizer"].optimizer_temporaries == 6 * TN
+    # ZeRO-3 alike
+    assert run(Strategy.ZERO3, ds=ds).phases["forward"].optimizer_states == 6 * TN
+
+
+def test_bf16_master_weights_offloaded_keep_fp32_states_on_the_host():
+    # ZeRO-2 + offload_optimizer, bf16 master without bf16 states (DeepSpeedCPUAdam's fp32
+    # moments): host per rank = Adam 8 TN + master 2 TN + grad partition in the master dtype
+    # 2 TN + the bf16 staging partition 2 TN + the 4-byte largest-parameter buffer
+    # = 14 TN + 4 EMBED (fp32 masters: 18 TN + 4 EMBED, test_offload_host_ram_per_rank)
+    per_process = Overheads().host_bytes_per_process
+    z2 = run(Strategy.ZERO2, offload=Offload.OPTIMIZER,
+             ds=DeepSpeedConfig(bf16_master_weights_and_grads=True))
+    assert z2.host_bytes_per_node == 8 * (per_process + 14 * TN + 4 * EMBED)
+
+
+def test_bf16_master_settings_deepspeed_refuses_are_one_error():
+    base = ("--model", "llama2-7b", "--gpu", "h100-80", "--n", "8", "--strategy", "zero2")
+    one_line_error(cli(*base, "--ds-bf16-optimizer-states"), 2, "--ds-bf16-optimizer-states",
+                   "need bf16 master weights")
+    one_line_error(cli(*base, "--ds-bf16-master-weights-and-grads", "--offload", "none"), 2,
+                   "--ds-bf16-master-weights-and-grads", "ZeRO-Offload")
+    one_line_error(cli(*base, "--ds-bf16-master-weights-and-grads",
+                       "--ds-bf16-optimizer-states", "--precision", "fp16-amp"), 2,
+                   "--ds-bf16-master-weights-and-grads", "bf16-amp")
+    # without bf16 states and no --offload: only the offload candidates DeepSpeed runs
+    r = cli(*base, "--ds-bf16-master-weights-and-grads", "--json")
+    assert r.exit_code in (0, 3), r.output
+    assert {c["offload"] for c in json.loads(r.stdout)["candidates"]} <= {
+        "optimizer", "params_and_optimizer"}
+
+
+def test_reader_maps_bf16_master_keys_and_grad_accum_dtype(tmp_path):
+    from planner.jobs import read_job
+
+    src = tmp_path / "ds.json"
+    src.write_text(json.dumps({"zero_optimization": {"stage": 1}, "bf16": {
+        "enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True},
+        "data_types": {"grad_accum_dtype": "fp32"}, "train_micro_batch_size_per_gpu": 1}))
+    j = read_job(str(src))
+    assert j.unmodelled == []
+    assert j.values["deepspeed.bf16_master_weights_and_grads"] is True
+    assert j.values["deepspeed.bf16_optimizer_states"] is True
+    assert j.values["deepspeed.grad_accum_dtype"] == "fp32"
+
+
+@pytest.mark.parametrize("doc,key", [
+    ({"zero_optimization": {"stage": 0}, "bf16": {"enabled": True,
+                                                  "bf16_master_weights_and_grads": True}},
+     "bf16.bf16_master_weights_and_grads"),
+    ({"zero_optimization": {"stage": 0}, "bf16": {"enabled": True},
+      "data_types": {"grad_accum_dtype": "fp32"}}, "data_types.grad_accum_dtype"),
+    ({"zero_optimization": {"stage": 1}, "bf16": {"enabled": True},
+      "data_types": {"grad_accum_dtype": "int8"}}, "data_types.grad_accum_dtype"),
+])
+def test_reader_refuses_what_deepspeed_refuses(tmp_path, doc, key):
+    src = tmp_path / "ds.json"
+    src.write_text(json.dumps({**doc, "train_micro_batch_size_per_gpu": 1}))
+    r = cli("--deepspeed-config", str(src), "--model", "llama2-7b", "--gpu", "h100-80")
+    assert r.exit_code == 4, r.output
+    assert key in r.output and "Traceback" not in r.output
+
+
+def test_deepcompile_is_named_not_modelled(tmp_path):
+    # compile.deepcompile: its selective_gather pass keeps ZeRO-3 parameters gathered up to
+    # the memory its profiling finds free (deepspeed/compile/passes/selective_gather.py): a
+    # peak that follows the device; planned as the eager engine and said so
+    src = tmp_path / "ds.json"
+    src.write_text(json.dumps({"zero_optimization": {"stage": 3}, "bf16": {"enabled": True},
+                               "compile": {"deepcompile": True},
+                               "train_micro_batch_size_per_gpu": 1}))
+    r = cli("--deepspeed-config", str(src), "--model", "llama2-7b", "--gpu", "h100-80", "--n",
+            "8", "--json")
+    assert r.exit_code in (0, 3), r.output
+    unmodelled = json.loads(r.stdout)["job"]["unmodelled"]
+    assert any("compile.deepcompile" in str(u) and "selective_gather" in str(u)
+               for u in unmodelled), unmodelled
+
+
+def test_a_config_with_fp32_accumulation_plans_bf16_optimizer(tmp_path):
+    # the DeepSpeed JSON path end to end: bf16 + data_types.grad_accum_dtype fp32 + stage 1.
+    # At the step: bf16 module 2 PSI, bf16 grads 2 PSI, master + Adam 12 TN + the fp32 buffer
+    # 4 PSI (37,061,285,888), the all-reduce's bf16 copy 2 PSI
+    src = tmp_path / "ds.json"
+    src.write_text(json.dumps({"zero_optimization": {"stage": 1}, "bf16": {"enabled": True},
+                               "data_types": {"grad_accum_dtype": "fp32"},
+                               "train_micro_batch_size_per_gpu": 1}))
+    r = cli("--deepspeed-config", str(src), "--model", "llama2-7b", "--gpu", "h100-80", "--n",
+            "8", "--checkpointing", "full", "--json")
+    assert r.exit_code in (0, 3), r.output
+    doc = json.loads(r.stdout)
+    assert doc["job"]["unmodelled"] == []
+    b = doc["candidates"][0]["breakdown_bytes"]
+    assert doc["candidates"][0]["peak_phase"] == "optimizer"
+    assert (b["params"], b["gradients"], b["optimizer_states"], b["optimizer_temporaries"]) == (
+        2 * PSI, 2 * PSI, 37_061_285_888, 2 * PSI)
+    assert any(a.startswith("DeepSpeed: grad_accum_dtype fp32") for a in doc["assumptions"])

@@ -234,6 +234,27 @@ def test_shipped_risk_meets_the_acceptance_on_the_held_out_half():
     assert held["measured"] >= 20 and held["coverage"] >= eb.RISK_COVERAGE - 0.05
 
 
+def test_binomial_range_by_hand():
+    """Binomial(10, 1/2): P(X <= 1) = 11/1024 = 1.1 % <= 2.5 % < P(X <= 2) = 56/1024 = 5.5 %,
+    so 2 .. 8 by symmetry. Binomial(25, 0.9): P(X = 25) = 0.9^25 = 7.2 % > 2.5 %, so the top
+    is 25; P(X <= 18) = 1.0 % <= 2.5 % < P(X <= 19) = 3.4 %, so the bottom is 19."""
+    from benchmarks.memory_accuracy import binomial_range
+
+    assert binomial_range(10, 0.5) == (2, 8)
+    assert binomial_range(25, 0.9) == (19, 25)
+
+
+def test_two_fold_coverage_meets_the_target():
+    """Issue 24: the interval's stated coverage holds within +-5 points, read on two-fold
+    cross-validation (each half checked by the other half's fit, every measured row once),
+    and the count is inside what a calibrated interval gives 19 times in 20."""
+    both = shipped()["memory"]["risk"]["two_fold"]
+    assert both["measured"] >= 50
+    assert abs(both["coverage"] - eb.RISK_COVERAGE) <= 0.05
+    lo, hi = both["expected"]
+    assert lo <= both["inside"] <= hi
+
+
 def test_the_split_alternates_within_each_kind():
     from benchmarks.memory_accuracy import split
 

@@ -36,8 +36,10 @@ CASES: dict[str, dict] = {
                 "checkpointing": "full"}, unmodelled=[], n=64),
     f"{TT}/llama3/config_registry.py:llama3_405b": dict(  # compile + async TP + float8
         values={"model.preset": "llama3.1-405b", "training.micro_batch": 2, "parallel.tp": 8,
-                "training.compile": "blocks+loss"},  # CompileConfig default [model, loss]
-        unmodelled=["Float8LinearConverter", "async tensor parallel"], n=128),
+                "training.compile": "blocks+loss",  # CompileConfig default [model, loss]
+                # Float8LinearConverter.Config(filter_fqns=["lm_head"]): rowwise by default
+                "training.float8": "rowwise"},
+        unmodelled=["async tensor parallel"], n=128),
     f"{TT}/llama3/config_registry.py:llama3_8b_mxfp8": dict(
         values={"training.compile": "blocks"},  # components=["model"]
         unmodelled=["MXFP8LinearConverter"], n=8),
@@ -54,8 +56,10 @@ CASES: dict[str, dict] = {
         unmodelled=["expert parallel degree 8", "loss only"], model="deepseek-v2-lite", n=8),
     "torchtitan_llama3_405b.v0.2.0.toml": dict(
         values={"model.preset": "llama3.1-405b", "training.micro_batch": 2, "parallel.tp": 8,
-                "training.compile": "blocks+loss"},  # enable=true, components default
-        unmodelled=["float8", "async tensor parallel"], n=128),
+                "training.compile": "blocks+loss",  # enable=true, components default
+                # converters = ["float8"], [quantize.linear.float8]
+                "training.float8": "tensorwise", "training.float8_all_gather": True},
+        unmodelled=["async tensor parallel"], n=128),
     "torchtitan_llama4_17bx16e.v0.2.0.toml": dict(
         values={"training.micro_batch": 8, "parallel.tp": 8, "checkpointing": "full"},
         unmodelled=["expert tensor parallel degree"], model="llama3-70b", n=64),
@@ -190,7 +194,8 @@ CASES: dict[str, dict] = {
         values={"training.precision": "bf16-amp"}, unmodelled=["Adam-mini"],
         model="qwen2.5-7b", n=1),
     "llamafactory_extras_fp8_llama3_fp8_fsdp_sft.yaml": dict(
-        values={"strategy": "full_shard", "training.seq": 1024}, unmodelled=["float8"], n=8),
+        values={"strategy": "full_shard", "training.seq": 1024,  # fp8_backend torchao
+                "training.float8": "tensorwise", "training.float8_all_gather": True}, n=8),
     "llamafactory_extras_llama_pro_llama3_freeze_sft.yaml": dict(
         values={"finetune.freeze": "all-but-8-layers"}, unmodelled=["LLaMA Pro"],
         model="llama3-8b", n=1),
@@ -517,8 +522,8 @@ CASES: dict[str, dict] = {
         values={"model.preset": "llama3-8b"}, unmodelled=["oft", "under OFT"], n=1),
     "llamafactory_extras_fp8_llama3_fp8_deepspeed_sft.yaml": dict(
         values={"model.preset": "llama3-8b", "training.micro_batch": 1,
-                "training.grad_accum": 8, "training.seq": 1024},
-        unmodelled=["float8"], n=8),
+                "training.grad_accum": 8, "training.seq": 1024,
+                "training.float8": "tensorwise"}, n=8),  # fp8_backend torchao
     "torchtune_qwen2_5_0.5B_lora.yaml": dict(
         values={"finetune.lora_rank": 32, "training.micro_batch": 2, "training.grad_accum": 8,
                 "checkpointing": "none", "strategy": "full_shard"},

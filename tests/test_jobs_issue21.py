@@ -51,13 +51,15 @@ def test_deepspeed_train_batch_size_alone_derives_the_micro_batch(tmp_path):
     assert v["training.grad_accum"] == 4
 
 
-def test_deepspeed_bf16_master_weights_and_states_are_named(tmp_path):
+def test_deepspeed_bf16_master_weights_and_states_are_read(tmp_path):
+    # modelled since issue 24 (planner/memory/zero.py master_bytes): fields, not NOT MODELLED
     path = edited(tmp_path, "axolotl_deepspeed_zero3_bf16.json", '"enabled": true',
                   '"enabled": true, "bf16_master_weights_and_grads": true, '
                   '"bf16_optimizer_states": true')
     j = read_job(path)
-    assert any("bf16 master weights and gradients" in u for u in j.unmodelled)
-    assert any("bf16 optimizer states" in u for u in j.unmodelled)
+    assert not any("bf16_master" in u or "bf16_optimizer" in u for u in j.unmodelled)
+    assert j.values["deepspeed.bf16_master_weights_and_grads"] is True
+    assert j.values["deepspeed.bf16_optimizer_states"] is True
 
 
 def test_deepspeed_comment_and_unknown_top_level_keys_are_not_refusals(tmp_path):
@@ -162,7 +164,9 @@ def test_llamafactory_v1_dist_config_and_fp8_are_read(tmp_path):
     j = read_job(str(DATA / "llamafactory_v1_train_full_qwen3_moe_fsdpturbo_ep_fsdp.yaml"))
     assert any("expert parallel degree 16" in u for u in j.unmodelled)
     j = read_job(str(DATA / "llamafactory_extras_fp8_llama3_fp8_fsdp_sft.yaml"))
-    assert any("float8" in u for u in j.unmodelled)
+    # fp8_backend torchao, fp8_enable_fsdp_float8_all_gather: torchao float8, modelled
+    assert j.values["training.float8"] == "tensorwise"
+    assert j.values["training.float8_all_gather"] is True
 
 
 def test_llamafactory_write_back_does_not_crash(tmp_path):

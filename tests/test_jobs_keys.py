@@ -149,21 +149,23 @@ def test_defaults_and_neutral_values_say_nothing():
 def test_walk_names_the_not_modelled_the_unknown_and_nothing_else():
     tab = table("deepspeed")
     doc = {"train_micro_batch_size_per_gpu": 4, "steps_per_print": 10, "_comment": "x",
-           "bf16": {"enabled": True, "bf16_master_weights_and_grads": True,
-                    "bf16_optimizer_states": False},
-           "zero_optimization": {"stage": 3, "zero_hpz_partition_size": 8, "nonsense": 1},
+           "bf16": {"enabled": True, "immediate_grad_update": True,
+                    "check_grad_overflow": False},
+           "zero_optimization": {"stage": 3, "zero_quantized_nontrainable_weights": True,
+                                 "nonsense": 1},
            "wandb": {"enabled": True, "project": "p"}, "comms_config": {"x": 1}}
     found = {f.key: f for f in walk(tab, doc)}
-    assert set(found) == {"bf16.bf16_master_weights_and_grads",
-                          "zero_optimization.zero_hpz_partition_size",
+    assert set(found) == {"bf16.immediate_grad_update",
+                          "zero_optimization.zero_quantized_nontrainable_weights",
                           "zero_optimization.nonsense", "comms_config"}
-    assert found["bf16.bf16_master_weights_and_grads"].known
+    assert found["bf16.immediate_grad_update"].known
     assert not found["zero_optimization.nonsense"].known
     assert not found["zero_optimization.nonsense"].ignored  # DeepSpeed's pydantic forbids it
     assert found["comms_config"].ignored  # DeepSpeed ignores unknown top-level keys
-    line = found["zero_optimization.zero_hpz_partition_size"].line("ds.json", tab)
-    assert line == ("ZeRO++ hierarchical partitioning (a secondary parameter shard per node) "
-                    "(ds.json zero_optimization.zero_hpz_partition_size: 8) is not modelled yet")
+    line = found["zero_optimization.zero_quantized_nontrainable_weights"].line("ds.json", tab)
+    assert line == ("ZeRO++ quantized frozen weights (ds.json "
+                    "zero_optimization.zero_quantized_nontrainable_weights: true) is not "
+                    "modelled yet")
 
 
 def test_markdown_lists_every_table():

@@ -372,7 +372,7 @@ def _planned_rank(values: dict, rank: int) -> int:
     return max(ph[k].total for k in PHASES)
 
 
-TRACED = [  # (extra values, rank): measured, docs/model.md §8.6
+TRACED = [  # (extra values, rank): measured, docs/model.md §8.7
     ({}, 0), ({}, 1),
     ({"parallel.pp_schedule": "gpipe"}, 0), ({"parallel.pp_schedule": "gpipe"}, 1),
     ({"parallel.pp_schedule": "interleaved-1f1b"}, 0),

@@ -10,11 +10,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from planner.activations import plan_activations
+from planner.activations import ActivationPlan, plan_activations, regime_for
+from planner.loss_dtype import with_loss_dtype
 from planner.candidates import check_supported, degree_of
-from planner import vec
+from planner.context_parallel import after_sdpa, ring_backward_bytes, ring_forward_bytes
+from planner import float8, vec
 from planner.error_bands import DEFAULT_MARGIN, is_finetune, risk_band
 from planner.memory.breakdown import PHASES, Breakdown, Estimate, Overheads, Phase, pick
+from planner.memory.compiled_model import graph_gradients, table_backward
 from planner.memory.moments import MOMENTS, Activations, Step
 from planner.memory.pipeline import fullest_rank
 from planner.pipeline import peak_in_flight, rank_stages
@@ -64,17 +67,67 @@ def activation_plan(model: ModelSpec, training: TrainingSpec, candidate: Candida
         # outputs after its forward: the loss computed inside forward (HF models, the
         # reference module) has already run on param_dtype logits (traced: no change)
         precision = Precision.FP32 if training.fsdp_dtypes.param == FP32 else Precision.BF16
-    return plan_activations(model, batch=training.micro_batch, seq=training.seq,
+    autocast = uses_autocast_amp(candidate.strategy) and not ft.lora
+    # the model's own loss upcasts or not as its transformers release does (loss_dtype.py)
+    plan = plan_activations(with_loss_dtype(model, training), batch=training.micro_batch,
+                            seq=training.local_seq,
                             precision=precision, attention=training.attention,
                             checkpointing=candidate.checkpointing,
-                            uses_autocast=uses_autocast_amp(candidate.strategy) and not ft.lora,
+                            uses_autocast=autocast,
                             loss=training.loss, loss_chunks=training.loss_chunks,
                             keep_logits=training.keep_logits,
                             compiled=training.compile is not CompileMode.NONE,
                             finetune=ft, tp=candidate.tp,
                             adapter_bytes=adapter_input_bytes(training, candidate),
                             compiled_loss=training.compile.loss_compiled,
-                            offload=training.activation_offload)
+                            offload=training.activation_offload, cp=training.cp)
+    if training.cp > 1:
+        plan = with_ring(plan, model, training, candidate, precision, autocast)
+    return float8_activations(plan, model, training, candidate)
+
+
+def float8_activations(plan: Any, model: ModelSpec, training: TrainingSpec,
+                       candidate: Candidate) -> Any:
+    """``--float8``: the same saved tensors (torchao saves the high-precision input and
+    weight), one eager float8 cast more in a block's backward (planner/float8.py)."""
+    if not float8.enabled(training):
+        return plan
+    extra = float8.backward_transient(model, training, training.micro_batch * training.local_seq,
+                                      candidate.tp)
+    notes = plan.notes
+    if training.compile is not CompileMode.NONE:
+        notes = notes + ("float8 under torch.compile: the eager float8 casts and saved set "
+                         "are counted (the compiled float8 graph is not traced)",)
+    return dataclasses.replace(plan, block_backward_transient=plan.block_backward_transient
+                               + extra, notes=notes)
+
+
+def with_ring(plan: ActivationPlan, model: ModelSpec, training: TrainingSpec,
+              candidate: Candidate, precision: Precision, autocast: bool) -> ActivationPlan:
+    """The plan with context parallel's ring attention terms (planner/context_parallel.py).
+    Its backward runs after the block's MLP backward: the residual stream's gradient (r per
+    element of t x h) and SDPA's output gradient (c per element of t x q_dim) are alive
+    beside the ring's buffers. Under TP each GPU runs the ring on its n_heads / tp heads."""
+    _, c, r = regime_for(precision, autocast)
+    tp = candidate.tp
+    t = training.micro_batch * training.local_seq
+    heads = model.n_heads // tp
+    shape = dict(batch=training.micro_batch, local_seq=training.local_seq, n_heads=heads,
+                 n_kv_heads=heads, d_head=model.d_head, c=c, cp=training.cp,
+                 rotate=training.cp_rotate)
+    # beside it: the two residual-stream gradients the MLP's backward also has (the block's
+    # incoming one and the sum through the MLP branch), SDPA's output gradient, and FSDP2's
+    # unsharded gradients of the weights whose backward has run (the output projection's and
+    # the MLP's, in the compute dtype until the block's reduce-scatter; traced)
+    grads_in = -(-2 * r * t * model.hidden // tp) + c * t * heads * model.d_head
+    h, f = model.hidden, model.ffn_hidden
+    weight_grads = -(-(model.q_dim * h + (3 if model.mlp.gated else 2) * h * f) * c // tp)
+    # what the block saved after its SDPA (its MLP's, the output projection's input) is freed
+    # by then, kept or recomputed alike
+    freed = after_sdpa(plan.block_saved)
+    return dataclasses.replace(plan, ring_forward=ring_forward_bytes(**shape),
+                               ring_backward=grads_in + weight_grads
+                               + ring_backward_bytes(**shape) - freed)
 
 
 def adapter_input_bytes(training: TrainingSpec, candidate: Candidate) -> int:
@@ -95,7 +148,7 @@ def adapter_input_bytes(training: TrainingSpec, candidate: Candidate) -> int:
 
 
 def working(model: ModelSpec, training: TrainingSpec, candidate: Candidate, degree: Any,
-            opt_shard: Any, ov: Overheads) -> Working:
+            opt_shard: Any, ov: Overheads, gpus_per_node: Any = None) -> Working:
     """The working copies and buffers of the candidate's strategy family."""
     counts = count(model)
     d = dtypes(candidate.strategy, training.precision, training.fsdp_dtypes)
@@ -104,10 +157,14 @@ def working(model: ModelSpec, training: TrainingSpec, candidate: Candidate, degr
         return fsdp_working(model, counts, candidate, training.precision, d, degree,
                             training.fsdp_version, ft,
                             reduce_bytes=training.fsdp_dtypes.reduce,
-                            grads=grad_counts(model, training, candidate.strategy))
+                            grads=grad_counts(model, training, candidate.strategy),
+                            float8_saving=float8.gather_saving(model, training, d.compute))
     if candidate.strategy.is_zero:
-        return zero_working(model, counts, candidate, training, d, opt_shard)
-    return autocast_working(model, counts, candidate, training.precision, d, ov, ft)
+        return zero_working(model, counts, candidate, training, d, opt_shard,
+                            gpus_per_node=gpus_per_node)
+    return autocast_working(model, counts, candidate, training.precision, d, ov, ft,
+                            float8_weights=float8.weights_per_block(model)
+                            if float8.enabled(training) else 0)
 
 
 def load_bytes(training: TrainingSpec, strategy: Strategy | None = None) -> int:
@@ -190,7 +247,8 @@ def unsynced_gradients(model: ModelSpec, training: TrainingSpec, candidate: Cand
 
 
 def step_for(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, n_gpus: Any,
-             degree: Any, tokens: Any, acts: Activations, ov: Overheads) -> Step:
+             degree: Any, tokens: Any, acts: Activations, ov: Overheads,
+             gpus_per_node: Any = None) -> Step:
     """What the moments read. n_gpus, degree, tokens (micro-batch x seq) and the activation
     totals may be numpy arrays; the rest of ``training`` is read as given."""
     counts = count(model)
@@ -199,7 +257,7 @@ def step_for(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, 
     d = dtypes(strategy, training.precision, training.fsdp_dtypes)
     sh = shards(strategy, degree, tp)
     states = resident(model, training, counts, candidate, d, sh)
-    work = working(model, training, candidate, degree, sh.optimizer, ov)
+    work = working(model, training, candidate, degree, sh.optimizer, ov, gpus_per_node)
     T = grad_counts(model, training, strategy)  # what gets a gradient (states.grad_counts)
     td = train_dtypes(training.finetune, d, strategy.is_zero, training.precision.amp)
     embed_trains = not training.finetune.embeddings_frozen
@@ -207,7 +265,14 @@ def step_for(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, 
     # FSDP2 pads a block's sharded expert gradients as it pads their parameters
     pad = expert_padding(tuple((n, s, 1) for n, s in block_tensors(model)), degree) \
         if fsdp2 and model.is_moe and not training.finetune.lora else 0
+    whole_graph = training.compile is CompileMode.MODEL and strategy is Strategy.DDP
+    table_grad = model.vocab * model.hidden // tp * td.grad if embed_trains else 0
     return Step(
+        whole_graph=whole_graph,
+        graph_grads=graph_gradients(states.gradients, table_grad, n_gpus) if whole_graph else 0,
+        graph_table=table_backward(model.vocab * model.hidden // tp, td.grad,
+                                   tied=model.tied_embeddings, trains=embed_trains)
+        if whole_graph else 0,
         fsdp_version=training.fsdp_version, block_grad_pad=pad,
         unsynced_grads=unsynced_gradients(model, training, candidate),
         unsynced_root=unsynced_gradients(model, training, candidate, part="root"),
@@ -294,12 +359,15 @@ def evaluate(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, 
                                  ov=ov)
     S = degree_of(candidate.strategy, n_gpus, gpus_per_node, candidate.tp)
     step = step_for(model, training, candidate, n_gpus=n_gpus, degree=S, tokens=tokens,
-                    acts=acts, ov=ov)
+                    acts=acts, ov=ov, gpus_per_node=gpus_per_node)
     phases = moments(step)
     risk = risk_band(candidate.strategy, training.compile, is_finetune(training))
     notes = []
     if candidate.strategy is Strategy.DDP and ov.ddp_bucket_view:
         notes.append("gradient_as_bucket_view=True: grads are views into the buckets")
+    if training.compile is CompileMode.MODEL and candidate.strategy is not Strategy.DDP:
+        notes.append("compile model under FSDP / ZeRO: the gradients a compiled graph returns"
+                     " before they are accumulated are NOT MODELLED (eager accounting)")
     if candidate.offload is Offload.PARAMS_AND_OPTIMIZER and candidate.strategy.is_fsdp:
         notes.append("CPU offload: sharded params/grads/optimizer state in pinned host RAM")
     return from_phases(candidate, phases, degree=S, n_gpus=n_gpus,
@@ -393,6 +461,7 @@ def estimate(model: ModelSpec, training: TrainingSpec, cluster: Cluster, candida
         plan = plan.scaled(ov.activation_scale)
     return evaluate(model, training, candidate, n_gpus=cluster.n_gpus,
                     gpus_per_node=cluster.gpus_per_node,
-                    tokens=training.micro_batch * training.seq, acts=Activations.of(plan),
+                    tokens=training.micro_batch * training.local_seq,
+                    acts=Activations.of(plan),
                     capacity=cluster.gpu.memory_bytes, context=cluster.gpu.cuda_context_bytes,
                     host_capacity=cluster.host_ram_bytes_per_node, margin=margin, ov=ov)

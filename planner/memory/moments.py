@@ -44,15 +44,20 @@ class Activations:
     tables): what the root holds while the blocks run forward."""
     host: Any = 0
     """Pinned host RAM of one rank for offloaded activations (--activation-offload)."""
+    ring_fwd: Any = 0
+    """Context parallel: the ring attention's forward peak above its inputs (0 without)."""
 
     @classmethod
     def of(cls, plan: ActivationPlan) -> Activations:
+        # context parallel: a block's backward transient is the larger of its MLP's and its
+        # ring attention's (ActivationPlan.ring_backward; 0 without CP)
         return cls(kept_per_block=plan.block_kept, kept_blocks=plan.gpu_blocks_kept,
                    root=plan.gpu_root, root_before=plan.gpu_root_before,
                    host=plan.host_bytes,
                    loss_out=plan.root_saved[-1].nbytes,
                    loss_fwd=plan.loss_forward_transient, loss_bwd=plan.loss_backward_transient,
-                   block_bwd=plan.block_backward_transient, recompute=plan.recompute,
+                   block_bwd=vec.maximum(plan.block_backward_transient, plan.ring_backward),
+                   recompute=plan.recompute, ring_fwd=plan.ring_forward,
                    residual_bytes=plan.residual_bytes, kept_logits=plan.kept_logits)
 
 
@@ -111,6 +116,14 @@ class Step:
     unsynced_grads: Any = 0
     """FSDP with gradient sync on the last micro-batch only: the unsharded gradients every
     unit accumulates until the last reduce-scatter (0 when gradients sync every time)."""
+    whole_graph: bool = False
+    """``--compile model`` without FSDP / ZeRO: the backward is one compiled graph (or one per
+    DDP bucket) whose new gradients are accumulated after it returns
+    (planner/memory/compiled_model.py)."""
+    graph_grads: Any = 0
+    """Of those, the new gradients one graph returns at once."""
+    graph_table: Any = 0
+    """What the embeddings' compiled backward holds beyond the gradients."""
     states: Resident
     work: Working
     acts: Activations
@@ -156,6 +169,9 @@ def forward(s: Step) -> Breakdown:
     at_loss = s.base.plus(gathered_params=s.work.gathered_fwd, activations=s.activations_all,
                           gradients=s.accumulated, transients=s.acts.loss_fwd,
                           comm_buffers=s.work.buckets)
+    # context parallel's ring in the last block (without CP never above the loss's moment,
+    # which is listed first and wins ties)
+    at_loss = largest([at_loss, _ring_forward(s)])[1]
     if not (s.fsdp and s.fsdp_version == 2):
         return at_loss
     # the last block's input (the residual stream) and what the blocks before it kept
@@ -164,6 +180,16 @@ def forward(s: Step) -> Breakdown:
     at_gather = s.base.plus(gathered_params=s.work.fwd_gather, activations=acts,
                             gradients=s.accumulated, comm_buffers=s.work.buckets)
     return largest([at_loss, at_gather])[1]
+
+
+def _ring_forward(s: Step) -> Breakdown:
+    """Context parallel: the last block's ring attention in forward, its buffers on top of
+    what every block keeps (a bound: the last block's own saved set counted whole) and the
+    root's tensors from before the blocks."""
+    return s.base.plus(gathered_params=s.work.gathered_fwd,
+                       activations=s.acts.kept_blocks + s.acts.root_before,
+                       gradients=s.accumulated, transients=s.acts.ring_fwd,
+                       comm_buffers=s.work.buckets)
 
 
 def loss_backward(s: Step) -> Breakdown:
@@ -295,6 +321,8 @@ def backward_end(s: Step) -> Breakdown:
     grad_in = s.acts.residual_bytes * s.tokens_x_hidden + s.acts.kept_logits
     if s.tied:
         grad_in = grad_in + 2 * s.vocab_x_hidden * (s.compute_bytes if s.fsdp else s.grad_bytes)
+    if s.whole_graph:
+        return _compiled_end(s)
     if not s.fsdp:
         return s.base.plus(gathered_params=s.work.gathered_end, gradients=s.states.gradients,
                            transients=grad_in,
@@ -324,6 +352,17 @@ def backward_end(s: Step) -> Breakdown:
                                 gradients=vec.where(s.accumulating, held, 0)
                                 + s.root_grad_elems * s.compute_bytes, transients=grad_in))
     return largest(subs)[1]
+
+
+def _compiled_end(s: Step) -> Breakdown:
+    """``--compile model``: the compiled backward's last op, the embeddings' backward, with
+    every new gradient of its graph returned at once; after the first micro-batch they are
+    alive beside the accumulated ones until AccumulateGrad adds them
+    (planner/memory/compiled_model.py; traced)."""
+    grad_in = s.acts.residual_bytes * s.tokens_x_hidden + s.acts.kept_logits + s.graph_table
+    return s.base.plus(gathered_params=s.work.gathered_end,
+                       gradients=s.states.gradients + vec.where(s.accumulating, s.graph_grads, 0),
+                       transients=grad_in, comm_buffers=s.work.buckets + s.work.bwd_buffers)
 
 
 def optimizer_step(s: Step) -> Breakdown:

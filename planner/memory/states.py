@@ -17,6 +17,7 @@ from typing import Any
 from planner.vec import ceil_div
 from planner.params import ParamCounts, Trainable, count, numel, tensor_groups, trainable
 from planner.memory.zero import (
+    master_bytes,
     optimizer_temp_bytes,
     ordered_sizes,
     zero_states,
@@ -191,7 +192,8 @@ class Resident:
     gradients: Any
     """Every gradient after backward (0 when offload streams them to the host)."""
     optimizer_states: Any
-    """Optimizer state plus DeepSpeed's fp32 master copy."""
+    """Optimizer state plus DeepSpeed's fp32 master copy (and BF16_Optimizer's fp32 gradient
+    accumulation buffer, planner/memory/zero.py ``bf16_states``)."""
     optimizer_temporaries: Any
     host_per_rank: Any
     """Bytes one rank keeps in host RAM (offload)."""
@@ -221,6 +223,8 @@ def resident(model: ModelSpec, training: TrainingSpec, counts: ParamCounts,
     zero = candidate.strategy.is_zero
     td = train_dtypes(ft, d, zero, training.precision.amp)
     train_param_b, grad_b, state_b, master_b = td.param, td.grad, td.state, td.master
+    if zero:  # bf16_master_weights_and_grads / bf16_optimizer_states (planner/memory/zero.py)
+        master_b, state_b = master_bytes(training.deepspeed, master_b, state_b)
     frozen_b = td.frozen
     frozen = T.frozen(model.n_layers)
     quant = T.quant_per_block * model.n_layers
@@ -248,11 +252,12 @@ def resident(model: ModelSpec, training: TrainingSpec, counts: ParamCounts,
                          grad_b=grad_b, param_b=d.param, states=states, degree=sh.optimizer,
                          temps=zero_step_temps(candidate.strategy, training, local_opt,
                                                largest, sh.optimizer, state_b,
-                                               ordered_sizes(model, T)))
+                                               ordered_sizes(model, T)), master_b=master_b)
         on_host = candidate.offload is not Offload.NONE
         return Resident(params=(0 if candidate.offload is Offload.PARAMS_AND_OPTIMIZER
                                 else params) + zs.persistent_params,
-                        gradients=zs.gradients, optimizer_states=0 if on_host else states,
+                        gradients=zs.gradients,
+                        optimizer_states=(0 if on_host else states) + zs.acc_buffer,
                         optimizer_temporaries=zs.optimizer_temporaries,
                         host_per_rank=zs.host_per_rank)
     # (optimizer-only offload exists for ZeRO alone: planner/memory/zero.py above)

@@ -18,7 +18,14 @@ from typing import Any
 
 from planner.memory.breakdown import Overheads
 from planner.memory.states import FP32, Dtypes, train_dtypes
-from planner.memory.zero import keeps_every_grad, ordered_sizes, zero_buffers, zero_step_temps
+from planner.memory.zero import (
+    keeps_every_grad,
+    master_bytes,
+    ordered_sizes,
+    zero_buffers,
+    zero_step_temps,
+)
+from planner import vec
 from planner.vec import ceil_div
 from planner.params import ParamCounts, block_tensors, numel, tensor_groups, trainable
 from planner.spec import (
@@ -131,7 +138,7 @@ def dequantized_linear(model: ModelSpec, ft: FineTune, c: int) -> int:
 
 def autocast_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate,
                      precision: Precision, d: Dtypes, ov: Overheads,
-                     ft: FineTune = FineTune()) -> Working:
+                     ft: FineTune = FineTune(), float8_weights: int = 0) -> Working:
     """torch.autocast over fp32 params (DDP, one GPU).
 
     autocast caches the bf16 cast of every matmul weight for the autocast region (forward +
@@ -142,11 +149,16 @@ def autocast_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate
     every gradient; unless ``gradient_as_bucket_view=True`` they are a second gradient copy.
     Under LoRA the frozen base is already in the low precision (no cast) and the adapters'
     casts are negligible; only trainable parameters have gradients and buckets.
+    ``float8_weights``: a block's weights in torchao ``Float8Linear`` modules, which never call
+    an autocast op on their weight (``matmul_with_hp_or_float8_args`` casts the fp32 weight
+    straight to float8 and saves the parameter itself): no cached copy (derived from the
+    source; the CPU autocast emulation of the trace does not reach them).
     """
     c = d.compute
     T = trainable(model, ft)
-    cache = matmul_weight_elems(model) * c if precision.amp and not ft.lora else 0
-    block_cast = (counts.per_block - norm_elems(model)) * c
+    cache = (matmul_weight_elems(model) - model.n_layers * float8_weights) * c \
+        if precision.amp and not ft.lora else 0
+    block_cast = (counts.per_block - norm_elems(model) - float8_weights) * c
     checkpointed = candidate.checkpointing is not Checkpointing.NONE
     if cache and checkpointed:
         cache_bwd = cache - model.n_layers * block_cast
@@ -171,7 +183,7 @@ def autocast_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate
 def fsdp_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate,
                  precision: Precision, d: Dtypes, degree: Any, version: int = 2,
                  ft: FineTune = FineTune(), reduce_bytes: int | None = None,
-                 grads: Any = None) -> Working:
+                 grads: Any = None, float8_saving: int = 0) -> Working:
     """FSDP2 (``torch/distributed/fsdp/_fully_shard``): each unit is all-gathered to
     ``param_dtype`` before use; the root is not resharded after forward (``_fsdp_state.py``:
     ``post_forward_mesh_info = None`` for the root); in post-backward the unsharded grads are
@@ -189,7 +201,8 @@ def fsdp_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate,
     storage, and each linear is dequantized when used. Tensor parallel: a unit is 1/tp of the
     block (torchtitan applies TP, then ``fully_shard`` over the data-parallel mesh).
     ``grads``: the elements with gradients (``states.grad_counts``; default: the trainable
-    ones)."""
+    ones). ``float8_saving``: bytes a unit's all-gather output is smaller by when float8
+    weights are gathered in float8 (planner.float8.gather_saving)."""
     c, tp = d.compute, candidate.tp
     T = trainable(model, ft)
     G = grads or T
@@ -206,7 +219,7 @@ def fsdp_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate,
     Pb = Pb + gather_pad
     # the packed codes only: the quantization constants are not sharded (states.quantized_bytes)
     packed = ceil_div(T.quant_per_block, 2 if ft.quantize_base is Quantize.NF4 else 1)
-    unit = ceil_div((Pb - T.quant_per_block) * c + packed, tp)
+    unit = ceil_div((Pb - T.quant_per_block) * c + packed - float8_saving, tp)
     # the reduce-scatter input is padded alike (experts train unless under LoRA)
     Tb = ceil_div(G.train_per_block + (0 if ft.lora else gather_pad), tp)
     Tb_real = ceil_div(G.train_per_block, tp)
@@ -263,13 +276,25 @@ def fsdp_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate,
         if head_trains(model, ft) else 0)
 
 
+def qgz_local(training: TrainingSpec, s: Strategy, n: Any, gpus_per_node: Any) -> Any:
+    """GPUs per node where ZeRO++ qgZ reduces the gradients (ZeRO-3 on more than one node:
+    ``stage3.py`` ``__avg_scatter_grads``), else 0."""
+    if not (training.deepspeed.zero_quantized_gradients and s is Strategy.ZERO3
+            and gpus_per_node is not None):
+        return 0
+    return vec.where(n > gpus_per_node, gpus_per_node, 0)
+
+
 def zero_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate,
-                 training: TrainingSpec, d: Dtypes, opt_shard: Any) -> Working:
+                 training: TrainingSpec, d: Dtypes, opt_shard: Any,
+                 gpus_per_node: Any = None) -> Working:
     """DeepSpeed ZeRO (``deepspeed/runtime/zero``): the buckets, ZeRO-3's gathered modules
     and prefetch, the step's gradient copies (planner/memory/zero.py)."""
     s = candidate.strategy
     T = trainable(model, training.finetune)
     td = train_dtypes(training.finetune, d, True, training.precision.amp)
+    master_b, state_b = master_bytes(training.deepspeed, td.master, td.state)
+    bf16_opt = training.deepspeed.bf16_optimizer(s, candidate.offload, training.precision)
     local = ceil_div(T.train, opt_shard)
     largest = max((numel(sh) for _, sh, _ in T.groups), default=0)
     z = zero_buffers(s, candidate.offload, training.deepspeed, train=T.train,
@@ -277,8 +302,11 @@ def zero_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate,
                      degree=opt_shard, b=d.param, sizes=ordered_sizes(model, T),
                      grad_accum=training.grad_accum,
                      check_overflow=training.precision.amp and d.param < FP32,
-                     temps=zero_step_temps(s, training, local, largest, opt_shard, td.state,
-                                           ordered_sizes(model, T)))
+                     param_fp16=training.precision is Precision.FP16_AMP,
+                     qgz_local=qgz_local(training, s, opt_shard, gpus_per_node),
+                     temps=zero_step_temps(s, training, local, largest, opt_shard, state_b,
+                                           ordered_sizes(model, T)),
+                     master_b=master_b or FP32, bf16_optimizer=bf16_opt)
     return Working(
         gathered_fwd=z.gathered, gathered_loss=z.gathered, gathered_bwd=z.gathered,
         gathered_bwd_first=z.gathered,

@@ -30,6 +30,27 @@ from planner.spec import (
 from planner.vec import ceil_div
 
 FP32 = 4
+BF16 = 2
+
+
+def master_bytes(ds: DeepSpeedConfig, master: int, state: int) -> tuple[int, int]:
+    """The ZeRO optimizer's master partition and optimizer-state bytes per element, from the
+    strategy's (``master``, ``state``: fp32 under mixed precision).
+
+    ``bf16_master_weights_and_grads`` (``base_optimizer.py`` ``_configure_master_weights``)
+    makes the master partition bf16 (``stage_1_and_2.py``: ``single_partition_of_fp32_groups``
+    cloned ``.to(master_weights_and_grads_dtype)``; ``stage3.py``:
+    ``fp32_partitioned_groups_flat``), and with it the gradient partition the optimizer steps
+    (``zero_buffers``, the host's under offload); the optimizer's moments are
+    ``zeros_like(param)`` of those bf16 partitions with ``bf16_optimizer_states`` (FusedAdam,
+    torch AdamW; DeepSpeedCPUAdam with ``fp32_optimizer_states=False``, engine.py
+    ``_configure_basic_optimizer``), else fp32 (DeepSpeedCPUAdam's default; DeepSpeed
+    refuses the combination without ZeRO-Offload). Measured: tests/data/deepspeed_cpu.json
+    ``z2-bf16-master``, ``z3-bf16-master``. A partition kept in fp32 (a LoRA adapter in
+    fp32, ``master`` 0) is left alone."""
+    if not ds.bf16_master_weights_and_grads or master == 0:
+        return master, state
+    return BF16, BF16 if ds.bf16_optimizer_states else state
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -39,9 +60,12 @@ class ZeroStates:
 
     gradients: Any
     persistent_params: Any
-    """ZeRO-3: small parameters kept whole on every rank, beyond their 1/N share."""
+    """ZeRO-3: small parameters kept whole on every rank, beyond their 1/N share, and ZeRO++
+    hpZ's secondary partition (``hpz_secondary_bytes``)."""
     optimizer_temporaries: Any
     host_per_rank: Any
+    acc_buffer: Any = 0
+    """``BF16_Optimizer``'s fp32 gradient accumulation buffer (``bf16_states``)."""
 
 
 def persistent_elems(model: ModelSpec, threshold: int) -> int:
@@ -137,7 +161,7 @@ def ordered_sizes(model: ModelSpec, T: Trainable) -> Runs:
 
 def zero_states(model: ModelSpec, training: TrainingSpec, strategy: Strategy, offload: Offload,
                 T: Trainable, *, grad_b: int, param_b: int, states: Any, degree: Any,
-                temps: Any) -> ZeroStates:
+                temps: Any, master_b: int = FP32) -> ZeroStates:
     """Gradients, persistent parameters, the step's temporaries and host RAM of one rank.
 
     Gradients (16-bit, DeepSpeed's ``self.dtype``):
@@ -158,18 +182,28 @@ def zero_states(model: ModelSpec, training: TrainingSpec, strategy: Strategy, of
     partition (b Tn), and for ZeRO-1/2 a 4 L buffer for the largest parameter L
     (``temp_grad_buffer_for_cpu_offload``) and one more b Tn under accumulation; ZeRO-3 with
     ``offload_param`` adds the 16-bit parameter partitions: 18 Tn, 20 Ψ/N for full training
-    under bf16 Adam.
+    under bf16 Adam. With ``bf16_master_weights_and_grads`` the host's gradient partition is
+    in the master dtype (``master_b``: ``single_partition_of_fp32_groups[i].grad``).
+
+    ``BF16_Optimizer`` (``DeepSpeedConfig.bf16_optimizer``): ``bf16_states``.
     """
     ds = training.deepspeed
     Tn = ceil_div(T.train, degree)
     accumulating = training.grad_accum > 1
     persist = 0
+    secondary = 0
     if strategy is Strategy.ZERO3:
         p = persistent_elems(model, int(ds.stage3_param_persistence_threshold))
         persist = (p - ceil_div(p, degree)) * param_b
+        secondary = hpz_secondary_bytes(model, ds, degree, param_b)
+    if offload is Offload.PARAMS_AND_OPTIMIZER:
+        secondary_host, secondary = secondary, 0  # on offload_param's device (remote_device)
+    else:
+        secondary_host = 0
+    persist = persist + secondary
     if offload is not Offload.NONE:
         largest = max((numel(s) for _, s, _ in T.groups), default=0)
-        host = states + Tn * (FP32 + grad_b)
+        host = states + Tn * (master_b + grad_b)
         if strategy is not Strategy.ZERO3:
             host = host + FP32 * largest + (Tn * grad_b if accumulating and
                                              strategy is Strategy.ZERO2 else 0)
@@ -187,13 +221,136 @@ def zero_states(model: ModelSpec, training: TrainingSpec, strategy: Strategy, of
                 5 * 100_000_000 * param_b if offload is Offload.PARAMS_AND_OPTIMIZER else 0)
         grads = T.train * grad_b if strategy is Strategy.ZERO1 else 0
         return ZeroStates(gradients=grads, persistent_params=persist, optimizer_temporaries=0,
-                          host_per_rank=host)
+                          host_per_rank=host + secondary_host)
+    if ds.bf16_optimizer(strategy, offload, training.precision):
+        return bf16_states(T.train, grad_b, temps, ds.fused_adam)
     if keeps_every_grad(strategy, ds, training.grad_accum):
         grads = T.train * grad_b + (Tn * grad_b if ds.contiguous_gradients else 0)
     else:
         grads = Tn * grad_b
     return ZeroStates(gradients=grads, persistent_params=persist,
                       optimizer_temporaries=0 if ds.fused_adam else temps, host_per_rank=0)
+
+
+# ---- ZeRO++ (Wang et al. 2023, "ZeRO++", arXiv 2306.10209; DeepSpeed v0.19.6) -------------
+
+QWZ_GROUP = 4096
+"""qwZ's quantization group (elements per fp32 scale): ``CUDAQuantizer.quantize``
+(``partition_parameters.py``) takes ceil(numel / 8000) groups (``target_group_size``) and adds
+groups until 8 x groups divides numel, so a group holds at most 8000 elements. Llama's
+matrices land on 4096 to 7168 (4096 x 4096: numel / 8 = 2^21, so 2098 groups become 4096 of
+4096 elements; 14336 x 4096: 7 x 2^20 / 8192 groups, 7168 elements); 4096 is taken, the
+larger share of scales: 4 / 4096 B per element, 0.1 %."""
+
+
+def hpz_group(ds: DeepSpeedConfig, n: Any) -> Any:
+    """hpZ's group: ``zero_hpz_partition_size`` ranks, at most the world
+    (``utils/groups.py`` ``_create_zero_param_parallel_group``: ``min(group_size,
+    world_size)``); 1 when off."""
+    return vec.minimum(max(int(ds.zero_hpz_partition_size), 1), n)
+
+
+def hpz_secondary_bytes(model: ModelSpec, ds: DeepSpeedConfig, degree: Any, b: int) -> Any:
+    """hpZ's secondary partition on one rank (``partition_parameters.py``
+    ``_partition_param_sec``, called by ``_partition`` before each parameter is partitioned):
+    for every parameter a 16-bit tensor (the parameter's dtype) of ``aligned_size // h``
+    elements, aligned_size the parameter padded to a multiple of the ZeRO degree N
+    (``_aligned_size``) and h the hpZ group. Built as each module is released in the
+    forward, dropped after the step (``stage3.py`` ``_post_step`` ->
+    ``invalidate_secondary_tensor``; frozen parameters keep theirs): whole from the loss to
+    the step, counted at every moment (the forward's first blocks hold less). Measured on
+    DeepSpeed's CPU accelerator (probes/deepspeed_cpu.py case z3-hpz, two ranks, h = 2):
+    115,008 B at the second step's optimizer = the whole 115,008-element model / 2 x 2 B, the
+    persistent norms included."""
+    if ds.zero_hpz_partition_size <= 1:
+        return 0
+    h = hpz_group(ds, degree)
+    elems = sum(k * (ceil_div(numel(s), degree) * degree // h)
+                for _, s, k in tensor_groups(model))
+    return elems * b
+
+
+def qwz_gather_bytes(in_flight: Any, module: Any, *, param_fp16: bool) -> Any:
+    """qwZ's quantized all-gather beyond the gathered 16-bit parameters
+    (``partition_parameters.py``: ``_all_gather_coalesced`` with ``quantize``, then
+    ``AllGatherCoalescedHandle.wait``): every gather in flight receives into an int8 buffer of
+    its module's elements plus an fp32 scale per ``QWZ_GROUP`` (``flat_tensor``,
+    ``quant_scale_buffer``); the one waited on is dequantized into a whole fp16 copy of the
+    module (the quantizer kernel writes fp16), whose slices are concatenated per parameter;
+    a parameter that is not fp16 (bf16, fp32) is that fp16 concatenation converted: the
+    fp16 concatenation of the largest parameter beside it for a moment. The unquantized path
+    gathers into the parameters' own buffer, so all of this is extra. ``in_flight``:
+    elements being gathered (the module in use and the prefetch); ``module``: the one being
+    waited on (bounded, as ZeRO-3's gathering above, by the largest parameter)."""
+    int8 = in_flight + ceil_div(in_flight, QWZ_GROUP) * FP32
+    return int8 + 2 * module + (0 if param_fp16 else 2 * module)
+
+
+def qgz_temp_bytes(n: int, local: Any) -> Any:
+    """qgZ's temporaries while one gradient matrix of n elements is reduced
+    (``comm/coalesced_collectives.py`` ``all_to_all_quant_reduce``, L = ``local`` GPUs per
+    node): the int4 codes and the buffer the intra-node all-to-all receives them in (n / 2
+    each), the reduced n / L re-quantized and received across nodes (n / 2L each), the fp16
+    dequantized n / L: n (1 + 3 / L) bytes. The fp32 scales (max(rows, cols) per buffer: 0.5 MB
+    for a 128256 x 4096 embedding) are left out. It replaces the flattened bucket copy of the
+    reduce-scatter path; the matrices of a bucket are reduced one after another."""
+    local = vec.maximum(local, 1)
+    return 2 * ceil_div(n, 2) + 2 * ceil_div(n, 2 * local) + 2 * ceil_div(n, local)
+
+
+def zeropp_problem(ds: DeepSpeedConfig, strategies: tuple[Strategy, ...], n: int,
+                   gpus_per_node: int) -> tuple[str, str] | None:
+    """(the field, why) a ZeRO++ setting cannot run here, or None.
+
+    - ZeRO++ is ZeRO-3's: ``stage_1_and_2.py`` reads none of the three keys (the engine
+      passes them to ``DeepSpeedZeroOptimizer_Stage3`` and ``zero.Init`` only).
+    - hpZ: DeepSpeed asserts the world size divides by the group
+      (``_create_zero_param_parallel_group``: ``_ensure_divisibility``); groups are
+      consecutive ranks, so the group is one node's GPUs (or part of them) only when it
+      divides the GPUs per node; fitcheck also takes whole nodes (a multiple of them), and
+      refuses a group that would straddle nodes.
+    """
+    given = [p for p, on in (("deepspeed.zero_quantized_weights", ds.zero_quantized_weights),
+                             ("deepspeed.zero_hpz_partition_size",
+                              ds.zero_hpz_partition_size > 1),
+                             ("deepspeed.zero_quantized_gradients",
+                              ds.zero_quantized_gradients)) if on]
+    if given and Strategy.ZERO3 not in strategies:
+        return given[0], ("ZeRO++ works in ZeRO-3 only (DeepSpeed's ZeRO-1/2 never read it); "
+                          f"the strategies asked for are {', '.join(strategies)}")
+    h = int(hpz_group(ds, n))
+    if h <= 1:
+        return None
+    if n % h:
+        return ("deepspeed.zero_hpz_partition_size",
+                f"the {n} GPUs are not a multiple of {ds.zero_hpz_partition_size} "
+                "(DeepSpeed's _create_zero_param_parallel_group asserts they are)")
+    if gpus_per_node % h and h % gpus_per_node:
+        return ("deepspeed.zero_hpz_partition_size",
+                f"{ds.zero_hpz_partition_size} does not divide the {gpus_per_node} GPUs per "
+                "node: its groups of consecutive ranks would straddle nodes (ZeRO++ sets it to "
+                "the GPUs per node)")
+    return None
+
+
+def bf16_states(train: int, grad_b: int, temps: Any, fused_adam: bool) -> ZeroStates:
+    """``BF16_Optimizer`` (``deepspeed/runtime/bf16_optimizer.py``), which the engine picks over
+    ZeRO-1 for a bf16 model with fp32 gradient accumulation. ``_setup_for_real_optimizer``
+    flattens the bf16 module (as ZeRO-1), keeps an fp32 master partition (4 Tn, with the
+    optimizer state, counted by ``states.resident``) and allocates
+    ``fp32_groups_gradients_flat``: a zeroed buffer of the *whole* flat module in
+    ``grad_acc_dtype`` (4 T), alive from init to the end. Every ``param.grad`` stays bf16
+    (b T): ``backward_epilogue`` adds them into the buffer (``_update_hp_grad``),
+    ``clear_lp_grads`` zeroes them in place before the next backward, and
+    ``zero_grad(set_to_none=True)`` after the step frees them. No reduce buckets, no
+    partition copy: the step hands the optimizer a view of the buffer.
+
+    The buffer (``acc_buffer``) is counted with the optimizer states (the wrapper's,
+    allocated with the master copy and alive at every moment), the bf16 grads as gradients.
+    Measured on the CPU referee (tests/data/deepspeed_cpu.json ``z1-bf16-optimizer``)."""
+    return ZeroStates(gradients=train * grad_b, persistent_params=0,
+                      optimizer_temporaries=0 if fused_adam else temps,
+                      host_per_rank=0, acc_buffer=train * FP32)
 
 
 def keeps_every_grad(strategy: Strategy, ds: DeepSpeedConfig, grad_accum: int) -> bool:
@@ -225,7 +382,9 @@ class ZeroBuffers:
 def zero_buffers(strategy: Strategy, offload: Offload, ds: DeepSpeedConfig, *, train: int,
                  largest_tensor: int, largest_train: int, degree: Any, b: int, temps: Any,
                  sizes: tuple[int, ...] = (), grad_accum: int = 1,
-                 check_overflow: bool = False) -> ZeroBuffers:
+                 check_overflow: bool = False, master_b: int = FP32,
+                 bf16_optimizer: bool = False, param_fp16: bool = False,
+                 qgz_local: Any = 0) -> ZeroBuffers:
     """Buckets (``reduce_bucket_size`` elements of the 16-bit dtype, allocated at full size
     whatever the model's size):
 
@@ -248,8 +407,14 @@ def zero_buffers(strategy: Strategy, offload: Offload, ds: DeepSpeedConfig, *, t
     does this per sub-group (``sub_group_size``), not for the whole partition. Under optimizer
     offload the step runs on the host. Before the copies the gradients are checked for
     overflow (``check_overflow``: fp16, and bf16 whose ``check_grad_overflow`` defaults to
-    true, ``runtime/precision_config.py``): the step moment is the larger of the two.
+    true, ``runtime/precision_config.py``): the step moment is the larger of the two. With bf16
+    master weights (``master_b`` = b) the conversion ``flat.to(master dtype)`` returns the flat
+    copy itself: b S, no second copy (measured: ``z2-bf16-master``).
+
+    ``BF16_Optimizer`` (``bf16_optimizer``): ``bf16_buffers``.
     """
+    if bf16_optimizer:
+        return bf16_buffers(train=train, b=b, temps=0 if ds.fused_adam else temps)
     overlap = ds.overlap(strategy is Strategy.ZERO3)
     B = int(ds.reduce_bucket_size)
     Tn = ceil_div(train, degree)
@@ -264,8 +429,14 @@ def zero_buffers(strategy: Strategy, offload: Offload, ds: DeepSpeedConfig, *, t
         in_flight = vec.minimum(rounds, 3) if overlap else 1
         buckets = B * b if ds.contiguous_gradients else 0
         bwd = in_flight * filled * b + big * b
+        if ds.zero_quantized_gradients:  # ZeRO++ qgZ across nodes: per matrix, no bucket copy
+            bwd = vec.where(qgz_local > 0, in_flight * qgz_temp_bytes(largest_train, qgz_local)
+                            + big * b, bwd)
         prefetch = min(int(ds.stage3_prefetch_bucket_size), ds.stage3_max_live_parameters)
         gathered = (largest_tensor + prefetch) * b
+        if ds.zero_quantized_weights:  # ZeRO++ qwZ: the int8 and fp16 copies (above)
+            gathered = gathered + qwz_gather_bytes(largest_tensor + prefetch, largest_tensor,
+                                                   param_fp16=param_fp16)
         init = largest_tensor * b if ds.zero_init else 0
     else:
         buckets = 0
@@ -280,8 +451,9 @@ def zero_buffers(strategy: Strategy, offload: Offload, ds: DeepSpeedConfig, *, t
     else:
         S = step_elems(strategy, ds, Tn, ceil_div(largest_train, degree), sizes, degree)
         opt = 0 if ds.fused_adam else temps
-        # 4 S fp32 copy with the b S flat copy, or later with the optimizer's temporaries
-        copies = FP32 * S + vec.maximum(b * S - opt, 0)
+        # 4 S fp32 copy with the b S flat copy, or later with the optimizer's temporaries;
+        # a bf16 master takes the flat copy itself (``.to`` its own dtype copies nothing)
+        copies = b * S if master_b == b else master_b * S + vec.maximum(b * S - opt, 0)
         freed = train * b if keeps_every_grad(strategy, ds, grad_accum) else 0
         # before them, the overflow check (fp16, and bf16's check_grad_overflow default):
         # ZeRO-1/2 _has_inf_or_nan per partition gradient: x.float() (4n), isnan, isinf,
@@ -298,6 +470,23 @@ def zero_buffers(strategy: Strategy, offload: Offload, ds: DeepSpeedConfig, *, t
         freed = vec.where(first, 0, freed)
     return ZeroBuffers(buckets=buckets, bwd_buffers=bwd, gathered=gathered, step_extra=step,
                        step_grads_freed=freed, init_extra=init)
+
+
+def bf16_buffers(*, train: int, b: int, temps: Any) -> ZeroBuffers:
+    """``BF16_Optimizer``'s transient buffers. Backward allocates nothing of its own (no
+    buckets: the ZeRO optimizer's hooks are not installed). At the accumulation boundary the
+    engine all-reduces the fp32 buffer (``engine.py`` ``allreduce_gradients`` ->
+    ``buffered_allreduce_fallback`` -> ``allreduce_bucket``): the flat buffer is one bucket,
+    cast to ``communication_data_type`` (bf16 for a bf16 engine), a b T copy beside every
+    gradient, freed before the step (measured: the all-reduced tensor of ``z1-bf16-optimizer``
+    is 2 T bytes). The step has no overflow check (the wrapper has none), no flat or fp32
+    copy (``param_partition.grad`` is a view of the buffer) and frees no gradient. The
+    all-reduce moment holds what the step holds but the optimizer's temporaries (``temps``),
+    so it is the step moment's extra: the larger of the two. Initialization flattens the bf16
+    module (a second copy for a moment), as ZeRO-1/2 do."""
+    return ZeroBuffers(buckets=0, bwd_buffers=0, gathered=0,
+                       step_extra=vec.maximum(train * b - temps, 0), step_grads_freed=0,
+                       init_extra=train * b)
 
 
 def optimizer_temp_bytes(largest_tensor: int, local_elems: Any, training: TrainingSpec,

@@ -218,6 +218,22 @@ def field_values(values: Mapping[str, Any] | None, keywords: Mapping[str, Any]
     return out
 
 
+def refuse_cp(values: Mapping[str, Any]) -> None:
+    """The sweep evaluates one sequence length per GPU count with every sequence whole on a
+    GPU (its token counts, its grid of GPU counts): context parallel is not represented, so
+    a degree above 1 is refused by name rather than swept as if it were not there."""
+    raw = values.get("parallel.cp")
+    if raw is None:
+        return
+    try:
+        cp = BY_PATH["parallel.cp"].check(raw)
+    except ValueError as exc:
+        raise NAMING.fail("parallel.cp", str(exc)) from None
+    if cp > 1:
+        raise UsageError(f"{NAMING.name('parallel.cp')}: context parallel is not represented in "
+                         "the report's sweep; plan it with fitcheck --cp")
+
+
 def plan_offload(offload: str) -> tuple[str, tuple[Offload, ...] | None]:
     """The report's --offload -> the plan's --offload value, and the options' offload modes
     for 'all' (None: as the plan's value says)."""
@@ -245,6 +261,7 @@ def build_request(*, models: str | Iterable[str], gpus: str | Iterable[str],
     from planner.validate import looks_like_path
 
     values = field_values(training, fields)
+    refuse_cp(values)
     if values.get("parallel.pp") not in (None, 1, "1"):
         # the sweep evaluates numpy arrays of configurations through the moments of
         # planner/memory/moments.py; a pipeline's ranks (planner/memory/pipeline.py) are not

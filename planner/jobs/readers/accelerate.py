@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from planner.jobs.readers.common import MISSING, PRECISIONS, Reader
-from planner.jobs.record import JobFormat, Vocab
+from planner.jobs.readers.common import MISSING, PRECISIONS, Reader, unread_cp
+from planner.jobs.record import JobFormat, Unmodelled, Vocab
 
 SHARDING = {"FULL_SHARD": "full_shard", "SHARD_GRAD_OP": "shard_grad_op",
             "NO_SHARD": "no_shard", "HYBRID_SHARD": "hybrid_shard",
@@ -54,7 +54,16 @@ def read(r: Reader) -> None:
         r.fallback("training.precision", "fp32", f"{r.name}: no mixed_precision: accelerate "
                    "launches with \"no\" (fp32) unless the training arguments set it")
     if str(doc.get("mixed_precision", "")).lower() == "fp8":
-        r.set("training.float8", True, "mixed_precision")
+        fp8 = doc.get("fp8_config")
+        backend = str((fp8 or {}).get("backend", "")).upper() if isinstance(fp8, dict) else ""
+        if backend == "AO":  # torchao float8 (AORecipeKwargs: a default Float8LinearConfig)
+            r.set("training.float8", "tensorwise", "mixed_precision fp8, fp8_config backend AO")
+        else:
+            name = {"MSAMP": "MS-AMP"}.get(backend, "TransformerEngine")
+            r.set("training.float8", Unmodelled(
+                "fp8", f"float8 training with {name} (mixed_precision fp8"
+                f"{', fp8_config backend ' + backend if backend else ''}, from {r.name}) is "
+                "not modelled yet (only torchao float8 is)"), "mixed_precision")
     hardware(r, doc, single=dist == "NO")
     pc = r.mapping(doc.get("parallelism_config"), "parallelism_config")
     if dist == "FSDP":
@@ -192,7 +201,10 @@ def parallelism(r: Reader, pc: Any) -> None:
     for name, path in (("tp", "parallel.tp"), ("cp", "parallel.cp"), ("sp", "parallel.sp")):
         d = size(name)
         if d and d > 1:
-            r.set(path, d, f"parallelism_config.parallelism_config_{name}_size")
+            key = f"parallelism_config.parallelism_config_{name}_size"
+            r.set(path, d if name != "cp" else unread_cp(
+                r, d, key, "accelerate's (the model's own attention and masks under "
+                "maybe_context_parallel) is not read"), key)
 
 
 def deepspeed(r: Reader, dc: Any) -> None:

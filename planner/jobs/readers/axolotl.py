@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from planner.jobs.readers import trainer
-from planner.jobs.readers.common import ALL_LINEAR, MISSING, Reader
+from planner.jobs.readers.common import ALL_LINEAR, MISSING, Reader, unread_cp
 from planner.jobs.record import Unmodelled, Vocab
 
 TABLE = "axolotl"
@@ -149,7 +149,12 @@ def precision(r: Reader, doc: dict) -> None:
     else:
         r.set("training.precision", "fp32", "float32" if doc.get("float32") else "bf16 (false)")
     if r.boolean(doc.get("fp8"), "fp8"):
-        r.set("training.float8", True, "fp8")
+        # torchao float8 through accelerate's AORecipeKwargs: a default Float8LinearConfig
+        # (tensorwise)
+        r.set("training.float8", "tensorwise", "fp8")
+        if r.boolean(doc.get("fp8_enable_fsdp_float8_all_gather"),
+                     "fp8_enable_fsdp_float8_all_gather"):
+            r.set("training.float8_all_gather", True, "fp8_enable_fsdp_float8_all_gather")
 
 
 def checkpointing(r: Reader, doc: dict) -> None:
@@ -253,7 +258,8 @@ def parallel(r: Reader, doc: dict, distributed: bool) -> None:
     for d, path, key in ((tp, "parallel.tp", "tensor_parallel_size"), (cp, "parallel.cp", cp_key),
                          (ep, "parallel.ep", "expert_parallel_size")):
         if d and d > 1:
-            r.set(path, d, key)
+            r.set(path, d if path != "parallel.cp" else unread_cp(
+                r, d, key, "axolotl's runs ring-flash-attn"), key)
     if shard:
         n = (rep or 1) * shard * (tp or 1) * (cp or 1)
         r.set("hardware.n", n, "dp_replicate_size x dp_shard_size x tensor_parallel_size x "

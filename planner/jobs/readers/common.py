@@ -410,3 +410,12 @@ LORA_NAMES.update({"mlp_up": "up", "mlp_down": "down", "c_fc": "up", "fc1": "up"
 ALL_LINEAR = ("q", "k", "v", "o", "gate", "up", "down")
 PRECISIONS = {"no": "fp32", "fp32": "fp32", "fp16": "fp16-amp", "bf16": "bf16-amp"}
 """accelerate's mixed_precision."""
+
+
+def unread_cp(r: Reader, degree: int, key: str, how: str) -> Unmodelled:
+    """A context-parallel degree the planner does not take: fitcheck --cp models torch's
+    ``context_parallel`` as torchtitan wires it (planner/context_parallel.py), and ``how``
+    says why this framework's is not that."""
+    return Unmodelled(degree, f"context parallel degree {degree} ({r.name} {key}) is not "
+                      f"modelled: fitcheck --cp models torch's context_parallel as torchtitan "
+                      f"wires it; {how}")

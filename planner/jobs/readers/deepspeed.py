@@ -7,9 +7,13 @@ weights: bf16-amp / fp16-amp; neither -> fp32); train_micro_batch_size_per_gpu,
 gradient_accumulation_steps, train_batch_size -> the batch fields, the missing one derived
 from the GPU count as DeepSpeed does (runtime/config.py _set_batch_related_parameters). "auto"
 (filled in by the HF Trainer or accelerate) takes the value of an accompanying file or flag,
-else the default with a warning. The zero_optimization buffer knobs go to deepspeed.<key> (the
-stage3_ spelling); an optimizer block -> deepspeed.fused_adam (DeepSpeed's FusedAdam; with
-params.torch_adam, torch's AdamW), none -> the client's optimizer. Every other key is what the
+else the default with a warning. The zero_optimization buffer knobs and ZeRO++'s keys
+(zero_quantized_weights, zero_hpz_partition_size, zero_quantized_gradients; stage 3 only, as
+DeepSpeed reads them) go to deepspeed.<key> (the stage3_ spelling);
+bf16.bf16_master_weights_and_grads, bf16.bf16_optimizer_states and
+data_types.grad_accum_dtype -> deepspeed.<key>; an optimizer block -> deepspeed.fused_adam
+(DeepSpeed's FusedAdam; with params.torch_adam, torch's AdamW), none -> the client's
+optimizer. Every other key is what the
 table says: not modelled (a line unless at its default), irrelevant, or unknown (DeepSpeed
 ignores unknown top-level keys: a warning).
 """
@@ -58,6 +62,7 @@ def read(r: Reader) -> None:
     precision(r, doc)
     batch(r, doc)
     zero(r, r.mapping(r.get("zero_optimization"), "zero_optimization"))
+    master_weights(r, doc)
     optimizer(r)
     autotp = r.count(r.mapping(doc.get("tensor_parallel"), "tensor_parallel").get("autotp_size"),
                      "tensor_parallel.autotp_size", zero=True)
@@ -87,6 +92,45 @@ def precision(r: Reader, doc: dict) -> None:
                    f"{r.name}: neither fp16 nor bf16 is enabled: DeepSpeed trains in fp32")
     if isinstance(doc.get("amp"), dict) and r.boolean(doc["amp"].get("enabled"), "amp.enabled"):
         r.set("training.precision", "fp16-amp", "amp.enabled")
+
+
+DTYPES = {"fp32": "fp32", "float32": "fp32", "float": "fp32", "torch.float32": "fp32",
+          "bf16": "bf16", "bfloat16": "bf16", "torch.bfloat16": "bf16",
+          "fp16": "fp16", "float16": "fp16", "half": "fp16", "torch.float16": "fp16"}
+"""``data_types.grad_accum_dtype`` spellings (DeepSpeed's ``DtypeEnum``, runtime/config_utils)."""
+
+
+def master_weights(r: Reader, doc: dict) -> None:
+    """bf16.bf16_master_weights_and_grads / bf16_optimizer_states and
+    data_types.grad_accum_dtype -> deepspeed.*; refused where DeepSpeed refuses them at stage 0
+    (``runtime/config.py`` ``_do_error_check``: master weights need ZeRO 1-3;
+    ``engine.py`` ``_do_optimizer_sanity_check``: without ZeRO a gradient accumulation dtype
+    other than the model's is NotImplementedError)."""
+    key = "bf16" if "bf16" in doc or "bfloat16" not in doc else "bfloat16"
+    sec = r.mapping(doc.get(key), key)
+    stage = r.mapping(doc.get("zero_optimization"), "zero_optimization").get("stage", 0)
+    for name in ("bf16_master_weights_and_grads", "bf16_optimizer_states"):
+        if name not in sec:
+            continue
+        on = r.boolean(sec[name], f"{key}.{name}")
+        if on and stage == 0:
+            raise r.fail(f"{key}.{name}", "DeepSpeed allows it with ZeRO stage 1, 2 or 3 only, "
+                         "got stage 0")
+        r.set(f"deepspeed.{name}", bool(on), f"{key}.{name}")
+    raw = r.mapping(doc.get("data_types"), "data_types").get("grad_accum_dtype")
+    if raw is None:
+        return
+    dtype = DTYPES.get(str(raw).strip().lower())
+    if dtype is None:
+        raise r.fail("data_types.grad_accum_dtype",
+                     f"unknown value {raw!r}; expected fp32, bf16 or fp16")
+    bf16 = r.mapping(doc.get(key), key).get("enabled") is True
+    fp16 = r.mapping(doc.get("fp16"), "fp16").get("enabled") is True
+    model = "bf16" if bf16 else "fp16" if fp16 else "fp32"
+    if stage == 0 and dtype != model:
+        raise r.fail("data_types.grad_accum_dtype", f"{dtype} with a {model} model needs ZeRO "
+                     "(DeepSpeed: unsupported mix without it), got stage 0")
+    r.set("deepspeed.grad_accum_dtype", dtype, "data_types.grad_accum_dtype")
 
 
 def batch(r: Reader, doc: dict) -> None:
@@ -163,12 +207,30 @@ def zero(r: Reader, zo: Any) -> None:
                        "accelerate fills it from zero3_save_16bit_model (default false)")
             continue
         v = _knob(v)
+        if key in ZEROPP and stage != 3:
+            zeropp_below_stage3(r, key, v, stage)
+            continue
         if isinstance(v, int) and not isinstance(v, bool) and v > DS_MAX_ELEMS:
             # more elements than any partition: the same as the bound (1e14 in the HF tests)
             r.warn(f"{r.name}: zero_optimization.{key} {v:.3g} is more than any model holds: "
                    f"read as {DS_MAX_ELEMS:,}")
             v = DS_MAX_ELEMS
         r.set(k.field, v, f"zero_optimization.{key}")
+
+
+ZEROPP = {"zero_quantized_weights": False, "zero_hpz_partition_size": 1,
+          "zero_quantized_gradients": False}
+"""ZeRO++'s keys and their off values: read by ZeRO-3 only (``engine.py`` hands them to
+``DeepSpeedZeroOptimizer_Stage3`` and ``zero.Init``; ``stage_1_and_2.py`` reads none)."""
+
+
+def zeropp_below_stage3(r: Reader, key: str, v: object, stage: int) -> None:
+    """A ZeRO++ key below stage 3: DeepSpeed runs without it, so the plan does too (a
+    warning when it is on)."""
+    if v is ZEROPP[key] or (key == "zero_hpz_partition_size" and v in (0, 1)):
+        return  # off
+    r.warn(f"{r.name}: zero_optimization.{key} {v!r} is ZeRO++, which DeepSpeed applies at "
+           f"stage 3 only: ignored at stage {stage}")
 
 
 def optimizer(r: Reader) -> None:

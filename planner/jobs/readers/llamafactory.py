@@ -24,8 +24,8 @@ from __future__ import annotations
 from typing import Any
 
 from planner.jobs.readers import trainer
-from planner.jobs.readers.common import MISSING, Reader, show
-from planner.jobs.record import JobFormat, Vocab
+from planner.jobs.readers.common import MISSING, Reader, show, unread_cp
+from planner.jobs.record import JobFormat, Unmodelled, Vocab
 
 TABLE = "llamafactory"
 TABLE_V1 = "llamafactory_v1"
@@ -76,7 +76,16 @@ def read(r: Reader) -> None:
     if r.boolean(doc.get("pure_bf16"), "pure_bf16"):
         r.replace("training.precision", "bf16", "pure_bf16")
     if r.boolean(doc.get("fp8"), "fp8"):
-        r.set("training.float8", True, "fp8")
+        backend = str(doc.get("fp8_backend") or "auto").lower()
+        if backend == "torchao":
+            r.set("training.float8", "tensorwise", "fp8, fp8_backend torchao")
+            if r.boolean(doc.get("fp8_enable_fsdp_float8_all_gather"),
+                         "fp8_enable_fsdp_float8_all_gather"):
+                r.set("training.float8_all_gather", True, "fp8_enable_fsdp_float8_all_gather")
+        else:
+            r.set("training.float8", Unmodelled(
+                "fp8", f"float8 training with fp8_backend {backend} (from {r.name}: "
+                "TransformerEngine or MS-AMP unless torchao) is not modelled yet"), "fp8")
     seq, key = trainer.value(r, TABLE, doc, "cutoff_len")
     r.set("training.seq", r.count(seq, key), key)
     stage, stage_key = trainer.value(r, TABLE, doc, "stage")
@@ -203,7 +212,8 @@ def read_v1(r: Reader, doc: dict) -> None:
         r.fallback("strategy", "ddp", f"{r.name}: no dist_config: plain DDP")
     cp = r.count(doc.get("cp_size", 1), "cp_size") or 1
     if cp > 1:
-        r.set("parallel.cp", cp, "cp_size")
+        r.set("parallel.cp", unread_cp(r, cp, "cp_size", "LLaMA-Factory's own context-parallel "
+                                       "code is not read"), "cp_size")
     init = r.mapping(doc.get("init_config"), "init_config")
     mode = {"init_on_meta": "meta", "init_on_rank0": "rank0", "init_on_default": "full"}
     iname = r.text(init.get("name"), "init_config.name")

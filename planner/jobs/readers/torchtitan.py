@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import Any
 
 from planner.jobs.readers.common import MISSING, Reader
-from planner.jobs.record import Vocab
+from planner.jobs.record import Unmodelled, Vocab
 
 TABLE = "torchtitan"
 FLAVORS = {  # torchtitan/models/<name>/__init__.py flavors -> fitcheck presets
@@ -189,6 +189,13 @@ def parallelism(r: Reader, par: dict, exp: dict, par_section: str) -> None:
         d = deg(name, exp if name in exp else par, where)
         if d not in (MISSING, None) and d > 1:
             r.set(path, d, f"[{where}] {name}")
+    # context parallel's ring rotation (torch's set_rotate_method; torchtitan's default
+    # allgather): a value the field does not know is a NOT MODELLED line
+    for section, where in ((par, par_section), (exp, "experimental")):
+        rotate = section.get("context_parallel_rotate_method")
+        if rotate is not None:
+            r.set("parallel.cp_rotate", Vocab(rotate),
+                  f"[{where}] context_parallel_rotate_method")
     degrees = [shard, rep] + [deg(n, exp if n in exp else par, par_section) for n in
                               ("tensor_parallel_degree", "pipeline_parallel_degree",
                                "context_parallel_degree")]
@@ -323,17 +330,44 @@ def optimizer(r: Reader, o: dict) -> None:
 
 
 def float8(r: Reader, doc: dict) -> None:
+    """[float8] and [model] converters (torchtitan components/quantization/float8.py): the
+    "float8" converter (or the older enable_float8_linear) swaps the linears for torchao's
+    Float8Linear with recipe_name's config (none given: tensorwise); float8 all-gather as
+    enable_fsdp_float8_all_gather says. precompute_float8_dynamic_scale_for_fsdp folds the
+    per-weight amax all-reduces into one (no memory; its latency is not modelled either way);
+    force_recompute_fp8_weight_in_bwd does nothing since pytorch/ao#2356 (2025-06)."""
     f8 = r.mapping(doc.get("float8"), "[float8]")
-    if r.boolean(f8.get("enable_float8_linear"), "[float8] enable_float8_linear"):
-        r.set("training.float8", True, "[float8] enable_float8_linear")
+    if not f8:  # 0.2: [quantize.linear.float8]
+        q = r.mapping(r.mapping(doc.get("quantize"), "[quantize]").get("linear"),
+                      "[quantize.linear]")
+        f8 = r.mapping(q.get("float8"), "[quantize.linear.float8]")
     converters = r.mapping(doc.get("model"), "[model]").get("converters")
-    if isinstance(converters, list) and converters:
-        names = [str(c) for c in converters]
-        low = [n for n in names if "lora" not in n.lower()]
-        if low:
-            r.set("training.float8", Vocab(",".join(low)), "[model] converters")
-        if len(low) < len(names):
-            r.set("finetune.lora_rank", Vocab("torchtitan LoRA converter"), "[model] converters")
+    names = [str(c) for c in converters] if isinstance(converters, list) else []
+    f8_names = ("float8", "quantize.linear.float8")  # the converter's name before / in 0.2+
+    other = [n for n in names if "lora" not in n.lower() and n not in f8_names]
+    on = any(n in names for n in f8_names) or r.boolean(f8.get("enable_float8_linear"),
+                                       "[float8] enable_float8_linear")
+    if on:
+        key = "[model] converters" if any(n in names for n in f8_names) else \
+            "[float8] enable_float8_linear"
+        recipe = f8.get("recipe_name")
+        r.set("training.float8", Vocab(str(recipe)) if recipe else "tensorwise",
+              "[float8] recipe_name" if recipe else f"{key} (recipe_name not given: "
+              "tensorwise)")
+        if r.boolean(f8.get("enable_fsdp_float8_all_gather"),
+                     "[float8] enable_fsdp_float8_all_gather"):
+            r.set("training.float8_all_gather", True, "[float8] enable_fsdp_float8_all_gather")
+        fqns = f8.get("filter_fqns")
+        if isinstance(fqns, list) and [str(x) for x in fqns] not in ([], ["output"], ["lm_head"]):
+            r.set("training.float8_filter_fqns", Unmodelled(
+                fqns, f"float8 filter_fqns {','.join(map(str, fqns))} ({r.name} [float8] "
+                "filter_fqns: linears kept in bf16 beside the output head) is not modelled "
+                "yet"), "[float8] filter_fqns")
+    if other:
+        r.set("training.float8" if not on else "training.model_converters",
+              Vocab(",".join(other)), "[model] converters")
+    if len(names) > len(other) + sum(n in names for n in f8_names):
+        r.set("finetune.lora_rank", Vocab("torchtitan LoRA converter"), "[model] converters")
 
 
 def loss(r: Reader, value: Any) -> None:
@@ -379,6 +413,9 @@ def from_registry(cfg: Any, function: str, module: str | None, name: str) -> dic
     for key, v in cfg.items():
         if key == "model_spec":
             doc["model"] = _model_spec(v, module)
+            f8 = doc["model"].pop("float8", None)
+            if f8 is not None:  # Float8LinearConverter.Config(...)'s keywords: [float8]
+                doc["float8"] = f8
         elif key == "activation_checkpoint":
             doc[key] = _ac(v)
         elif key == "optimizer":
@@ -402,7 +439,15 @@ def _model_spec(v: Any, module: str | None) -> dict[str, Any]:
     args = v.get("__args__") or [None]
     converters = [c.cls.rsplit(".Config", 1)[0] if isinstance(c, Cls) else str(c)
                   for c in v.get("converters") or []]
-    out = {"name": module, "flavor": args[0]}
+    out: dict[str, Any] = {"name": module, "flavor": args[0]}
+    for c in v.get("converters") or []:
+        if isinstance(c, Cls) and c.cls.rsplit(".Config", 1)[0] == "Float8LinearConverter":
+            # the TOML layout's [float8] keys, as the converter's keywords name them; 0.3 /
+            # main's Float8LinearConverter.Config: recipe_name "rowwise" by default (tensorwise
+            # and float8 all-gather are gone: quantization/float8.py at b5bcd76c)
+            out["float8"] = {"recipe_name": "rowwise",
+                             **{k: x for k, x in c.items() if k != "__args__"}}
+    converters = ["float8" if n == "Float8LinearConverter" else n for n in converters]
     if converters:
         out["converters"] = converters
     return out

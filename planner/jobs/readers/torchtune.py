@@ -24,7 +24,7 @@ import os
 import re
 from typing import Any
 
-from planner.jobs.readers.common import MISSING, Reader
+from planner.jobs.readers.common import MISSING, Reader, unread_cp
 from planner.jobs.record import Vocab
 
 TABLE = "torchtune"
@@ -114,7 +114,8 @@ def read(r: Reader) -> None:
     loss(r, r.mapping(doc.get("loss"), "loss"))
     distribution(r, doc, single)
     if r.boolean(doc.get("enable_fp8_training"), "enable_fp8_training"):
-        r.set("training.float8", True, "enable_fp8_training")
+        recipe = doc.get("fp8_recipe_name") or "tensorwise"
+        r.set("training.float8", Vocab(str(recipe)), "enable_fp8_training")
     for key, path in (("teacher_model", "training.teacher_model"),
                       ("ref_checkpointer", "training.reference_model"),
                       ("policy_model", "training.generation")):
@@ -245,4 +246,5 @@ def distribution(r: Reader, doc: dict, single: bool) -> None:
                        ("context_parallel_dim", "parallel.cp")):
         d = r.count(doc.get(name, MISSING) if doc.get(name) is not None else 1, name)
         if d and d > 1:
-            r.set(path, d, name)
+            r.set(path, d if path != "parallel.cp" else unread_cp(
+                r, d, name, "torchtune's recipe wiring is not read"), name)

@@ -1,0 +1,243 @@
+"""The referee for context parallel's ring attention: torch's own code on fake tensors.
+
+torch's ``context_parallel`` (torch/distributed/tensor/experimental/_context_parallel/
+_attention.py) shards the batch along the sequence (load-balanced head-tail chunks when the
+sequence divides into 2 x cp) and routes every SDPA call through DTensor to
+``_templated_ring_attention`` (forward) and ``_templated_ring_attention_backward``. This
+probe runs exactly that code on fake CPU tensors, on a fake process group of cp ranks, for
+each rank in turn (the causal load balancing makes ranks do different work), and records
+the bytes alive while the ring runs: the forward's peak above its inputs, what the forward
+leaves (the output and the logsumexp), and the backward's peak above what it starts from.
+
+Two things differ from a GPU and are emulated: ``F.scaled_dot_product_attention`` on CPU
+dispatches to ``_scaled_dot_product_flash_attention_for_cpu``, which the CP dispatcher does
+not handle (it has no sharding rule), so the probe calls the CUDA flash op
+``aten._scaled_dot_product_flash_attention`` directly (its meta kernel gives the shapes, and
+it is the op torchtitan's SDPA reaches on an H100); and the collectives run on the fake
+process group (their outputs are allocated as on a GPU; nothing is sent).
+
+Not traced here: the rest of the training step (FSDP over dp_shard x cp, the blocks' other
+activations, the loss), which the planner scales by seq / cp (docs/model.md "Context
+parallel").
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+
+class LiveBytes(TorchDispatchMode):
+    """Bytes of every tensor storage an op creates while this mode is active, alive until
+    the storage is freed; ``peak`` is the largest total seen since ``reset``. Storages made
+    before the mode (the inputs) are counted through ``hold``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        self._seen: dict[int, Any] = {}
+
+    def _add(self, t: torch.Tensor) -> None:
+        st = t.untyped_storage()
+        key = id(st)
+        if key in self._seen and self._seen[key]() is not None:
+            return
+        n = st.nbytes()
+        self.live += n
+        self.peak = max(self.peak, self.live)
+
+        def gone(_: Any, key: int = key, n: int = n) -> None:
+            self.live -= n
+            self._seen.pop(key, None)
+
+        self._seen[key] = weakref.ref(st, gone)
+
+    def _forget(self, t: torch.Tensor) -> None:
+        ref = self._seen.pop(id(t.untyped_storage()), None)
+        if ref is not None:  # dropping the weak reference drops its callback too
+            self.live -= t.untyped_storage().nbytes()
+
+    def hold(self, *tensors: torch.Tensor) -> None:
+        for t in tensors:
+            self._add(t)
+
+    def reset(self) -> None:
+        self.peak = self.live
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if func is torch.ops._c10d_functional.wait_tensor.default:
+            # on a GPU ``wait_tensor`` returns its input (the collective's output buffer);
+            # the fake kernel returns a new tensor: move the bytes over, count them once
+            self._forget(args[0])
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and not t.is_meta:
+                self._add(t)
+        return out
+
+
+def _fake_group(cp: int, rank: int) -> Any:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=cp)
+    return init_device_mesh("cpu", (cp,), mesh_dim_names=("cp",))
+
+
+def ring_attention_bytes(*, cp: int, rank: int, rotate: str, batch: int, seq: int,
+                         n_heads: int, d_head: int, n_kv_heads: int | None = None,
+                         dtype: str = "bf16") -> dict[str, int]:
+    """One rank's bytes through one causal, load-balanced ring attention, forward and
+    backward: ``_scaled_dot_product_ring_flash_attention`` and its ``_backward``, the
+    functions the CP dispatcher (``_sdpa_handler``) calls with the local tensors of the
+    DTensor flash op. A ``TorchDispatchMode`` does not see inside a DTensor's dispatch, so
+    they are called here directly, with the same local arguments.
+
+    q is (batch, n_heads, seq / cp, d_head) in ``dtype``, k and v the same with
+    ``n_kv_heads`` (default n_heads: the heads SDPA is given), made outside the count;
+    ``fwd_peak`` is the most alive above them during the forward, ``fwd_left`` what the
+    forward returns (its output and logsumexp, which autograd saves); ``bwd_peak`` the most
+    alive during the backward above the inputs, those outputs and the incoming gradient,
+    ``bwd_left`` what it returns (dq, dk, dv)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed.tensor.experimental._attention import set_rotate_method
+    from torch.distributed.tensor.experimental._context_parallel import _attention as cpa
+
+    if seq % (2 * cp):
+        raise ValueError(f"seq ({seq}) must divide into 2 x cp ({2 * cp}) chunks")
+    set_rotate_method(rotate)
+    cpa._cp_options.enable_load_balance = True  # as context_parallel sets it here
+    mesh = _fake_group(cp, rank)
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    try:
+        with FakeTensorMode():
+            kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+            q = torch.empty(batch, n_heads, seq // cp, d_head, dtype=dt)
+            k, v = (torch.empty(batch, kv_heads, seq // cp, d_head, dtype=dt)
+                    for _ in range(2))
+            meter = LiveBytes()
+            meter.hold(q, k, v)
+            base = meter.live
+            with meter:
+                out, lse, *rest = cpa._scaled_dot_product_ring_flash_attention(
+                    mesh, q, k, v, is_causal=True)
+            fwd_peak = meter.peak - base
+            fwd_left = meter.live - base
+            with meter:
+                g = torch.empty_like(out)
+                meter.reset()
+                start = meter.live
+                grads = cpa._scaled_dot_product_ring_flash_attention_backward(
+                    mesh, g, q, k, v, out, lse, *rest[:4], 0.0, True, *rest[4:6])
+                bwd_peak = meter.peak - start
+                bwd_left = meter.live - start
+            del grads
+    finally:
+        dist.destroy_process_group()
+    return {"fwd_peak": fwd_peak, "fwd_left": fwd_left, "bwd_peak": bwd_peak,
+            "bwd_left": bwd_left}
+
+
+
+
+# --------------------------------------------------------------------------- the whole step
+
+
+class _RingAttention(torch.autograd.Function):
+    """What the DTensor flash op does under the CP dispatcher, on local tensors: the ring
+    forward, autograd saving q, k, v, out and the logsumexp (the flash op's
+    ``derivatives.yaml`` entry), the ring backward. Run on local tensors so that the trace's
+    tracker (a TorchDispatchMode) sees the ring's own buffers."""
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                mesh: Any) -> torch.Tensor:
+        from torch.distributed.tensor.experimental._context_parallel import _attention as cpa
+
+        out, lse, *rest = cpa._scaled_dot_product_ring_flash_attention(mesh, q, k, v,
+                                                                        is_causal=True)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.rest, ctx.mesh = rest, mesh
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        from torch.distributed.tensor.experimental._context_parallel import _attention as cpa
+
+        q, k, v, out, lse = ctx.saved_tensors
+        rest = ctx.rest
+        dq, dk, dv, *_ = cpa._scaled_dot_product_ring_flash_attention_backward(
+            ctx.mesh, grad, q, k, v, out, lse, *rest[:4], 0.0, True, *rest[4:6])
+        return dq, dk, dv, None
+
+
+_MESHES: dict[tuple[int, int, int], Any] = {}
+
+
+class ring_sdpa:
+    """Context manager for a traced step under context parallel ``cp`` over a fake process
+    group already initialised: ``F.scaled_dot_product_attention`` becomes torch's ring
+    attention over the cp dimension of a (world / cp, cp) mesh, this process being cp rank
+    0, with the keys and values repeated to the query heads first as torchtitan's
+    ``repeat_kv`` does (expand + reshape of the (B, T, kv, d) layout, then the transpose)."""
+
+    def __init__(self, cp: int, rotate: str) -> None:
+        self.cp, self.rotate = cp, rotate
+
+    def __enter__(self) -> None:
+        import torch.nn.functional as F
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.experimental._attention import set_rotate_method
+        from torch.distributed.tensor.experimental._context_parallel import _attention as cpa
+
+        set_rotate_method(self.rotate)
+        cpa._cp_options.enable_load_balance = True
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        world = dist.get_world_size()
+        key = (id(dist.distributed_c10d._get_default_group()), world, self.cp)
+        if key not in _MESHES:
+            with _disable_current_modes():  # the mesh's own tensors are real, not fake
+                _MESHES[key] = init_device_mesh("cpu", (world // self.cp, self.cp),
+                                                mesh_dim_names=("dp", "cp"))["cp"]
+        mesh = _MESHES[key]
+        self._orig = F.scaled_dot_product_attention
+
+        def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Any = None,
+                 dropout_p: float = 0.0, is_causal: bool = False, scale: Any = None,
+                 enable_gqa: bool = False) -> torch.Tensor:
+            if attn_mask is not None or not is_causal:
+                raise NotImplementedError("context parallel: causal SDPA without a mask only")
+            rep = q.shape[1] // k.shape[1]
+            if rep > 1:
+                k, v = (_repeat_kv(t, rep) for t in (k, v))
+            return _RingAttention.apply(q, k, v, mesh)
+
+        F.scaled_dot_product_attention = sdpa
+
+    def __exit__(self, *exc: object) -> None:
+        import torch.nn.functional as F
+
+        F.scaled_dot_product_attention = self._orig
+
+
+def _repeat_kv(t: torch.Tensor, rep: int) -> torch.Tensor:
+    """(B, kv, T, d), a transposed view of (B, T, kv, d) -> (B, kv x rep, T, d) as torchtitan's
+    ``repeat_kv`` makes it: expand and reshape in the (B, T, kv, d) layout (a copy), then the
+    transpose back (a view)."""
+    b, kv, s, d = t.shape
+    x = t.transpose(1, 2)
+    x = x[:, :, :, None, :].expand(b, s, kv, rep, d).reshape(b, s, kv * rep, d)
+    return x.transpose(1, 2)
+
+
+__all__ = ["LiveBytes", "ring_attention_bytes", "ring_sdpa"]
