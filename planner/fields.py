@@ -35,6 +35,7 @@ from planner.spec import (
     Offload,
     OptimizerImpl,
     OptimizerKind,
+    PipeSchedule,
     Precision,
     Quantize,
     Strategy,
@@ -178,6 +179,30 @@ def parse_tp(raw: Any) -> int | str:
     if isinstance(raw, str) and raw.strip().lower() == "auto":
         return "auto"
     return validate.count(raw, limit=1024)
+
+
+def _pp_degree(raw: Any) -> int:
+    """A pipeline-parallel degree (1 = none)."""
+    return validate.count(raw, limit=1024)
+
+
+NOT_MODELLED_SCHEDULES = ("dualpipev", "loopedbfs", "interleavedzb", "interleavedzerobubble")
+"""torch.distributed.pipelining schedules fitcheck refuses by name (planner/pipeline.py)."""
+
+
+def parse_pp_schedule(raw: Any) -> PipeSchedule:
+    """A modelled pipeline schedule, spelled as fitcheck or as torchtitan writes it (1F1B,
+    Interleaved1F1B, GPipe, ZBVZeroBubble); the others are refused by name."""
+    text = validate.text(raw, limit=40).strip().lower().replace("_", "").replace("-", "")
+    aliases = {"gpipe": "gpipe", "1f1b": "1f1b", "interleaved1f1b": "interleaved-1f1b",
+               "zbv": "zbv", "zbvzerobubble": "zbv"}
+    if text in NOT_MODELLED_SCHEDULES:
+        raise ValueError(f"{validate._show(raw)} is NOT MODELLED (modelled: "
+                         "gpipe, 1f1b, interleaved-1f1b)")
+    if text not in aliases:
+        raise ValueError(f"must be one of gpipe, 1f1b, interleaved-1f1b, got "
+                         f"{validate._show(raw)}")
+    return PipeSchedule(aliases[text])
 
 
 def parse_lora_dtype(raw: Any) -> bool:
@@ -447,6 +472,23 @@ FIELDS: tuple[Field, ...] = (
     Field(path="parallel.tp", flag="--tp", metavar="auto|N", check=parse_tp, default="auto",
           help="Tensor-parallel degree with sequence parallel, FSDP on the other mesh "
           "dimension (torchtitan). auto: TP 2/4/8 only when nothing fits without it."),
+    Field(path="parallel.pp", flag="--pp", metavar="N", check=_pp_degree, default=1,
+          help="Pipeline-parallel degree (torch.distributed.pipelining as torchtitan runs it), "
+          "FSDP2 over the data-parallel ranks of each stage; 1: none."),
+    Field(path="parallel.pp_schedule", flag="--pp-schedule", check=parse_pp_schedule,
+          metavar="gpipe|1f1b|interleaved-1f1b", default=PipeSchedule.ONE_F_ONE_B,
+          help="Pipeline schedule (torchtitan's pipeline_parallel_schedule). zbv, dualpipev, "
+          "loopedbfs and interleavedzb are not modelled."),
+    Field(path="parallel.pp_microbatches", flag="--pp-microbatches", metavar="M",
+          check=lambda raw: validate.count(raw, limit=1 << 16), shown_default="stages",
+          help="Micro-batches per step of the pipeline, each of --micro-batch samples "
+          "(torchtitan: local_batch_size / pipeline_parallel_microbatch_size). Default: the "
+          "number of stages (pp x virtual stages)."),
+    Field(path="parallel.pp_virtual_stages", flag="--pp-virtual-stages", metavar="V",
+          check=lambda raw: validate.count(raw, limit=64), shown_default="1, or 2 for "
+          "interleaved-1f1b",
+          help="Pipeline stages per rank (torchtitan's default: 1 for gpipe and 1f1b, 2 for "
+          "the multi-stage schedules)."),
     # ---- context parallel (planner/context_parallel.py; docs/model.md "Context parallel")
     Field(path="parallel.cp", flag="--cp", metavar="N", check=_count(1024), default=1,
           help="Context-parallel degree: torch's context_parallel (ring attention, "

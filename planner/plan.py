@@ -487,8 +487,29 @@ def first_fit(at: Points, c: Candidate, start: int, below: Any) -> Any:
 
 def min_gpus(r: Request, start: int = 1) -> int | None:
     """Fewest GPUs of this type (>= start) for which a candidate of the request fits."""
+    if r.training.pipeline.enabled:
+        return pipeline_min_gpus(r, start)
     found, n = fewest_gpus(One(r), start)
     return n if found else None
+
+
+def pipeline_min_gpus(r: Request, start: int) -> int | None:
+    """Under ``--pp``: the fewest GPUs pp x dp (dp >= 2 data-parallel ranks per stage) at or
+    above ``start`` that fit. The pipeline is fixed, so more GPUs only shard each stage's
+    states over more ranks: the need falls with dp, and the first fit is found by bisection
+    over dp (``MAX_GPUS_SEARCHED`` at most)."""
+    pp = r.training.pipeline.degree
+    lo, hi = max(2, -(-start // pp)), MAX_GPUS_SEARCHED // pp
+
+    def ok(dp: int) -> bool:
+        return bool(fits_any(r.with_gpus(pp * dp)))
+
+    if lo > hi or not ok(hi):
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if ok(mid) else (mid + 1, hi)
+    return pp * lo
 
 
 def _gib(x: int) -> str:

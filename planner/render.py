@@ -153,6 +153,9 @@ def answer_json(answer: Answer, found: Found | None = None) -> dict[str, Any]:
             "at_risk": q.options.at_risk,
             "global_batch": q.options.global_batch,
             "tp": "auto" if q.options.tp is None else q.options.tp,
+            "pp": {"degree": t.pipeline.degree, "schedule": str(t.pipeline.schedule),
+                   "microbatches": t.pipeline.microbatches,
+                   "virtual_stages": t.pipeline.virtual},
             "cp": t.cp, "cp_rotate": str(t.cp_rotate),
         },
         "candidates": [candidate_json(e, st, d, t.grad_accum, t.compile, cl.gpu) for e, st, d
@@ -322,8 +325,23 @@ def assumptions(answer: Answer) -> list[str]:
     out.append(("tensor parallel: auto (TP 2/4/8 with sequence parallel, FSDP over the rest, "
                 "tried only when nothing fits without it)" if tp is None else
                 f"tensor parallel: {tp}" + (" (with sequence parallel)" if tp > 1 else ""))
-               + cp_assumption(t) + "; pipeline and expert parallel: not modelled")
+               + cp_assumption(t) + ("; pipeline parallel: none" if not t.pipeline.enabled
+                                     else "") + "; expert parallel: not modelled")
+    if t.pipeline.enabled:
+        out.append(pipeline_line(t))
     return out
+
+
+def pipeline_line(t) -> str:
+    """The pipeline the plan assumed (``--pp``), or that there is none."""
+    p = t.pipeline
+    return (f"pipeline parallel: {p.degree} ranks, schedule {p.schedule}, {p.virtual} "
+            f"stage(s) per rank, {p.microbatches} micro-batches of {t.micro_batch} per step; "
+            "torchtitan's layer split (embedding and head count as a layer each), FSDP2 "
+            "inside each stage not resharded after forward or backward until the "
+            "schedule's gradient reduction; the fullest rank decides the fit; no public "
+            "pipeline-parallel run measured: the error band shown is FSDP's and the step time "
+            "*assumed* (docs/model.md §8.7)")
 
 
 def cp_assumption(t: TrainingSpec) -> str:
@@ -506,9 +524,13 @@ def table(answer: Answer, found: Found | None = None, *, width: int = 100,
     rows = list(zip(answer.estimates, answer.steps, answer.ddp_steps))
     tp_note = ("; +tpN rows: a tensor-parallel group of N GPUs shares each micro-batch"
                if any(e.candidate.tp > 1 for e in answer.estimates) else "")
+    pp = t.pipeline
     step_note = (f"(one optimizer step = {t.grad_accum} micro-batch(es) of {t.micro_batch} x "
                  f"{t.local_seq} tokens per GPU; vs DDP = step time over DDP's with the same "
-                 f"checkpointing, whether or not DDP fits{tp_note})")
+                 f"checkpointing, whether or not DDP fits{tp_note})") if not pp.enabled else (
+        f"(one optimizer step = {pp.microbatches} micro-batches of {t.micro_batch} x {t.seq} "
+        f"tokens through {pp.degree} pipeline ranks; vs DDP: not meaningful under --pp, the "
+        "same pipeline is its reference)")
     if wide:
         for cols, note in ((MEMORY_COLUMNS, MEMORY_NOTE), (SPEED_COLUMNS, step_note)):
             lines.append(columns([_label(r[0]) + [cell(r) for _, cell in cols] for r in rows],
@@ -517,9 +539,11 @@ def table(answer: Answer, found: Found | None = None, *, width: int = 100,
             lines.append("")
     else:
         lines.append(_compact(rows, width))
+        per_step = (f"{t.grad_accum} x {t.micro_batch} x {t.local_seq} tokens per GPU"
+                    if not pp.enabled else f"{pp.microbatches} x {t.micro_batch} x {t.seq} "
+                    f"tokens through {pp.degree} pipeline ranks")
         lines += _wrap("(GiB per GPU at each candidate's peak moment; step time of one optimizer "
-                       f"step of {t.grad_accum} x {t.micro_batch} x {t.local_seq} tokens per GPU"
-                       f"{tp_note}; --wide for every term)", width)
+                       f"step of {per_step}{tp_note}; --wide for every term)", width)
         lines.append("")
     if found is not None:
         what = {"min-gpus": "fewest GPUs", "max-micro-batch": "largest micro-batch",

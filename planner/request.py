@@ -31,12 +31,14 @@ from planner.spec import (
     MlpKind,
     ModelSpec,
     Offload,
+    Pipeline,
     Precision,
     Quantize,
     Strategy,
     TracedModel,
     TrainingSpec,
 )
+from planner import pipeline
 from planner.candidates import tp_problem
 from planner.context_parallel import CP_STRATEGIES, cp_problem
 from planner.memory.zero import zeropp_problem
@@ -471,6 +473,7 @@ def job_from(v: Mapping[str, Any], naming: Naming = FLAGS, *, allow_files: bool 
         raise naming.fail("training.flat_params", problem)
     training, ds_notes = resolve_deepspeed(training, model)
     training, attention = resolve_attention(training, model, v["training.attention"])
+    training = dataclasses.replace(training, pipeline=pipeline_from(v, model, training, naming))
     return Job(model=model, training=training, source=source,
                warnings=tuple(model_warnings) + tuple(ds_notes), attention=attention)
 
@@ -488,6 +491,69 @@ def resolve_attention(training: TrainingSpec, model: ModelSpec,
         return training, ""
     attn, line = default_attention(model, training.transformers_version)
     return dataclasses.replace(training, attention=attn), line
+
+
+def pipeline_from(v: Mapping[str, Any], model: ModelSpec, training: TrainingSpec,
+                  naming: Naming) -> Pipeline:
+    """The pipeline of ``--pp`` and its schedule, micro-batches and stages per rank
+    (planner/pipeline.py), or one error naming the field torch or torchtitan would refuse.
+    What the model does not cover under a pipeline is refused by name: a tied embedding (its
+    two uses sit on the first and the last stage), MoE, fine-tuning, FSDP1, gradient
+    accumulation around the schedule."""
+    pp = v["parallel.pp"]
+    schedule = v["parallel.pp_schedule"]
+    virtual = v["parallel.pp_virtual_stages"] or pipeline.default_virtual(schedule)
+    if pp == 1:
+        for path in ("parallel.pp_microbatches", "parallel.pp_virtual_stages"):
+            if v[path] is not None:
+                raise naming.fail(path, f"needs {naming.name('parallel.pp')} > 1")
+        return Pipeline()
+    p = Pipeline(degree=pp, schedule=schedule, virtual=virtual,
+                 microbatches=v["parallel.pp_microbatches"] or pp * virtual)
+    why = pipeline.problem(p, model.n_layers)
+    if why:
+        raise naming.fail(*why)
+    unmodelled = [(model.tied_embeddings, None, "tied embeddings"),
+                  (model.is_moe, None, "an MoE model"),
+                  (not training.finetune.full, None, "LoRA or frozen parameters"),
+                  (training.fsdp_version == 1, "training.fsdp_version", "FSDP1"),
+                  (training.grad_accum > 1, "training.grad_accum", "gradient accumulation"),
+                  (training.activation_offload, "training.activation_offload",
+                   "activation offload"),
+                  (training.keep_logits, "training.keep_logits", "--keep-logits"),
+                  (training.cp > 1, "parallel.cp", "context parallel")]
+    for bad, path, what in unmodelled:
+        if bad:
+            raise naming.fail("parallel.pp", f"pipeline parallel with {what} is NOT MODELLED"
+                              + (f" ({naming.name(path)})" if path else ""))
+    return p
+
+
+def pipeline_cluster_problem(p: Pipeline, cluster: Cluster, tp: Any, strategies: Any,
+                             offload: Any, global_batch: Any, naming: Naming) -> None:
+    """The cluster and the search options under a pipeline: the GPUs split into pp stages of
+    n / pp data-parallel ranks each, FSDP2 (full_shard) inside a stage, no TP, no offload."""
+    if not p.enabled:
+        return
+    n = cluster.n_gpus
+    if n % p.degree or n // p.degree < 2:
+        raise naming.fail("parallel.pp", f"{n} GPUs must be a multiple of {p.degree} with at "
+                          "least 2 data-parallel ranks per stage (PP without FSDP is NOT "
+                          "MODELLED)")
+    if tp not in ("auto", 1):
+        raise naming.fail("parallel.tp", "pipeline parallel with tensor parallel is NOT "
+                          "MODELLED")
+    if strategies and any(s is not Strategy.FULL_SHARD for s in strategies):
+        raise naming.fail("strategy", "pipeline parallel is modelled with FSDP2 full_shard "
+                          "inside each stage (torchtitan) only")
+    if offload not in ("auto", Offload.NONE):
+        raise naming.fail("offload", "pipeline parallel with CPU offload is NOT MODELLED")
+    if global_batch is not None:
+        # a step is M micro-batches per pipeline; accumulation around the schedule is not
+        # modelled
+        raise naming.fail("training.global_batch", "with pipeline parallel the step is "
+                          "--pp-microbatches micro-batches per pipeline; --global-batch (gradient "
+                          "accumulation around the schedule) is NOT MODELLED")
 
 
 def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
@@ -511,6 +577,11 @@ def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
     if problem:
         raise naming.fail(*problem)
     tp = v["parallel.tp"]
+    p = training.pipeline
+    pipeline_cluster_problem(p, cluster, tp, v["strategy"], v["offload"],
+                             v["training.global_batch"], naming)
+    if p.enabled:
+        tp = 1
     if tp != "auto":
         problem = tp_problem(model, tp, cluster.n_gpus, cluster.gpus_per_node)
         if problem:
@@ -531,8 +602,8 @@ def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
     else:
         offloads = None if offload == "auto" else (offload,)
     options = Options(
-        strategies=strategies,
-        offloads=offloads,
+        strategies=(Strategy.FULL_SHARD,) if p.enabled and not v["strategy"] else strategies,
+        offloads=(Offload.NONE,) if p.enabled else offloads,
         checkpointing=v["checkpointing"], margin=v["margin"], at_risk=v["at_risk"],
         global_batch=v["training.global_batch"], tp=None if tp == "auto" else tp)
     if training.cp > 1:

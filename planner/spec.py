@@ -198,6 +198,39 @@ class GradSync(enum.StrEnum):
     LAST = "last"  # only the last: DDP/FSDP1 no_sync(), FSDP2 set_requires_gradient_sync(False)
 
 
+class PipeSchedule(enum.StrEnum):
+    """A ``torch.distributed.pipelining`` schedule (torchtitan's
+    ``pipeline_parallel_schedule``): those whose micro-batch counts planner/pipeline.py
+    derives. ZBV's memory is not modelled (refused by ``pipeline.problem``); DualPipeV, Looped
+    BFS and Interleaved Zero Bubble are refused by name when parsed."""
+
+    GPIPE = "gpipe"  # ScheduleGPipe: every forward, then every backward
+    ONE_F_ONE_B = "1f1b"  # Schedule1F1B
+    INTERLEAVED_1F1B = "interleaved-1f1b"  # ScheduleInterleaved1F1B (v stages per rank)
+    ZBV = "zbv"  # ScheduleZBVZeroBubble (2 stages per rank in a V, split backward)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Pipeline:
+    """Pipeline parallel as torchtitan runs it (``torchtitan/distributed/pipeline_parallel.py``):
+    ``degree`` ranks, each holding ``virtual`` stages of the model; a step runs
+    ``microbatches`` micro-batches of ``TrainingSpec.micro_batch`` through the schedule.
+    degree 1: no pipeline."""
+
+    degree: int = 1
+    schedule: PipeSchedule = PipeSchedule.ONE_F_ONE_B
+    microbatches: int = 1
+    virtual: int = 1
+
+    @property
+    def enabled(self) -> bool:
+        return self.degree > 1
+
+    @property
+    def n_stages(self) -> int:
+        return self.degree * self.virtual
+
+
 class Float8Recipe(enum.StrEnum):
     """torchao float8 training (``torchao.float8.Float8LinearRecipeName``): the linears of the
     blocks swapped for ``Float8Linear`` (torchtitan's float8 converter; the output head kept)."""
@@ -671,6 +704,8 @@ class TrainingSpec:
     finetune: FineTune = field(default_factory=FineTune)
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
     """The DeepSpeed engine's settings, for the ZeRO candidates."""
+    pipeline: Pipeline = field(default_factory=Pipeline)
+    """Pipeline parallel (``--pp``): FSDP2 over the data-parallel ranks of each stage."""
     cp: int = 1
     """Context-parallel degree (torch's ``context_parallel``, ring attention): each GPU of a
     CP group holds seq / cp tokens; 1: none (planner/context_parallel.py)."""

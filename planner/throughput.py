@@ -910,9 +910,84 @@ def step_inputs(model: ModelSpec, training: TrainingSpec, cluster: Cluster, cand
                           rates=Rates.of(cluster.gpu, training, assumptions))
 
 
+def _ring_s(nbytes: float, m: float, calls: float, bw: float, hop: float) -> float:
+    """A ring all-gather or reduce-scatter of ``nbytes`` (the full buffer) over ``m`` ranks in
+    ``calls`` collectives."""
+    return 0.0 if m <= 1 else (m - 1.0) / m * nbytes / bw + calls * (m - 1.0) * hop
+
+
+def pipeline_step(model: ModelSpec, training: TrainingSpec, cluster: Cluster,
+                  candidate: Candidate, assumptions: ThroughputAssumptions) -> StepEstimate:
+    """One step under ``--pp`` (docs/throughput.md "Pipeline parallel").
+
+    Compute: each rank's own blocks (and the head on the last stage) for every micro-batch,
+    the slowest rank setting the pace, stretched by the schedule's bubble
+    (``planner.pipeline.bubble_ratio``). FSDP2 inside a stage (torchtitan: not resharded
+    under PP, gradients reduced once in the schedule's REDUCE_GRAD): one all-gather of the
+    rank's parameters, hidden behind the first micro-batch's forward but for its first unit,
+    and one reduce-scatter after the last backward, exposed. Point-to-point: every
+    micro-batch crosses each stage boundary forward (activations) and backward (their
+    gradients); ``torch.distributed.pipelining`` waits on each batch of sends and receives
+    (``_wait_batch_p2p``), so they are counted on the critical path. The pipeline is the
+    outer mesh dimension (torchtitan ``ParallelDims``: pp, dp, ...): neighbours are n / pp
+    ranks apart, inside a node only when n / pp < GPUs per node."""
+    from planner import pipeline
+    from planner.params import block_tensors, numel, root_tensors
+
+    p = training.pipeline
+    n, gpn = cluster.n_gpus, cluster.gpus_per_node
+    dp = n // p.degree
+    x = step_inputs(model, training, cluster, candidate, assumptions)
+    solo = dataclasses.replace(x, n=1.0, ga=1.0, comm=collectives(candidate.strategy,
+                                                                  GradSync.EVERY))
+    whole = step_core(solo)  # the whole model on one GPU, one micro-batch: the FLOP count
+    layers = pipeline.stage_layers(model.n_layers, p.n_stages)
+    block = sum(numel(s) for _, s in block_tensors(model))
+    roots = {nm: numel(s) for nm, s in root_tensors(model)}
+    embed = sum(v for k, v in roots.items() if k.startswith(("embed.", "pos_embed.",
+                                                               "type_embed.", "embed_norm")))
+    busy, slowest, params, blocks_max = 0.0, None, 0, 0
+    for rank in range(p.degree):
+        stages = pipeline.rank_stages(p, rank)
+        first, last = 0 in stages, p.n_stages - 1 in stages
+        blocks = sum(layers[s] for s in stages)
+        core = step_core(dataclasses.replace(solo, n_layers=float(blocks),
+                                             p_head=x.p_head if last else 0.0,
+                                             ga=float(p.microbatches)))
+        if slowest is None or core.compute_s > busy:
+            busy, slowest = core.compute_s, core
+        params = max(params, blocks * block + (embed if first else 0)
+                     + (sum(roots.values()) - embed if last else 0))
+        blocks_max = max(blocks_max, blocks)
+    units = blocks_max + 1.0
+    compute_s = busy * (1.0 + pipeline.bubble_ratio(p))
+    bw_dp = x.bw_intra if dp <= gpn else min(x.bw_intra, gpn * x.bw_inter)
+    hop_dp = x.lat_intra if dp <= gpn else x.lat_inter
+    t_ag = _ring_s(params * x.gather_b, dp, units, bw_dp, hop_dp)
+    t_rs = _ring_s(params * x.grad_b, dp, units, bw_dp, hop_dp)
+    one_fwd = slowest.compute_s / p.microbatches / 3.0  # forward ~ 1/3 of forward + backward
+    exposed_ag = max(t_ag / units, t_ag - x.overlap * one_fwd)
+    inside = dp < gpn
+    bw_pp = x.bw_intra if inside else x.bw_inter
+    hop_pp = x.lat_intra if inside else x.lat_inter
+    boundary = x.mb * x.seq * model.hidden * x.gather_b
+    p2p_s = 2.0 * p.microbatches * p.virtual * (boundary / bw_pp + hop_pp)
+    comm_s = t_ag + t_rs + p2p_s
+    exposed = exposed_ag + t_rs + p2p_s
+    step_s = compute_s + exposed
+    tokens = p.microbatches * x.mb * x.seq / p.degree  # per GPU per step
+    return StepEstimate(
+        step_time_s=step_s, compute_s=compute_s, comm_s=comm_s, exposed_comm_s=exposed,
+        offload_s=0.0, tokens_per_s_per_gpu=tokens / step_s,
+        mfu=whole.mfu * whole.step_time_s * (p.microbatches / p.degree) / step_s,
+        flops_per_step=whole.flops_per_step * p.microbatches / p.degree)
+
+
 def estimate_step(model: ModelSpec, training: TrainingSpec, cluster: Cluster,
                   candidate: Candidate,
                   assumptions: ThroughputAssumptions = DEFAULT_ASSUMPTIONS) -> StepEstimate:
     """Time of one optimizer step of ``candidate`` (see the module docstring for conventions)."""
+    if training.pipeline.enabled:
+        return pipeline_step(model, training, cluster, candidate, assumptions)
     out = step_core(step_inputs(model, training, cluster, candidate, assumptions))
     return StepEstimate(*(float(getattr(out, f)) for f in StepEstimate.__slots__))

@@ -32,7 +32,7 @@ from planner.cli_options import (
     field_options,
     request_from_options,
 )
-from planner.errors import EXIT_FITS, EXIT_TRACE_REFUSED
+from planner.errors import EXIT_FITS, EXIT_TRACE_REFUSED, UsageError
 from planner.spec import Candidate, Checkpointing, Offload, Strategy
 
 EXIT_PROBE_FAILED = EXIT_TRACE_REFUSED  # 5: a probe failed or the model cannot be traced
@@ -87,6 +87,10 @@ def trace_cmd(as_json: bool, timeout_s: float, reference_model: bool, depth: str
     else:
         request = request_from_options(kw)
         name = request.model.name
+    if request.training.pipeline.enabled:
+        # the pipeline's referee is probes/pipeline_trace.py (tests/test_pipeline.py)
+        raise UsageError("--pp: fitcheck trace runs no pipeline schedule (NOT MODELLED "
+                         "here); plan it without tracing")
     opts = request.options
     strategies = opts.strategies if kw["strategy"] else TRACEABLE
     ck = Checkpointing.NONE if opts.checkpointing is Checkpointing.AUTO else opts.checkpointing

@@ -373,35 +373,35 @@ def test_unknown_paths_are_unmodelled_until_the_registry_has_them(monkeypatch):
     from planner import fields
     from planner.jobs import Vocab
 
-    values = {"parallel.pp": 8, "training.seq": 4096, "training.optimizer": Vocab("adagrad")}
+    values = {"parallel.ep": 8, "training.seq": 4096, "training.optimizer": Vocab("adagrad")}
     kept, lines = split_modelled(values)
     assert kept == {"training.seq": 4096}
-    assert "pipeline parallel degree 8 (parallel.pp) is not modelled yet" in lines
+    assert "expert parallel degree 8 (parallel.ep) is not modelled yet" in lines
     assert "optimizer adagrad (training.optimizer) is not modelled yet" in lines
     # another developer adds the field: the same reader output now passes through
-    monkeypatch.setitem(fields.BY_PATH, "parallel.pp",
-                        fields.Field(path="parallel.pp", flag="--pp", check=int))
+    monkeypatch.setitem(fields.BY_PATH, "parallel.ep",
+                        fields.Field(path="parallel.ep", flag="--ep", check=int))
     kept, lines = split_modelled(values)
-    assert kept["parallel.pp"] == 8 and not any("parallel.pp" in x for x in lines)
+    assert kept["parallel.ep"] == 8 and not any("parallel.ep" in x for x in lines)
 
 
 def test_plan_shows_unmodelled_as_warnings_and_gate_rejects_them(tmp_path):
-    # torchtitan's 70B recipe with pipeline parallel switched on (not modelled)
+    # torchtitan's 70B recipe with expert parallel switched on (not modelled)
     text = (DATA / "torchtitan_llama3_70b.v0.2.0.toml").read_text()
-    assert "pipeline_parallel_degree = 1" in text
-    path = tmp_path / "pp.toml"
-    path.write_text(text.replace("pipeline_parallel_degree = 1", "pipeline_parallel_degree = 4"))
+    assert "[parallelism]\n" in text
+    path = tmp_path / "ep.toml"
+    path.write_text(text.replace("[parallelism]\n", "[parallelism]\nexpert_parallel_degree = 4\n"))
     r = run("--job", str(path), "--gpu", "h100-80", "--n", "64", "--json")
     assert r.exit_code in (0, 3), r.output
     doc = json.loads(r.stdout)
-    assert any("pipeline parallel degree 4" in u for u in doc["job"]["unmodelled"])
-    assert any("NOT MODELLED: pipeline parallel degree 4" in a for a in doc["assumptions"])
+    assert any("expert parallel degree 4" in u for u in doc["job"]["unmodelled"])
+    assert any("NOT MODELLED: expert parallel degree 4" in a for a in doc["assumptions"])
     r = run("gate", str(path), "--gpu", "h100-80", "--n", "64")
     assert r.exit_code == 3, r.output
     v = json.loads(r.stdout)
     assert v["verdict"] == "reject" and v["predicted"] is None
-    assert "does not model" in v["reason"] and "pipeline parallel degree 4" in v["reason"]
-    assert v["unmodelled"] and "[parallelism] pipeline_parallel_degree" in v["unmodelled"][0]
+    assert "does not model" in v["reason"] and "expert parallel degree 4" in v["reason"]
+    assert v["unmodelled"] and "[parallelism] expert_parallel_degree" in v["unmodelled"][0]
 
 
 def test_torchtitan_70b_recipe_with_tp8_is_admitted():

@@ -19,6 +19,8 @@ from planner.error_bands import DEFAULT_MARGIN, is_finetune, risk_band
 from planner.memory.breakdown import PHASES, Breakdown, Estimate, Overheads, Phase, pick
 from planner.memory.compiled_model import graph_gradients, table_backward
 from planner.memory.moments import MOMENTS, Activations, Step
+from planner.memory.pipeline import fullest_rank
+from planner.pipeline import peak_in_flight, rank_stages
 from planner.memory.states import (
     FP32,
     dtypes,
@@ -350,6 +352,11 @@ def evaluate(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, 
     the GPU count and node size, tokens per micro-batch and their activation totals, and the
     device's capacity, context and host RAM. ``estimate`` is the scalar entry point."""
     check_supported(candidate)
+    if training.pipeline.enabled:
+        return pipeline_estimate(model, training, candidate, n_gpus=n_gpus,
+                                 gpus_per_node=gpus_per_node, acts=acts, capacity=capacity,
+                                 context=context, host_capacity=host_capacity, margin=margin,
+                                 ov=ov)
     S = degree_of(candidate.strategy, n_gpus, gpus_per_node, candidate.tp)
     step = step_for(model, training, candidate, n_gpus=n_gpus, degree=S, tokens=tokens,
                     acts=acts, ov=ov, gpus_per_node=gpus_per_node)
@@ -373,6 +380,33 @@ def evaluate(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, 
                        init_host=init_host_bytes(model, training, candidate,
                                                  vec.minimum(n_gpus, gpus_per_node)),
                        risk=risk)
+
+
+def pipeline_estimate(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *,
+                      n_gpus: int, gpus_per_node: int, acts: Activations, capacity: Any,
+                      context: Any, host_capacity: Any, margin: float,
+                      ov: Overheads) -> Estimate:
+    """Under ``--pp`` (planner/memory/pipeline.py): the moments of the fullest pipeline rank,
+    FSDP2 over its n / pp data-parallel ranks. One NCCL communicator for the stage's FSDP
+    group and one for the pipeline's send/recv."""
+    p = training.pipeline
+    dp = n_gpus // p.degree
+    rank, phases = fullest_rank(model, training, dp, acts, ov)
+    stages = rank_stages(p, rank)
+    note = (f"pipeline {p.schedule}, {p.degree} ranks x {p.virtual} stage(s), "
+            f"{p.microbatches} micro-batches: rank {rank} (stages "
+            f"{', '.join(map(str, stages))}) is the fullest, {peak_in_flight(p, rank)} "
+            "micro-batch-stages in flight")
+    est = from_phases(candidate, phases, degree=dp, n_gpus=n_gpus, gpus_per_node=gpus_per_node,
+                      capacity=capacity, context=context, host_capacity=host_capacity,
+                      margin=margin, ov=ov, cached=[0] * len(phases), notes=(note,),
+                      allocator=training.allocator,
+                      init_host=init_host_bytes(model, training, candidate,
+                                                min(n_gpus, gpus_per_node)),
+                      risk=risk_band(candidate.strategy, training.compile,
+                                     is_finetune(training)))
+    # FSDP's shard group and the pipeline's point-to-point group
+    return dataclasses.replace(est, nccl_bytes=2 * ov.nccl_bytes_per_communicator)
 
 
 def from_phases(candidate: Candidate, phases: dict[Phase, Breakdown], *, degree: Any,

@@ -262,6 +262,12 @@ def build_request(*, models: str | Iterable[str], gpus: str | Iterable[str],
 
     values = field_values(training, fields)
     refuse_cp(values)
+    if values.get("parallel.pp") not in (None, 1, "1"):
+        # the sweep evaluates numpy arrays of configurations through the moments of
+        # planner/memory/moments.py; a pipeline's ranks (planner/memory/pipeline.py) are not
+        # among them
+        raise NAMING.fail("parallel.pp", "pipeline parallel is not in the report's sweep; "
+                          "plan it with `fitcheck --pp`")
     typed = parse_list(models, "--models")
     gpu_names = parse_list(gpus, "--gpus")
     if strategies if isinstance(strategies, str) else list(strategies):

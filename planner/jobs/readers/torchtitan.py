@@ -9,8 +9,10 @@ reads them without running them; ``from_registry`` lays them out as the TOML sec
 local_batch_size -> micro-batch, global_batch_size (-1: local x DP) -> the accumulation,
 seq_len; data_parallel_shard_degree (-1 or > 1) -> FSDP2 full_shard, with replicate > 1 ->
 hybrid_shard, shard 1 and replicate > 1 -> ddp; fsdp_reshard_after_forward "never" ->
-shard_grad_op; tensor/pipeline/context/expert degrees > 1 -> parallel.*; [activation_checkpoint]
-mode none/selective/full (+ selective_ac_option: 'op' selective, 1 = full, k > 1 full on every
+shard_grad_op; tensor/pipeline/context/expert degrees > 1 -> parallel.* (pipeline: the
+schedule, and local_batch_size // pipeline_parallel_microbatch_size micro-batches);
+[activation_checkpoint] mode none/selective/full (+ selective_ac_option: 'op' selective,
+1 = full, k > 1 full on every
 k-th block: not modelled; 0.3: SelectiveAC (per-op) / FullAC / MemoryBudgetAC); enable_cpu_offload
 -> params_and_optimizer; [training] dtype bfloat16 -> pure bf16, else mixed_precision_param
 bfloat16 -> bf16-amp (FSDP2 MixedPrecisionPolicy over fp32 params), float32 -> fp32;
@@ -168,6 +170,13 @@ def parallelism(r: Reader, par: dict, exp: dict, par_section: str) -> None:
     else:
         r.set("strategy", "ddp", key)
     reshard = par.get("fsdp_reshard_after_forward")
+    pp = deg("pipeline_parallel_degree", exp if "pipeline_parallel_degree" in exp else par,
+             "experimental" if "pipeline_parallel_degree" in exp else par_section)
+    if isinstance(pp, int) and pp > 1:
+        pipeline(r, exp if "pipeline_parallel_schedule" in exp else par,
+                 "experimental" if "pipeline_parallel_schedule" in exp else par_section,
+                 reshard)
+        reshard = None  # decided by pipeline()
     if reshard is not None and r.raw.get("strategy") == "full_shard":
         value = r.choose(reshard, f"[{par_section}] fsdp_reshard_after_forward", RESHARD)
         if value is not None:
@@ -195,6 +204,37 @@ def parallelism(r: Reader, par: dict, exp: dict, par_section: str) -> None:
         for d in degrees:
             total *= d if isinstance(d, int) and d > 0 else 1
         r.set("hardware.n", total, f"[{par_section}] degrees (product)")
+
+
+def pipeline(r: Reader, sec: dict, where: str, reshard: Any) -> None:
+    """Pipeline parallel (degree > 1): the schedule (torchtitan's names, default 1F1B; those
+    fitcheck does not model become NOT MODELLED lines through the field's check), and the
+    micro-batches: torchtitan's ``build_pipeline_schedule`` runs local_batch_size //
+    pipeline_parallel_microbatch_size micro-batches of pipeline_parallel_microbatch_size
+    (default 1) samples. fsdp_reshard_after_forward "default" and "never" are what
+    torchtitan does under PP (``reshard_after_forward = not pp_enabled``); "always" is not
+    modelled under PP."""
+    key = f"[{where}] pipeline_parallel_schedule"
+    schedule = r.text(sec.get("pipeline_parallel_schedule", "1F1B"), key)
+    r.set("parallel.pp_schedule", Vocab(schedule),
+          key if "pipeline_parallel_schedule" in sec else f"{key} (default 1F1B)")
+    mkey = f"[{where}] pipeline_parallel_microbatch_size"
+    size = r.count(sec.get("pipeline_parallel_microbatch_size", 1), mkey)
+    local = r.raw.get("training.micro_batch")
+    if isinstance(local, int):
+        if local % size:
+            raise r.fail(mkey, f"({size}) must divide [training] local_batch_size ({local}), "
+                         "as torchtitan's build_pipeline_schedule requires")
+        r.replace("training.micro_batch", size, mkey)
+        r.set("parallel.pp_microbatches", local // size,
+              f"[training] local_batch_size / {mkey.split('] ')[1]}")
+    if reshard is not None and str(reshard).lower() == "always":
+        from planner.jobs.record import Unmodelled
+
+        r.set("parallel.pp_reshard", Unmodelled(
+            reshard, f"FSDP resharded after forward under pipeline parallel ({where} "
+            "fsdp_reshard_after_forward always) is not modelled yet"),
+              f"[{where}] fsdp_reshard_after_forward")
 
 
 def checkpointing(r: Reader, ac: dict) -> None:

@@ -1,0 +1,230 @@
+"""Trace one pipeline rank of a real ``torch.distributed.pipelining`` step on fake tensors.
+
+The referee of the planner's pipeline-parallel memory (planner/memory/pipeline.py). One
+process plays global rank ``pp_rank * dp`` of a fake process group of ``pp x dp`` ranks
+(``torch.testing._internal.distributed.fake_pg``), with a 2-D ``(pp, dp)`` mesh as
+torchtitan builds it (pipeline outermost). It builds fitcheck's reference transformer
+(``probes.models``) on the meta device and keeps, for each stage the rank holds
+(``planner.pipeline.rank_stages``), torchtitan's module split (``planner.pipeline
+.stage_layers``: the embedding on the first stage, the final norm and the head on the last),
+shards every block and then the stage with FSDP2 as torchtitan does under PP
+(``reshard_after_forward=False``, bf16 / fp32 MixedPrecisionPolicy under -amp), wraps each
+in a ``PipelineStage`` with static metadata and runs ONE ``schedule.step`` of the real
+schedule class, then the optimizer step, under torch's ``MemTracker``.
+
+What the fake process group cannot do, emulated:
+
+- a received tensor reads back as it was allocated: the warm-up vote of ``_PipelineSchedule
+  ._warmup_p2p`` (every stage of the real job passes static metadata, so every vote is
+  STATIC) is answered with that result (``PipelineStage._warmup_backward_result``);
+- nothing else: the P2P sends and receives run on the fake group with their real buffers.
+
+Only this process's rank is measured; the other ranks of the pipeline are not run (their
+sends to this rank are the fake group's no-ops). ``python -m probes.pipeline_trace`` runs one
+configuration given as JSON and prints the result (``tests/test_pipeline.py`` runs it in a
+subprocess: a process holds one process group).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from planner import pipeline
+from planner.spec import (
+    Checkpointing,
+    ModelSpec,
+    PipeSchedule,
+    PositionKind,
+    TrainingSpec,
+)
+
+SCHEDULES = {PipeSchedule.GPIPE: "ScheduleGPipe", PipeSchedule.ONE_F_ONE_B: "Schedule1F1B",
+             PipeSchedule.INTERLEAVED_1F1B: "ScheduleInterleaved1F1B",
+             PipeSchedule.ZBV: "ScheduleZBVZeroBubble"}
+
+
+def _each_micro_batch(base: type) -> type:
+    """``MemTracker`` refuses a root module's second forward (a second iteration); a pipeline
+    stage runs one forward per micro-batch. The stage's own per-module statistics (unused
+    here) are dropped before each, so it is tracked as new; the global counters are
+    untouched (``probes.trace`` clears them all per micro-batch with ``reset_mod_stats``,
+    which a rank holding two stages cannot: the other's backward hooks read them)."""
+
+    class _Tracker(base):  # type: ignore[misc, valid-type]
+        def _pre_fw_hook(self, module: nn.Module, inputs: Any) -> None:
+            name = self._mod_tracker.get_known_fqn(module)
+            if module in self.memory_tracking and not self._mod_tracker.is_bw and \
+                    set(self._mod_tracker.parents) - {name} == {"Global"}:
+                del self.memory_tracking[module]
+            super()._pre_fw_hook(module, inputs)
+
+    return _Tracker
+
+
+class _StaticVote:
+    """The warm-up vote's result, read with ``.item()`` (a tensor would be fake inside
+    FakeTensorMode, whose ``item()`` has no value)."""
+
+    def item(self) -> int:
+        return 1
+
+
+class StageModule(nn.Module):
+    """One pipeline stage of the reference transformer: torchtitan's ``pipeline_module_split``
+    keeps the modules of the stage and drops the rest; the forward is the reference model's
+    with the missing parts skipped (RoPE's tables are computed on every stage, as torchtitan's
+    model reads its ``freqs_cis`` buffer on every stage)."""
+
+    def __init__(self, net: nn.Module, first: bool, last: bool, lo: int, hi: int) -> None:
+        super().__init__()
+        self.spec: ModelSpec = net.spec
+        self.embed = net.embed if first else None
+        self.blocks = nn.ModuleList(net.blocks[lo:hi])
+        self.final_norm = net.final_norm if last else None
+        self.lm_head = net.lm_head if last else None
+        if self.spec.position is PositionKind.ROPE:
+            self.register_buffer("rope_inv_freq", net.rope_inv_freq.clone(), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.embed is not None:
+            x = self.embed(x)
+        cos = sin = None
+        if self.spec.position is PositionKind.ROPE:
+            t = x.shape[1]
+            pos = torch.arange(t, device=x.device, dtype=torch.float32)
+            freqs = torch.outer(pos, self.rope_inv_freq.float())
+            emb = torch.cat((freqs, freqs), dim=-1)
+            cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        for blk in self.blocks:
+            x = blk(x, cos, sin, None, None)
+        if self.lm_head is not None:
+            x = self.lm_head(self.final_norm(x))
+        return x
+
+
+def _loss(spec: ModelSpec):
+    def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(logits.float().view(-1, spec.vocab),
+                                           targets.view(-1))
+    return loss_fn
+
+
+def trace_rank(spec: ModelSpec, training: TrainingSpec, checkpointing: Checkpointing,
+               pp_rank: int, dp: int) -> dict[str, Any]:
+    """Peak bytes (and the categories at the peak) of pipeline rank ``pp_rank`` over one step:
+    the schedule's step and the optimizer step."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining import schedules as S
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from probes.models import build_model
+    from probes.trace import _to_bf16, _to_empty, fsdp_policies, make_optimizer, storage_dtype
+
+    p = training.pipeline
+    world = p.degree * dp
+    dist.init_process_group("fake", store=FakeStore(), rank=pp_rank * dp, world_size=world)
+    mesh = init_device_mesh("cpu", (p.degree, dp), mesh_dim_names=("pp", "dp"))
+    net = build_model(spec, device="meta", checkpointing=checkpointing,
+                      attention=training.attention.value)
+    store = storage_dtype(training)
+    if store is not None:
+        _to_bf16(net, store)
+    layers = pipeline.stage_layers(spec.n_layers, p.n_stages)
+    starts = [sum(layers[:i]) for i in range(p.n_stages)]
+    mp, root_mp = fsdp_policies(training)
+    stages, mods = [], []
+    b, t, m = training.micro_batch, training.seq, p.microbatches
+    act_dtype = mp.param_dtype or torch.float32
+    one = _StaticVote()
+    # the fake group reads every received vote back as 0 (DYNAMIC); the real job's stages
+    # all pass static metadata, so its vote is STATIC
+    PipelineStage._warmup_backward_result = lambda self, received_result=None: one
+    for s in pipeline.rank_stages(p, pp_rank):
+        first, last = s == 0, s == p.n_stages - 1
+        mod = StageModule(net, first, last, starts[s], starts[s] + layers[s])
+        for blk in mod.blocks:
+            fully_shard(blk, mesh=mesh["dp"], reshard_after_forward=False, mp_policy=mp)
+        fully_shard(mod, mesh=mesh["dp"], reshard_after_forward=False, mp_policy=root_mp)
+        mods.append((s, mod))
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        for s, mod in mods:
+            _to_empty(mod)
+            first, last = s == 0, s == p.n_stages - 1
+            # a received activation requires grad (torch's dynamic inference marks it so
+            # when the schedule has a backward; torchtitan passes no example inputs)
+            inp = torch.zeros(b, t, dtype=torch.int64) if first else \
+                torch.zeros(b, t, spec.hidden, dtype=act_dtype, requires_grad=True)
+            out = torch.zeros(b, t, spec.vocab if last else spec.hidden, dtype=act_dtype)
+            stages.append(PipelineStage(
+                mod, s, p.n_stages, torch.device("cpu"), input_args=inp, output_args=out,
+                output_grads=None if last else torch.zeros_like(out),
+                input_grads=None if first else torch.zeros_like(inp),
+                group=mesh["pp"].get_group()))
+        params = [q for _, mod in mods for q in mod.parameters()]
+        local = [q._local_tensor for q in params]
+        optimizer = make_optimizer(local, training)
+        for lp in local:  # the optimizer's state, before the measured step
+            lp.grad = torch.zeros_like(lp)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        cls = getattr(S, SCHEDULES[p.schedule])
+        multi = p.schedule in pipeline.MULTI_STAGE
+        schedule = cls(stages if multi else stages[0], n_microbatches=m,
+                       loss_fn=_loss(spec), scale_grads=False)
+        x = torch.zeros(b * m, t, dtype=torch.int64)
+        y = torch.zeros(b * m, t, dtype=torch.int64)
+        has_first = any(s == 0 for s, _ in mods)
+        has_last = any(s == p.n_stages - 1 for s, _ in mods)
+        tracker = _each_micro_batch(MemTracker)()
+        tracker.track_external(*[mod for _, mod in mods], optimizer)
+        with tracker:
+            args = (x,) if has_first else ()
+            # as torchtitan's train step calls it: the losses collected, the last stage's
+            # outputs not kept for the caller
+            schedule.step(*args, target=y if has_last else None,
+                          losses=[] if has_last else None, return_outputs=False)
+            for lp, q in zip(local, params):
+                lp.grad = None if q.grad is None else q.grad._local_tensor
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            for q in params:
+                q.grad = None
+            peak = tracker.get_tracker_snapshot("peak")
+    cats: dict[str, int] = {}
+    for dev_snap in peak.values():
+        for k, v in dev_snap.items():
+            cats[str(k).split(".")[-1]] = cats.get(str(k).split(".")[-1], 0) + int(v)
+    scalar = sum(v.numel() * v.element_size() for st in optimizer.state.values()
+                 for v in st.values() if isinstance(v, torch.Tensor) and v.dim() == 0)
+    return {"peak_bytes": cats.get("Total", 0), "at_peak": cats,
+            "optimizer_scalar_bytes": int(scalar)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m probes.pipeline_trace '<json>'``: {"values": {spec path: value, as
+    ``planner.request.build_request`` takes them}, "pp_rank": r} -> the trace of that rank
+    of the request's pipeline (its ``--n`` / ``--pp`` give dp), as JSON on stdout."""
+    from planner.fields import SPEC
+    from planner.request import build_request
+
+    job = json.loads((argv or sys.argv[1:])[0])
+    r = build_request(job["values"], SPEC)
+    dp = r.cluster.n_gpus // r.training.pipeline.degree
+    out = trace_rank(r.model, r.training, Checkpointing(job["values"]["checkpointing"]),
+                     job["pp_rank"], dp)
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
