@@ -476,7 +476,7 @@ FIELDS: tuple[Field, ...] = (
           help="Pipeline-parallel degree (torch.distributed.pipelining as torchtitan runs it), "
           "FSDP2 over the data-parallel ranks of each stage; 1: none."),
     Field(path="parallel.pp_schedule", flag="--pp-schedule", check=parse_pp_schedule,
-          metavar="gpipe|1f1b|interleaved-1f1b", default=PipeSchedule.ONE_F_ONE_B,
+          metavar="gpipe|1f1b|interleaved-1f1b", shown_default="1f1b",
           help="Pipeline schedule (torchtitan's pipeline_parallel_schedule). zbv, dualpipev, "
           "loopedbfs and interleavedzb are not modelled."),
     Field(path="parallel.pp_microbatches", flag="--pp-microbatches", metavar="M",

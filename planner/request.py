@@ -30,6 +30,7 @@ from planner.spec import (
     GpuProfile,
     MlpKind,
     ModelSpec,
+    PipeSchedule,
     Offload,
     Pipeline,
     Precision,
@@ -501,10 +502,11 @@ def pipeline_from(v: Mapping[str, Any], model: ModelSpec, training: TrainingSpec
     two uses sit on the first and the last stage), MoE, fine-tuning, FSDP1, gradient
     accumulation around the schedule."""
     pp = v["parallel.pp"]
-    schedule = v["parallel.pp_schedule"]
+    schedule = v["parallel.pp_schedule"] or PipeSchedule.ONE_F_ONE_B
     virtual = v["parallel.pp_virtual_stages"] or pipeline.default_virtual(schedule)
     if pp == 1:
-        for path in ("parallel.pp_microbatches", "parallel.pp_virtual_stages"):
+        for path in ("parallel.pp_schedule", "parallel.pp_microbatches",
+                     "parallel.pp_virtual_stages"):
             if v[path] is not None:
                 raise naming.fail(path, f"needs {naming.name('parallel.pp')} > 1")
         return Pipeline()

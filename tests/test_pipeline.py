@@ -443,3 +443,17 @@ def test_trace_refuses_pp():
 
     r = run("trace", "--model", "llama3-8b", "--n", "4", "--pp", "2")
     assert r.exit_code == 2 and "--pp" in r.output
+
+
+def test_a_pipeline_setting_without_pp_is_refused_by_name():
+    """--pp-schedule (like --pp-microbatches and --pp-virtual-stages) means nothing without
+    --pp > 1: one line naming it, exit 2, not a silently ignored flag."""
+    from click.testing import CliRunner
+
+    from planner.cli import cli
+
+    r = CliRunner().invoke(cli, ["--params", "7e9", "--gpu", "h100-80", "--n", "8",
+                                 "--pp-schedule", "gpipe"])
+    assert r.exit_code == 2
+    assert "--pp-schedule" in r.output and "needs --pp > 1" in r.output
+    assert "Traceback" not in r.output
