@@ -17,7 +17,9 @@ planner's peak allocated and ``act`` its activation term at the peak. Every fit 
 squares; its error is reported in-sample and leave-one-out (each row predicted by a fit on the
 others). A calibration file is written for a GPU only when, on at least 5 rows, a fitted
 model's held-out median error beats the defaults' by a percentage point without a worse
-held-out worst case; otherwise the defaults stay and the report says why.
+held-out worst case; otherwise the defaults stay and the report says why. A row whose
+``unmodelled`` column is set (a feature fitcheck does not model, or models untraced: "held
+out: ...") enters no fit, as it enters no error band (memory_accuracy.modelled).
 """
 
 from __future__ import annotations
@@ -56,6 +58,10 @@ def observations(rows: list[dict[str, str]]) -> list[dict]:
     out = []
     for row in rows:
         if row["oom"].strip().lower() == "true" or not row["value_bytes"].strip():
+            continue
+        if row.get("unmodelled", "").strip():
+            # a run using what fitcheck does not model (or models untraced: "held out: ...")
+            # is kept out of every fit, as out of the error bands (memory_accuracy.modelled)
             continue
         est = predict(row)
         metric = row["metric"].strip()
