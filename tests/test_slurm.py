@@ -273,7 +273,8 @@ def test_wrapper_gates_a_job_config(tmp_path):
     p = wrapper(str(script), cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     assert "admitted: pinned full_shard + selective checkpointing fits on 8 x h100-80" in p.stderr
-    # pipeline parallelism is not modelled: rejected with the setting named, never admitted
+    # pipeline parallel beside tensor parallel (the 70B recipe: TP 8) is not modelled: rejected
+    # with the setting named, never admitted
     pp = tmp_path / "pp"
     pp.mkdir()
     script = _script(pp, "torchtitan_llama3_70b.v0.2.0.toml", nodes=8)

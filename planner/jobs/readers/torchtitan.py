@@ -172,7 +172,20 @@ def parallelism(r: Reader, par: dict, exp: dict, par_section: str) -> None:
     reshard = par.get("fsdp_reshard_after_forward")
     pp = deg("pipeline_parallel_degree", exp if "pipeline_parallel_degree" in exp else par,
              "experimental" if "pipeline_parallel_degree" in exp else par_section)
-    if isinstance(pp, int) and pp > 1:
+    # the planner's pipeline has FSDP inside each stage and nothing else: PP beside TP or CP
+    # (torchtitan's 3D/4D meshes) is a NOT MODELLED line, so a gate rejects it by name
+    beside = [f"{what} degree {d}" for what, d in
+              (("tensor parallel", deg("tensor_parallel_degree", par, par_section)),
+               ("context parallel", deg("context_parallel_degree", par, par_section)))
+              if isinstance(d, int) and d > 1]
+    pp_where = "experimental" if "pipeline_parallel_degree" in exp else par_section
+    if isinstance(pp, int) and pp > 1 and beside:
+        key = f"[{pp_where}] pipeline_parallel_degree"
+        r.set("parallel.pp", Unmodelled(pp, f"pipeline parallel degree {pp} with "
+                                        f"{' and '.join(beside)} ({r.name} {key}) is not "
+                                        "modelled: fitcheck --pp models FSDP inside each "
+                                        "stage only"), key)
+    elif isinstance(pp, int) and pp > 1:
         pipeline(r, exp if "pipeline_parallel_schedule" in exp else par,
                  "experimental" if "pipeline_parallel_schedule" in exp else par_section,
                  reshard)
@@ -187,7 +200,7 @@ def parallelism(r: Reader, par: dict, exp: dict, par_section: str) -> None:
                        ("expert_parallel_degree", "parallel.ep")):
         where = "experimental" if name in exp else par_section
         d = deg(name, exp if name in exp else par, where)
-        if d not in (MISSING, None) and d > 1:
+        if d not in (MISSING, None) and d > 1 and not isinstance(r.raw.get(path), Unmodelled):
             r.set(path, d, f"[{where}] {name}")
     # context parallel's ring rotation (torch's set_rotate_method; torchtitan's default
     # allgather): a value the field does not know is a NOT MODELLED line
