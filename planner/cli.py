@@ -243,7 +243,7 @@ def plan_cmd(as_json: bool, wide: bool, find: str | None, job_paths: tuple[str, 
     from planner.plan import plan
     from planner.render import answer_json, table
 
-    job = resolved = rw = None
+    job = resolved = rw = mesh = None
     if ds_config:  # the same reader as --job (planner/jobs/readers/deepspeed.py)
         if job_format is None and not job_paths:
             job_format = "deepspeed"
@@ -254,10 +254,16 @@ def plan_cmd(as_json: bool, wide: bool, find: str | None, job_paths: tuple[str, 
         request, job, resolved = plan_request(job_paths, job_format, given_values(kw))
     elif job_format or write_job or job_diff:
         raise UsageError("--format, --write-job and --job-diff need --job FILE")
+    elif kw.get("mesh") == "auto" and not find:  # the layout search (planner/mesh.py)
+        from planner.fields import FLAGS, cli_values
+        from planner.mesh import search as search_mesh
+
+        mesh = search_mesh(cli_values(kw), FLAGS)
+        request = mesh.answer.request
     else:
         request = request_from_options(kw)
     found = find_value(request, find) if find else None
-    answer = found.answer if found else plan(request)
+    answer = found.answer if found else mesh.answer if mesh else plan(request)
     notes = job_notes(job, resolved) if job is not None else []
     if write_job or job_diff:
         from planner.jobs.write import rewrite, write_atomic
@@ -284,6 +290,9 @@ def plan_cmd(as_json: bool, wide: bool, find: str | None, job_paths: tuple[str, 
         doc = answer_json(answer, found)
         doc["assumptions"] += notes
         doc["warnings"] = [*(resolved.warnings if resolved else []), *request.warnings]
+        if mesh is not None:
+            doc["inputs"]["mesh"] = "auto"
+            doc["mesh"] = mesh.as_json()
         if job is not None:
             doc["job"] = {"files": list(job.files), "format": str(job.format),
                           "layout": job.layout or None, "unmodelled": list(resolved.unmodelled),
@@ -306,6 +315,8 @@ def plan_cmd(as_json: bool, wide: bool, find: str | None, job_paths: tuple[str, 
         # approximate readings of --config (and other request warnings) under the table
         notes = [*(f"warning: {w}" for w in request.warnings
                    if getattr(w, "kind", None) != Kind.CALIBRATION_STALE), *notes]
+        if mesh is not None and mesh.chosen is None:  # else the recommendation's reasons
+            notes += ["mesh: no layout fits", *mesh.reasons]
         click.echo("\n".join([text, *(line for n in notes for line in _wrap(
             f"  - {n}", 10**6 if wide else width, "    "))]))
     if rw is not None:

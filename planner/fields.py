@@ -31,6 +31,7 @@ from planner.spec import (
     InitMode,
     LINEAR_MODULES,
     LossKind,
+    MeshMode,
     MlpKind,
     Offload,
     OptimizerImpl,
@@ -499,6 +500,12 @@ FIELDS: tuple[Field, ...] = (
           help="How CP's ring moves keys and values (torch's set_rotate_method): allgather "
           "(one all-gather, every rank's keys and values held) or alltoall (one chunk "
           "passed on per step)."),
+    Field(path="parallel.mesh", flag="--mesh", check=_choice(MeshMode),
+          choices=_names(MeshMode), default=MeshMode.GIVEN.value,
+          help="given: the --tp/--pp/--cp degrees as given. auto: search every modelled layout "
+          "of the GPUs (TP 1/2/4/8 x CP, or PP alone) and plan the one that fits with the most "
+          "tokens/s per GPU, the simpler within 2 % (fitcheck plan only; docs/model.md "
+          "\"Mesh search\")."),
     # ---- DeepSpeed (the ZeRO candidates; DeepSpeed's defaults, docs/model.md "DeepSpeed ZeRO")
     Field(path="deepspeed.reduce_bucket_size", flag="--ds-reduce-bucket-size",
           metavar="N|auto", check=_ds_auto,

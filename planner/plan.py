@@ -614,7 +614,9 @@ def recommend(estimates: Sequence[Estimate], steps: Sequence[StepEstimate], mult
     return Recommendation(candidate=c, reasons=tuple(reasons))
 
 
-def plan(r: Request, rank: str = "throughput") -> Answer:
+def plan(r: Request, rank: str = "throughput", *, search_fewest: bool = True) -> Answer:
+    """The plan of a request; ``search_fewest=False`` skips the fewest-GPUs search when
+    nothing fits (``min_gpus`` None: the mesh search plans many layouts and asks it once)."""
     at = One(r)
     r = at.request
     skipped: list[str] = []
@@ -626,7 +628,8 @@ def plan(r: Request, rank: str = "throughput") -> Answer:
         if ck not in ddp:
             ddp[ck] = at.step(Candidate(strategy=Strategy.DDP, checkpointing=ck))
     rec = recommend(estimates, steps, r.cluster.n_nodes > 1, rank)
-    need = None if rec is not None else min_gpus(r, start=r.cluster.n_gpus + 1)
+    need = None if rec is not None or not search_fewest else min_gpus(
+        r, start=r.cluster.n_gpus + 1)
     return Answer(request=r, estimates=tuple(estimates), steps=steps,
                   ddp_steps=tuple(ddp[e.candidate.checkpointing] for e in estimates),
                   recommendation=rec, min_gpus=need, skipped=tuple(skipped))

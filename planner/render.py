@@ -157,6 +157,7 @@ def answer_json(answer: Answer, found: Found | None = None) -> dict[str, Any]:
                    "microbatches": t.pipeline.microbatches,
                    "virtual_stages": t.pipeline.virtual},
             "cp": t.cp, "cp_rotate": str(t.cp_rotate),
+            "mesh": "given",  # the degrees above as given; `--mesh auto`: the cli says "auto"
         },
         "candidates": [candidate_json(e, st, d, t.grad_accum, t.compile, cl.gpu) for e, st, d
                        in zip(answer.estimates, answer.steps, answer.ddp_steps)],

@@ -567,6 +567,12 @@ def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
     What is trained comes from ``job_from`` (the model: a spec, a config.json or
     ``traced``), then the hardware, the calibration and the search options."""
     v = parse(values, naming)
+    if v["parallel.mesh"] == "auto":
+        # a search over whole plans, run by the plan command (planner/mesh.py), which builds
+        # one request per layout with --mesh given
+        raise naming.fail("parallel.mesh", "auto is a search over whole plans, run by "
+                          "fitcheck plan --mesh auto (without --job or --find); here give the "
+                          "degrees (--tp, --pp, --cp)")
     job = job_from(v, naming, allow_files=allow_files, base_dir=base_dir, traced=traced)
     model, training, source = job.model, job.training, job.source
     gpu = resolve_gpu(v["hardware.gpu"], naming, allow_files=allow_files, base_dir=base_dir)

@@ -231,6 +231,13 @@ class Pipeline:
         return self.degree * self.virtual
 
 
+class MeshMode(enum.StrEnum):
+    """``--mesh``: plan the parallel degrees as given, or search them (planner/mesh.py)."""
+
+    GIVEN = "given"  # --tp / --pp / --cp as given (the default)
+    AUTO = "auto"  # every modelled (TP, PP, CP) layout of the GPUs, the fastest that fits
+
+
 class Float8Recipe(enum.StrEnum):
     """torchao float8 training (``torchao.float8.Float8LinearRecipeName``): the linears of the
     blocks swapped for ``Float8Linear`` (torchtitan's float8 converter; the output head kept)."""

@@ -951,14 +951,19 @@ def pipeline_step(model: ModelSpec, training: TrainingSpec, cluster: Cluster,
         stages = pipeline.rank_stages(p, rank)
         first, last = 0 in stages, p.n_stages - 1 in stages
         blocks = sum(layers[s] for s in stages)
+        params = max(params, blocks * block + (embed if first else 0)
+                     + (sum(roots.values()) - embed if last else 0))
+        blocks_max = max(blocks_max, blocks)
+        if blocks == 0 and not last:
+            # the embedding alone (a stage per layer: torchtitan gives the first stage the
+            # embedding's weight of one layer): a lookup, no matmul FLOPs, busy ~ 0; its step
+            # core would divide by a zero step time
+            continue
         core = step_core(dataclasses.replace(solo, n_layers=float(blocks),
                                              p_head=x.p_head if last else 0.0,
                                              ga=float(p.microbatches)))
         if slowest is None or core.compute_s > busy:
             busy, slowest = core.compute_s, core
-        params = max(params, blocks * block + (embed if first else 0)
-                     + (sum(roots.values()) - embed if last else 0))
-        blocks_max = max(blocks_max, blocks)
     units = blocks_max + 1.0
     compute_s = busy * (1.0 + pipeline.bubble_ratio(p))
     bw_dp = x.bw_intra if dp <= gpn else min(x.bw_intra, gpn * x.bw_inter)
