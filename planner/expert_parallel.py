@@ -25,10 +25,11 @@ Source: pytorch/torchtitan (snapshot b5bcd76, Aug 2026):
 Dropless: a rank receives as many rows as the router sends its experts. Balanced routing
 gives every rank t x top_k rows (each of ep ranks sends it t x top_k / ep); ``--ep-imbalance``
 is the worst rank's rows over that (1: balanced, the default; ep: every routed row of the EP
-group lands on one rank). Not traced: torch 2.13's fake process group runs
-``all_to_all_single`` but the dispatcher's output sizes come from the exchanged counts
-(data-dependent, ``.tolist()``), which fake tensors cannot give; the terms below are derived
-by hand from the source and said so in docs/model.md.
+group lands on one rank). The terms below are derived by hand from the source; the referee
+(probes/expert_parallel.py) runs the dispatcher's ops on fake tensors over a fake process
+group with the split sizes given (the count exchange's ``.tolist()`` is data-dependent),
+EP against the local dispatcher, and checks the differences (tests/test_expert_parallel.py).
+The whole training step under EP is not traced.
 """
 
 from __future__ import annotations
@@ -167,22 +168,16 @@ def ep_saved(saved: list[Any], model: ModelSpec, training: TrainingSpec) -> list
 
 
 def dispatch_forward_bytes(model: ModelSpec, training: TrainingSpec, c: int) -> int:
-    """The dispatch's forward peak above what the block saves, in one MoE block: the sorted
-    rows ``x[idx]`` (c N h) alive while the all-to-all fills its output (c R h); then the
-    received rows beside their expert-major copy (saved by the grouped GEMM: counted
+    """The dispatch's forward buffers above what the block saves, in one MoE block: the
+    sorted rows ``x[idx]`` (c N h) alive while the all-to-all fills its output (c R h); then
+    the received rows beside their expert-major copy (saved by the grouped GEMM: counted
     there). In combine the GEMM's output (c R h) beside its unpermuted copy (c R h), then
-    that beside the returned rows (c N h). The largest: c h (N + R) or 2 c h R."""
+    that beside the returned rows (c N h). The largest: c h (N + R) or 2 c h R. (The
+    referee: balanced, these stay below the combine's fp32 score multiply, which the local
+    dispatcher has too; with imbalance the unpermute moment can set the layer's peak, by
+    less than this.)"""
     n_rows, r_rows = rows(training, model)
     return c * model.hidden * max(n_rows + r_rows, 2 * r_rows)
-
-
-def dispatch_backward_bytes(model: ModelSpec, training: TrainingSpec, c: int) -> int:
-    """The all-to-alls' buffers in one MoE block's backward, beside the MLP's own transient:
-    the combine's reverse all-to-all (the returned rows' gradient, c N h, in; c R h out), and
-    the grouped GEMM input's gradient (c R h) scattered back through the expert-major gather
-    (a zero-filled c R h) before the dispatch's reverse all-to-all: at most c h (N + 2 R)."""
-    n_rows, r_rows = rows(training, model)
-    return c * model.hidden * (n_rows + 2 * r_rows)
 
 
 def a2a_bytes(model: ModelSpec, training: TrainingSpec, c: int) -> float:

@@ -14,12 +14,7 @@ from planner.activations import ActivationPlan, plan_activations, regime_for
 from planner.loss_dtype import with_loss_dtype
 from planner.candidates import check_supported, degree_of
 from planner.context_parallel import after_sdpa, ring_backward_bytes, ring_forward_bytes
-from planner.expert_parallel import (
-    dispatch_backward_bytes,
-    dispatch_forward_bytes,
-    ep_expert_padding,
-    ep_saved,
-)
+from planner.expert_parallel import dispatch_forward_bytes, ep_expert_padding, ep_saved
 from planner import float8, vec
 from planner.error_bands import DEFAULT_MARGIN, is_finetune, risk_band
 from planner.memory.breakdown import PHASES, Breakdown, Estimate, Overheads, Phase, pick
@@ -141,9 +136,11 @@ def with_ring(plan: ActivationPlan, model: ModelSpec, training: TrainingSpec,
 def with_dispatch(plan: ActivationPlan, model: ModelSpec, training: TrainingSpec,
                   precision: Precision, autocast: bool) -> ActivationPlan:
     """The plan with expert parallel's token dispatch (planner/expert_parallel.py): the
-    expert-side saved tensors over the rows the rank receives, the permutation indices, and
-    the all-to-all buffers as the block's collective transients (the slots context
-    parallel's ring uses; the two are never together)."""
+    expert-side saved tensors over the rows the rank receives, the permutation indices, the
+    MLP's backward pair over those rows, and the dispatch's forward buffers as the block's
+    forward collective transient (the slot context parallel's ring uses; the two are never
+    together). No backward buffer term: the referee (probes/expert_parallel.py) shows the
+    reverse all-to-alls never raise the backward peak above the local dispatcher's."""
     _, c, _ = regime_for(precision, autocast)
     saved = tuple(ep_saved(list(plan.block_saved), model, training))
     more = sum(s.nbytes for s in saved) - plan.block_bytes
@@ -158,9 +155,8 @@ def with_dispatch(plan: ActivationPlan, model: ModelSpec, training: TrainingSpec
     more_bwd = int((training.ep_imbalance - 1.0) * pair)
     return dataclasses.replace(
         plan, block_saved=saved, block_kept=kept, recompute=recompute,
-        ring_forward=dispatch_forward_bytes(model, training, c),
-        ring_backward=plan.block_backward_transient + more_bwd
-        + dispatch_backward_bytes(model, training, c))
+        block_backward_transient=plan.block_backward_transient + more_bwd,
+        ring_forward=dispatch_forward_bytes(model, training, c))
 
 
 def adapter_input_bytes(training: TrainingSpec, candidate: Candidate) -> int:
