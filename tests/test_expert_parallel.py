@@ -219,6 +219,17 @@ def test_refused_by_name(args, needles):
                    2, *needles)
 
 
+def test_from_trace_refuses_ep():
+    one_line_error(run("--model", "mixtral-8x7b", "--gpu", "h100-80", "--n", "8", "--ep", "2",
+                       "--from-trace"), 2, "--from-trace", "--ep")
+    from probes.trace import UnsupportedConfig, check_supported
+
+    cand = Candidate(strategy=Strategy.FULL_SHARD, offload=Offload.NONE,
+                     checkpointing=Checkpointing.FULL)
+    with pytest.raises(UnsupportedConfig, match="expert parallel degree 2"):
+        check_supported(training(ep=2), cand)
+
+
 def test_assumption_line_says_so():
     out = run("--model", "mixtral-8x7b", "--gpu", "h100-80", "--n", "8", "--ep", "4").stdout
     flat = " ".join(out.split())
