@@ -211,6 +211,11 @@ def ep_inputs(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *,
     x = float(expert_params(model))
     s = n / ep
     less = x * (1.0 - (s - 1.0) / (s * ep) * n / vec.maximum(n - 1.0, 1.0))
-    return {"ep": float(ep), "ep_bytes": per_token * mb * seq,
+    # the routed experts' matmul weights a token multiplies in one MoE layer: top_k experts'
+    # (planner/arch/mlp.py Moe.matmul_weights), the busiest GPU (imbalance - 1) x that more
+    routed = (3 if model.mlp.gated else 2) * model.hidden * model.ffn_hidden \
+        * model.experts_per_token
+    idle = (training.ep_imbalance - 1.0) * routed * model.n_moe_layers
+    return {"ep": float(ep), "ep_bytes": per_token * mb * seq, "ep_idle_mm": idle,
             "ep_layers": float(model.n_moe_layers),
             "ep_inter": vec.where(ep > gpn, 1.0, 0.0), "ep_comm_less": less}

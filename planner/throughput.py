@@ -460,6 +460,9 @@ class StepInputs:
     """MoE layers (each runs the dispatch and combine all-to-alls)."""
     ep_inter: Any = 0.0
     """1 where the EP group spans nodes (ep > GPUs per node)."""
+    ep_idle_mm: Any = 0.0
+    """Routed-expert matmul weights per token, all MoE layers, that the busiest GPU runs
+    beyond the balanced share: (imbalance - 1) x the top-k experts' (its step waits on it)."""
     ep_comm_less: Any = 0.0
     """Parameters FSDP's all-gathers and reduce-scatters no longer move per GPU: each GPU's
     experts are gathered over GPUs / ep ranks, E / ep of them (planner/expert_parallel.py)."""
@@ -544,9 +547,15 @@ def step_core(x: StepInputs) -> StepEstimate:
     # weight-gradient matmuls (and the recomputed forward ones) at the fp8 peak, at the same
     # achieved fraction of it; the casts at HBM bandwidth (a recomputed forward casts again)
     f8 = 2.0 * L * x.f8_p_block * x.f8_discount
-    fwd_s = tokens_micro * (fwd_tok - f8) / rate + 0.5 * x.dequant_s + x.f8_cast_fwd_s
+    # expert parallel's busiest GPU: its experts' surplus rows, forward (2), backward (4)
+    # and a recomputed forward (2 x the matmul fraction) FLOPs per weight; time, not useful
+    # FLOPs (MFU and FLOPs per step stay the balanced ones)
+    ep_fwd = 2.0 * x.ep_idle_mm
+    ep_bwd = (4.0 + 2.0 * rc.matmul) * x.ep_idle_mm
+    fwd_s = tokens_micro * (fwd_tok + ep_fwd - f8) / rate + 0.5 * x.dequant_s + x.f8_cast_fwd_s
     # (a recomputed forward dequantizes again)
-    bwd_s = (tokens_micro * (bwd_tok + recompute_tok - f8 * (1.0 + x.f8_gw + rc.matmul)) / rate
+    bwd_s = (tokens_micro * (bwd_tok + recompute_tok + ep_bwd
+                             - f8 * (1.0 + x.f8_gw + rc.matmul)) / rate
              + 0.5 * x.dequant_s * (1.0 + rc.matmul)
              + x.f8_cast_bwd_s + rc.matmul * x.f8_cast_fwd_s)
     compute_s = ga * (fwd_s + bwd_s)

@@ -186,6 +186,25 @@ def test_all_to_all_bytes_and_fsdp_saving():
     assert got["ep_inter"] == 1.0
 
 
+def test_busiest_gpu_runs_the_surplus_expert_flops():
+    # imbalance 2: the busiest GPU's routed experts run twice the rows. Mixtral, 4096 tokens,
+    # no checkpointing: 2 (fwd) + 4 (bwd) FLOPs x 3 x 4096 x 14336 weights x top 2 x 32
+    # layers = 6 x 11,274,289,152 = 67,645,734,912 FLOPs per token more, at peak x eff
+    from planner.throughput import step_core, step_inputs
+
+    cl = Cluster(gpu=load_gpu("h100-80"), n_gpus=8, gpus_per_node=8,
+                 host_ram_bytes_per_node=2 * 2**40)
+    cand = Candidate(strategy=Strategy.FULL_SHARD, offload=Offload.NONE,
+                     checkpointing=Checkpointing.NONE)
+    x1 = step_inputs(MIXTRAL, training(ep=8), cl, cand)
+    x2 = step_inputs(MIXTRAL, training(ep=8, ep_imbalance=2.0), cl, cand)
+    assert x1.ep_idle_mm == 0 and x2.ep_idle_mm == 11_274_289_152
+    s1, s2 = step_core(x1), step_core(x2)
+    want = 4096 * 67_645_734_912 / (x1.peak * x1.eff)
+    assert s2.compute_s - s1.compute_s == pytest.approx(want, rel=1e-9)
+    assert s2.mfu < s1.mfu  # the same useful FLOPs in a longer step
+
+
 def test_step_time_counts_the_all_to_alls():
     # balanced vs twice the rows: the all-to-all time doubles (bytes x 2), FSDP's the same
     args = ["--model", "mixtral-8x7b", "--gpu", "h100-80", "--n", "8", "--strategy",
