@@ -233,8 +233,9 @@ def plan_cmd(as_json: bool, wide: bool, find: str | None, job_paths: tuple[str, 
             raise UsageError("--from-trace plans the --config it is given, not a --job file")
         untraced = [f.flag for f in FIELDS if f.section in ("finetune", "parallel")
                     and kw.get(f.dest) not in (None, f.default, f.shown_default, False)
-                    and not (f.path in ("parallel.tp", "parallel.pp", "parallel.cp")
-                             and str(kw.get(f.dest)).strip() == "1")]  # degree 1: none
+                    and not (f.path in ("parallel.tp", "parallel.pp", "parallel.cp",
+                                        "parallel.ep", "parallel.ep_imbalance")
+                             and str(kw.get(f.dest)).strip() in ("1", "1.0"))]  # 1: none
         if untraced:
             raise UsageError(f"--from-trace: {', '.join(untraced)} not traced yet; drop "
                              "--from-trace for the analytic plan")

@@ -500,6 +500,15 @@ FIELDS: tuple[Field, ...] = (
           help="How CP's ring moves keys and values (torch's set_rotate_method): allgather "
           "(one all-gather, every rank's keys and values held) or alltoall (one chunk "
           "passed on per step)."),
+    # ---- expert parallel (planner/expert_parallel.py; docs/model.md "Expert parallel")
+    Field(path="parallel.ep", flag="--ep", metavar="N", check=_count(1024), default=1,
+          help="Expert-parallel degree for MoE models: torchtitan's EP (each GPU owns "
+          "experts / N routed experts, tokens sent to them by all-to-all), FSDP2 over every "
+          "GPU for the rest. 1: none."),
+    Field(path="parallel.ep_imbalance", flag="--ep-imbalance", metavar="X",
+          check=lambda raw: validate.number(raw, low=1, high=1024), default=1.0,
+          help="EP (dropless): rows the busiest GPU's experts receive over the balanced "
+          "tokens x top_k (1: balanced routing; N: all of the group's on one GPU)."),
     Field(path="parallel.mesh", flag="--mesh", check=_choice(MeshMode),
           choices=_names(MeshMode), default=MeshMode.GIVEN.value,
           help="given: the --tp/--pp/--cp degrees as given. auto: search every modelled layout "

@@ -5,8 +5,9 @@ A layout is torchtitan's ``ParallelDims`` less what fitcheck does not search: te
 is data parallel (FSDP2's dp_shard, or HSDP's dp_replicate x dp_shard, which the plan of each
 layout already chooses among as strategies). ``layouts`` lists the layouts the model covers
 (docs/model.md "Mesh search"): TP x CP (§8.4, §8.6) and PP alone (§8.7; PP beside TP or CP is
-NOT MODELLED and not listed). Expert parallel is not searched: it is modelled on another branch
-(`--ep`); it joins as one more degree of ``Layout`` and one more loop in ``layouts``.
+NOT MODELLED and not listed). Expert parallel (`--ep`) is not searched: a given --ep is
+kept in every layout (and refuses those EP does not combine with); searching it would be
+one more degree of ``Layout`` and one more loop in ``layouts``.
 
 Each layout is planned by the plan every other path runs: its request is built by
 ``planner.request.build_request`` from the user's values with ``--tp``/``--pp``/``--cp`` set

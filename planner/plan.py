@@ -405,7 +405,8 @@ def first_fit(at: Points, c: Candidate, start: int, below: Any) -> Any:
     against a plan of every count."""
     r = at.request
     # the counts its TP group or hpZ group divides, times a context-parallel group beside it
-    t = count_step(r, c) * r.training.cp
+    # (or an expert-parallel group: never both, planner/expert_parallel.py ep_problem)
+    t = count_step(r, c) * r.training.cp * r.training.ep
     counts = Counts(at.gpus_per_node, t)
     runs = at.each(lambda n, gpn: c.tp <= gpn)  # a TP group lives inside a node
     if c.tp > 1:  # and the model allows it (or not, at any count)
@@ -460,7 +461,13 @@ def first_fit(at: Points, c: Candidate, start: int, below: Any) -> Any:
     while any_true(active):
         n = counts.at(pos)
         inside = pos < within
-        if padded:
+        if padded and r.training.ep > 1:
+            # torchtitan's EP places the experts its own way (dim 0, then dim 1 past E)
+            from planner.expert_parallel import padding_stretch_end
+
+            same = vec.minimum(padding_stretch_end(r.model, r.training.ep, n),
+                               MAX_GPUS_SEARCHED)
+        elif padded:
             q = vec.ceil_div(experts, n)
             same = vec.where(q >= 2, (experts - 1) // vec.maximum(q - 1, 1), MAX_GPUS_SEARCHED)
             if not multi_padded:

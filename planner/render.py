@@ -157,6 +157,7 @@ def answer_json(answer: Answer, found: Found | None = None) -> dict[str, Any]:
                    "microbatches": t.pipeline.microbatches,
                    "virtual_stages": t.pipeline.virtual},
             "cp": t.cp, "cp_rotate": str(t.cp_rotate),
+            "ep": t.ep, "ep_imbalance": t.ep_imbalance,
             "mesh": "given",  # the degrees above as given; `--mesh auto`: the cli says "auto"
         },
         "candidates": [candidate_json(e, st, d, t.grad_accum, t.compile, cl.gpu) for e, st, d
@@ -327,7 +328,7 @@ def assumptions(answer: Answer) -> list[str]:
                 "tried only when nothing fits without it)" if tp is None else
                 f"tensor parallel: {tp}" + (" (with sequence parallel)" if tp > 1 else ""))
                + cp_assumption(t) + ("; pipeline parallel: none" if not t.pipeline.enabled
-                                     else "") + "; expert parallel: not modelled")
+                                     else "") + ep_assumption(t))
     if t.pipeline.enabled:
         out.append(pipeline_line(t))
     return out
@@ -351,6 +352,19 @@ def cp_assumption(t: TrainingSpec) -> str:
         return "; context parallel: none"
     return (f"; context parallel: {t.cp} (torch's ring attention, {t.cp_rotate} rotation "
             "counted on the critical path, assumed not overlapped; FSDP2 over dp_shard x cp)")
+
+
+def ep_assumption(t: TrainingSpec) -> str:
+    """The expert-parallel part of the parallelism assumption line."""
+    if t.ep <= 1:
+        return "; expert parallel: none"
+    return (f"; expert parallel: {t.ep} (torchtitan's all-to-all token dispatch, dropless, "
+            f"the busiest GPU's experts receiving {t.ep_imbalance:g} x the balanced "
+            "tokens x top_k, *assumed*; the all-to-alls counted on the critical path, "
+            "assumed not overlapped; FSDP2 over every GPU for the dense parameters and over "
+            "GPUs / ep for each GPU's experts; derived from torchtitan's source, the dispatch "
+            "checked on fake tensors, the whole step not traced (docs/model.md \"Expert "
+            "parallel\"))")
 
 
 def deepspeed_assumption(t) -> str | None:

@@ -42,6 +42,7 @@ from planner.spec import (
 from planner import pipeline
 from planner.candidates import tp_problem
 from planner.context_parallel import CP_STRATEGIES, cp_problem
+from planner.expert_parallel import EP_STRATEGIES, ep_problem
 from planner.memory.zero import zeropp_problem
 from planner.params import trainable
 from planner.throughput import DEFAULT_ASSUMPTIONS, ThroughputAssumptions
@@ -311,7 +312,8 @@ def training_from(v: Mapping[str, Any]) -> TrainingSpec:
              and not (f.key == "attention" and v[f.path] is None)}  # the model's: job_from
     return TrainingSpec(**given, loss=loss, loss_chunks=chunks, finetune=finetune,
                         deepspeed=deepspeed_from(v), cp=v["parallel.cp"],
-                        cp_rotate=v["parallel.cp_rotate"])
+                        cp_rotate=v["parallel.cp_rotate"], ep=v["parallel.ep"],
+                        ep_imbalance=float(v["parallel.ep_imbalance"]))
 
 
 def cp_options(v: Mapping[str, Any], model: ModelSpec, training: TrainingSpec,
@@ -531,6 +533,28 @@ def pipeline_from(v: Mapping[str, Any], model: ModelSpec, training: TrainingSpec
     return p
 
 
+def ep_options(v: Mapping[str, Any], model: ModelSpec, training: TrainingSpec,
+               cluster: Cluster, options: Options, naming: Naming) -> Options:
+    """The search options under expert parallel, or one error naming the field: EP is
+    modelled as torchtitan runs it, FSDP2 (full_shard or shard_grad_op) over every GPU
+    without offload or TP (tensor parallel over MoE experts is not modelled)."""
+    problem = ep_problem(model, training, cluster.n_gpus)
+    if problem:
+        raise naming.fail("parallel.ep", problem)
+    if (options.tp or 1) > 1:
+        raise naming.fail("parallel.ep", "expert parallel with tensor parallel is not modelled")
+    asked = v["strategy"]
+    other = [str(s) for s in asked or () if s not in EP_STRATEGIES]
+    if other:
+        raise naming.fail("strategy", f"{', '.join(other)} with expert parallel is not "
+                          "modelled (EP runs under FSDP2: "
+                          + ", ".join(str(s) for s in EP_STRATEGIES) + ")")
+    if v["offload"] not in ("auto", Offload.NONE):
+        raise naming.fail("offload", f"{v['offload']} with expert parallel is not modelled")
+    return dataclasses.replace(options, strategies=tuple(asked) if asked else EP_STRATEGIES,
+                               offloads=(Offload.NONE,), tp=1)
+
+
 def pipeline_cluster_problem(p: Pipeline, cluster: Cluster, tp: Any, strategies: Any,
                              offload: Any, global_batch: Any, naming: Naming) -> None:
     """The cluster and the search options under a pipeline: the GPUs split into pp stages of
@@ -616,6 +640,10 @@ def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
         global_batch=v["training.global_batch"], tp=None if tp == "auto" else tp)
     if training.cp > 1:
         options = cp_options(v, model, training, cluster, options, naming)
+    if training.ep > 1:
+        options = ep_options(v, model, training, cluster, options, naming)
+    elif training.ep_imbalance != 1.0:
+        raise naming.fail("parallel.ep_imbalance", "applies to expert parallel only (--ep > 1)")
     warnings = list(job.warnings)
     if model.shape_assumed:
         warnings.append(Notice(f"model shape assumed from {naming.name('model.params')}; give "

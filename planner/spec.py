@@ -718,17 +718,25 @@ class TrainingSpec:
     CP group holds seq / cp tokens; 1: none (planner/context_parallel.py)."""
     cp_rotate: CpRotate = CpRotate.ALLGATHER
     """How the ring moves keys and values (torch's ``set_rotate_method``)."""
+    ep: int = 1
+    """Expert-parallel degree (torchtitan's ``expert_parallel_degree``): each GPU of an EP
+    group owns n_experts / ep routed experts; 1: none (planner/expert_parallel.py)."""
+    ep_imbalance: float = 1.0
+    """EP: the rows the busiest rank's experts receive over the balanced t x top_k (1:
+    balanced routing; dropless)."""
     transformers_version: str | None = None
     """The transformers release the model's own loss comes from ("major.minor"); None: a
     recent one (planner/loss_dtype.py)."""
 
     def __post_init__(self) -> None:
-        for name in ("seq", "micro_batch", "grad_accum", "loss_chunks", "cp"):
+        for name in ("seq", "micro_batch", "grad_accum", "loss_chunks", "cp", "ep"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if self.fsdp_version not in (1, 2):
             raise ValueError(f"fsdp_version must be 1 or 2, got {self.fsdp_version!r}")
+        if not 1.0 <= self.ep_imbalance <= 1024.0:
+            raise ValueError(f"ep_imbalance must be in [1, 1024], got {self.ep_imbalance!r}")
 
     @property
     def tokens_per_micro_batch(self) -> int:

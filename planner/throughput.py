@@ -451,6 +451,21 @@ class StepInputs:
     """Collectives per layer and micro-batch, forward and backward (their latency)."""
     cp_inter: Any = 0.0
     """1 where the CP group spans nodes (cp x tp > GPUs per node)."""
+    # ---- expert parallel (default: none; planner/expert_parallel.py) -----------------------
+    ep: Any = 1.0
+    """Expert-parallel degree."""
+    ep_bytes: Any = 0.0
+    """Bytes one GPU receives in one token all-to-all, per MoE layer and micro-batch."""
+    ep_layers: Any = 0.0
+    """MoE layers (each runs the dispatch and combine all-to-alls)."""
+    ep_inter: Any = 0.0
+    """1 where the EP group spans nodes (ep > GPUs per node)."""
+    ep_idle_mm: Any = 0.0
+    """Routed-expert matmul weights per token, all MoE layers, that the busiest GPU runs
+    beyond the balanced share: (imbalance - 1) x the top-k experts' (its step waits on it)."""
+    ep_comm_less: Any = 0.0
+    """Parameters FSDP's all-gathers and reduce-scatters no longer move per GPU: each GPU's
+    experts are gathered over GPUs / ep ranks, E / ep of them (planner/expert_parallel.py)."""
     # ---- DeepSpeed ZeRO++ (ZeRO-3; defaults: off; ``zeropp_times``) -------------------------
     ag_b: Any = None
     """Bytes per parameter element a ZeRO-3 all-gather moves: qwZ's int8 and its scales;
@@ -532,9 +547,15 @@ def step_core(x: StepInputs) -> StepEstimate:
     # weight-gradient matmuls (and the recomputed forward ones) at the fp8 peak, at the same
     # achieved fraction of it; the casts at HBM bandwidth (a recomputed forward casts again)
     f8 = 2.0 * L * x.f8_p_block * x.f8_discount
-    fwd_s = tokens_micro * (fwd_tok - f8) / rate + 0.5 * x.dequant_s + x.f8_cast_fwd_s
+    # expert parallel's busiest GPU: its experts' surplus rows, forward (2), backward (4)
+    # and a recomputed forward (2 x the matmul fraction) FLOPs per weight; time, not useful
+    # FLOPs (MFU and FLOPs per step stay the balanced ones)
+    ep_fwd = 2.0 * x.ep_idle_mm
+    ep_bwd = (4.0 + 2.0 * rc.matmul) * x.ep_idle_mm
+    fwd_s = tokens_micro * (fwd_tok + ep_fwd - f8) / rate + 0.5 * x.dequant_s + x.f8_cast_fwd_s
     # (a recomputed forward dequantizes again)
-    bwd_s = (tokens_micro * (bwd_tok + recompute_tok - f8 * (1.0 + x.f8_gw + rc.matmul)) / rate
+    bwd_s = (tokens_micro * (bwd_tok + recompute_tok + ep_bwd
+                             - f8 * (1.0 + x.f8_gw + rc.matmul)) / rate
              + 0.5 * x.dequant_s * (1.0 + rc.matmul)
              + x.f8_cast_bwd_s + rc.matmul * x.f8_cast_fwd_s)
     compute_s = ga * (fwd_s + bwd_s)
@@ -555,8 +576,9 @@ def step_core(x: StepInputs) -> StepEstimate:
     k = vec.ceil(n / gpn)  # replicas across nodes (HYBRID_SHARD)
     ring = (m - 1.0) / m
     p_grad = x.p_total if x.p_grad is None else x.p_grad
-    param_buf = x.p_total * x.gather_b / tp
-    grad_buf = vec.maximum(p_grad * x.grad_b / tp, 1.0)
+    # expert parallel: the experts' collectives run over GPUs / ep ranks (ep_comm_less)
+    param_buf = (x.p_total - x.ep_comm_less) * x.gather_b / tp
+    grad_buf = vec.maximum((p_grad - x.ep_comm_less) * x.grad_b / tp, 1.0)
     units = L + 1.0
     # collectives per full-model pass: one per FSDP unit, or one per DDP bucket
     calls_grad = vec.where(cm.per_unit > 0, units,
@@ -605,6 +627,9 @@ def step_core(x: StepInputs) -> StepEstimate:
     cp_s = cp_rotation_s(x, rc.attention)
     comm_s = comm_s + cp_s
     exposed_s = exposed_s + cp_s
+    ep_s = ep_all_to_all_s(x, rc.matmul)
+    comm_s = comm_s + ep_s
+    exposed_s = exposed_s + ep_s
 
     # ---- offload over PCIe + CPU optimizer (not overlapped: an upper bound) ------------------
     p_local = p_grad / vec.where(cm.sharded_opt > 0, m, 1.0)
@@ -640,6 +665,20 @@ def cp_rotation_s(x: StepInputs, attn_recompute: Any) -> Any:
     per_layer = ((1.0 + attn_recompute) * x.cp_fwd_bytes + x.cp_bwd_bytes) / bw \
         + x.cp_calls * lat
     return vec.where(x.cp > 1.0, x.ga * x.n_layers * per_layer, 0.0)
+
+
+def ep_all_to_all_s(x: StepInputs, matmul_recompute: Any) -> Any:
+    """Expert parallel's token all-to-alls per step (planner/expert_parallel.py): in every
+    MoE layer of every micro-batch the dispatch and the combine in forward (each after a
+    small count exchange: its latency), their reverses in backward, and the forward's again
+    where checkpointing recomputes the MLP. torchtitan's dispatch waits for its all-to-all
+    before the grouped GEMM: on the critical path (*assumed* not overlapped). Inside a node
+    at the NVLink rate, else at the NIC's."""
+    bw = vec.where(x.ep_inter > 0, vec.minimum(x.bw_intra, x.bw_inter), x.bw_intra)
+    lat = vec.where(x.ep_inter > 0, x.lat_inter, x.lat_intra)
+    calls = (2.0 + 2.0 + 2.0 * matmul_recompute)
+    per_layer = calls * x.ep_bytes / bw + (calls + 1.0 + matmul_recompute) * lat
+    return vec.where(x.ep > 1.0, x.ga * x.ep_layers * per_layer, 0.0)
 
 
 def ring_link(x: StepInputs, group: Any) -> tuple[Any, Any]:
@@ -853,7 +892,20 @@ def step_inputs_at(model: ModelSpec, training: TrainingSpec, candidate: Candidat
         **finetune_inputs(model, training, rates.hbm),
         **zeropp_inputs(model, training, candidate, n),
         **cp_inputs(model, training, candidate, mb=mb, seq=seq, gpn=gpn,
-                    c=fd.param if fsdp else precision.compute_bytes), **f8)
+                    c=fd.param if fsdp else precision.compute_bytes),
+        **ep_step_inputs(model, training, candidate, mb=mb, seq=seq, gpn=gpn, n=n,
+                         c=fd.param if fsdp else precision.compute_bytes), **f8)
+
+
+def ep_step_inputs(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *,
+                   mb: Any, seq: Any, gpn: Any, n: Any, c: int) -> dict[str, Any]:
+    """StepInputs fields of expert parallel (empty without it): planner/expert_parallel.py
+    ``ep_inputs``."""
+    if training.ep <= 1:
+        return {}
+    from planner.expert_parallel import ep_inputs
+
+    return ep_inputs(model, training, candidate, mb=mb, seq=seq, gpn=gpn, c=c, n=n)
 
 
 def float8_inputs(model: ModelSpec, training: TrainingSpec, candidate: Candidate, rates: Rates,

@@ -319,6 +319,11 @@ def check_supported(training: TrainingSpec, candidate: Candidate) -> None:
         )
     if candidate.checkpointing is Checkpointing.AUTO:
         raise UnsupportedConfig("checkpointing 'auto' must be expanded before tracing")
+    if training.ep > 1:
+        # the step under torchtitan's EP is not traced (probes/expert_parallel.py checks
+        # the dispatch alone): a trace without it would be a different run
+        raise UnsupportedConfig(f"expert parallel degree {training.ep}: not traced; use the "
+                                "analytic model")
     if training.cp > 1 and (candidate.checkpointing is Checkpointing.SELECTIVE
                             or not candidate.strategy.is_fsdp):
         # the op-level SAC policy would see the ring's own ops (probes/context_parallel.py

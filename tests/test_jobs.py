@@ -373,35 +373,46 @@ def test_unknown_paths_are_unmodelled_until_the_registry_has_them(monkeypatch):
     from planner import fields
     from planner.jobs import Vocab
 
-    values = {"parallel.ep": 8, "training.seq": 4096, "training.optimizer": Vocab("adagrad")}
+    values = {"parallel.sp": 8, "training.seq": 4096, "training.optimizer": Vocab("adagrad")}
     kept, lines = split_modelled(values)
     assert kept == {"training.seq": 4096}
-    assert "expert parallel degree 8 (parallel.ep) is not modelled yet" in lines
+    assert "sequence parallel (Ulysses) degree 8 (parallel.sp) is not modelled yet" in lines
     assert "optimizer adagrad (training.optimizer) is not modelled yet" in lines
     # another developer adds the field: the same reader output now passes through
-    monkeypatch.setitem(fields.BY_PATH, "parallel.ep",
-                        fields.Field(path="parallel.ep", flag="--ep", check=int))
+    monkeypatch.setitem(fields.BY_PATH, "parallel.sp",
+                        fields.Field(path="parallel.sp", flag="--sp", check=int))
     kept, lines = split_modelled(values)
-    assert kept["parallel.ep"] == 8 and not any("parallel.ep" in x for x in lines)
+    assert kept["parallel.sp"] == 8 and not any("parallel.sp" in x for x in lines)
 
 
 def test_plan_shows_unmodelled_as_warnings_and_gate_rejects_them(tmp_path):
-    # torchtitan's 70B recipe with expert parallel switched on (not modelled)
+    # torchtitan's 70B recipe with expert tensor parallel switched on (not modelled)
     text = (DATA / "torchtitan_llama3_70b.v0.2.0.toml").read_text()
     assert "[parallelism]\n" in text
-    path = tmp_path / "ep.toml"
-    path.write_text(text.replace("[parallelism]\n", "[parallelism]\nexpert_parallel_degree = 4\n"))
+    path = tmp_path / "etp.toml"
+    path.write_text(text.replace("[parallelism]\n",
+                                 "[parallelism]\nexpert_tensor_parallel_degree = 2\n"))
     r = run("--job", str(path), "--gpu", "h100-80", "--n", "64", "--json")
     assert r.exit_code in (0, 3), r.output
     doc = json.loads(r.stdout)
-    assert any("expert parallel degree 4" in u for u in doc["job"]["unmodelled"])
-    assert any("NOT MODELLED: expert parallel degree 4" in a for a in doc["assumptions"])
+    assert any("expert tensor parallel degree" in u for u in doc["job"]["unmodelled"])
+    assert any("NOT MODELLED: expert tensor parallel degree" in a for a in doc["assumptions"])
     r = run("gate", str(path), "--gpu", "h100-80", "--n", "64")
     assert r.exit_code == 3, r.output
     v = json.loads(r.stdout)
     assert v["verdict"] == "reject" and v["predicted"] is None
-    assert "does not model" in v["reason"] and "expert parallel degree 4" in v["reason"]
-    assert v["unmodelled"] and "[parallelism] expert_parallel_degree" in v["unmodelled"][0]
+    assert "does not model" in v["reason"] and "expert tensor parallel degree" in v["reason"]
+    assert v["unmodelled"] and "expert_tensor_parallel_degree" in v["unmodelled"][0]
+
+
+def test_torchtitan_expert_parallel_on_a_dense_model_is_refused_by_key(tmp_path):
+    # --ep is modelled (planner/expert_parallel.py); on a dense model it is refused, naming
+    # the file's key (bad input data in a job file: exit 4)
+    text = (DATA / "torchtitan_llama3_70b.v0.2.0.toml").read_text()
+    path = tmp_path / "ep.toml"
+    path.write_text(text.replace("[parallelism]\n", "[parallelism]\nexpert_parallel_degree = 4\n"))
+    one_line_error(run("--job", str(path), "--gpu", "h100-80", "--n", "64"), 4,
+                   "[parallelism] expert_parallel_degree", "dense")
 
 
 def test_torchtitan_70b_recipe_with_tp8_is_admitted():

@@ -44,16 +44,16 @@ CASES: dict[str, dict] = {
         values={"training.compile": "blocks"},  # components=["model"]
         unmodelled=["MXFP8LinearConverter"], n=8),
     f"{TT}/deepseek_v3/config_registry.py:deepseek_v3_16b": dict(  # EP 8, loss-only compile
-        values={"training.micro_batch": 4, "training.seq": 4096},
-        unmodelled=["expert parallel degree 8", "torch.compile loss only"],
+        values={"training.micro_batch": 4, "training.seq": 4096, "parallel.ep": 8},
+        unmodelled=["torch.compile loss only"],
         model="deepseek-v2-lite", n=8),
     f"{TT}/qwen3/config_registry.py:qwen3_32b": dict(
         values={"training.micro_batch": 2, "training.seq": 4096, "checkpointing": "full"},
         unmodelled=[], model="qwen2.5-72b", n=16),
     # ---- torchtitan v0.2.0 TOML
     "torchtitan_deepseek_v3_16b.v0.2.0.toml": dict(
-        values={"training.micro_batch": 4, "training.seq": 4096},
-        unmodelled=["expert parallel degree 8", "loss only"], model="deepseek-v2-lite", n=8),
+        values={"training.micro_batch": 4, "training.seq": 4096, "parallel.ep": 8},
+        unmodelled=["loss only"], model="deepseek-v2-lite", n=8),
     "torchtitan_llama3_405b.v0.2.0.toml": dict(
         values={"model.preset": "llama3.1-405b", "training.micro_batch": 2, "parallel.tp": 8,
                 "training.compile": "blocks+loss",  # enable=true, components default

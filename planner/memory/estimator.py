@@ -14,6 +14,7 @@ from planner.activations import ActivationPlan, plan_activations, regime_for
 from planner.loss_dtype import with_loss_dtype
 from planner.candidates import check_supported, degree_of
 from planner.context_parallel import after_sdpa, ring_backward_bytes, ring_forward_bytes
+from planner.expert_parallel import dispatch_forward_bytes, ep_expert_padding, ep_saved
 from planner import float8, vec
 from planner.error_bands import DEFAULT_MARGIN, is_finetune, risk_band
 from planner.memory.breakdown import PHASES, Breakdown, Estimate, Overheads, Phase, pick
@@ -83,6 +84,8 @@ def activation_plan(model: ModelSpec, training: TrainingSpec, candidate: Candida
                             offload=training.activation_offload, cp=training.cp)
     if training.cp > 1:
         plan = with_ring(plan, model, training, candidate, precision, autocast)
+    if training.ep > 1:
+        plan = with_dispatch(plan, model, training, precision, autocast)
     return float8_activations(plan, model, training, candidate)
 
 
@@ -130,6 +133,32 @@ def with_ring(plan: ActivationPlan, model: ModelSpec, training: TrainingSpec,
                                + ring_backward_bytes(**shape) - freed)
 
 
+def with_dispatch(plan: ActivationPlan, model: ModelSpec, training: TrainingSpec,
+                  precision: Precision, autocast: bool) -> ActivationPlan:
+    """The plan with expert parallel's token dispatch (planner/expert_parallel.py): the
+    expert-side saved tensors over the rows the rank receives, the permutation indices, the
+    MLP's backward pair over those rows, and the dispatch's forward buffers as the block's
+    forward collective transient (the slot context parallel's ring uses; the two are never
+    together). No backward buffer term: the referee (probes/expert_parallel.py) shows the
+    reverse all-to-alls never raise the backward peak above the local dispatcher's."""
+    _, c, _ = regime_for(precision, autocast)
+    saved = tuple(ep_saved(list(plan.block_saved), model, training))
+    more = sum(s.nbytes for s in saved) - plan.block_bytes
+    # no checkpointing keeps the whole saved set; full recomputes it in backward
+    # (selective's kept set is left as without EP: the same bytes when balanced)
+    kept = plan.block_kept + more if plan.block_kept == plan.block_bytes else plan.block_kept
+    recompute = plan.recompute + more if plan.recompute else 0
+    # the MLP's backward pair of intermediate gradients (activations.py) over R = imbalance
+    # x the t x top_k rows it counts, in the MoE blocks
+    pair = (2 if model.mlp.gated else 1) * c * training.micro_batch * training.local_seq \
+        * model.experts_per_token * model.ffn_hidden
+    more_bwd = int((training.ep_imbalance - 1.0) * pair)
+    return dataclasses.replace(
+        plan, block_saved=saved, block_kept=kept, recompute=recompute,
+        block_backward_transient=plan.block_backward_transient + more_bwd,
+        ring_forward=dispatch_forward_bytes(model, training, c))
+
+
 def adapter_input_bytes(training: TrainingSpec, candidate: Candidate) -> int:
     """Bytes per element of each LoRA adapter's own input copy, 0 when it reads the base
     layer's input. peft casts an adapter's input to the adapter's dtype
@@ -158,7 +187,8 @@ def working(model: ModelSpec, training: TrainingSpec, candidate: Candidate, degr
                             training.fsdp_version, ft,
                             reduce_bytes=training.fsdp_dtypes.reduce,
                             grads=grad_counts(model, training, candidate.strategy),
-                            float8_saving=float8.gather_saving(model, training, d.compute))
+                            float8_saving=float8.gather_saving(model, training, d.compute),
+                            ep=training.ep)
     if candidate.strategy.is_zero:
         return zero_working(model, counts, candidate, training, d, opt_shard,
                             gpus_per_node=gpus_per_node)
@@ -265,6 +295,9 @@ def step_for(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, 
     # FSDP2 pads a block's sharded expert gradients as it pads their parameters
     pad = expert_padding(tuple((n, s, 1) for n, s in block_tensors(model)), degree) \
         if fsdp2 and model.is_moe and not training.finetune.lora else 0
+    if training.ep > 1:  # torchtitan's EP places the experts its own way (expert_parallel.py)
+        pad = ep_expert_padding(tuple((n, s, 1) for n, s in block_tensors(model)),
+                                training.ep, degree)
     whole_graph = training.compile is CompileMode.MODEL and strategy is Strategy.DDP
     table_grad = model.vocab * model.hidden // tp * td.grad if embed_trains else 0
     return Step(

@@ -235,6 +235,10 @@ def resident(model: ModelSpec, training: TrainingSpec, counts: ParamCounts,
     local_opt = ceil_div(T.train, sh.optimizer)
     if model.is_moe and candidate.strategy.is_fsdp and training.fsdp_version == 2:
         pad = expert_padding(T.groups, sh.params)  # params, grads and state alike
+        if training.ep > 1:  # torchtitan's EP places the experts its own way
+            from planner.expert_parallel import ep_expert_padding
+
+            pad = ep_expert_padding(T.groups, training.ep, sh.params)
         params, grads, local_opt = (params + pad * train_param_b, grads + pad * grad_b,
                                     local_opt + pad)
         pad_state = optimizer_state_bytes(model, training.optimizer, state_b, 1,

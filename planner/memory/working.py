@@ -183,7 +183,7 @@ def autocast_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate
 def fsdp_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate,
                  precision: Precision, d: Dtypes, degree: Any, version: int = 2,
                  ft: FineTune = FineTune(), reduce_bytes: int | None = None,
-                 grads: Any = None, float8_saving: int = 0) -> Working:
+                 grads: Any = None, float8_saving: int = 0, ep: int = 1) -> Working:
     """FSDP2 (``torch/distributed/fsdp/_fully_shard``): each unit is all-gathered to
     ``param_dtype`` before use; the root is not resharded after forward (``_fsdp_state.py``:
     ``post_forward_mesh_info = None`` for the root); in post-backward the unsharded grads are
@@ -202,7 +202,9 @@ def fsdp_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate,
     block (torchtitan applies TP, then ``fully_shard`` over the data-parallel mesh).
     ``grads``: the elements with gradients (``states.grad_counts``; default: the trainable
     ones). ``float8_saving``: bytes a unit's all-gather output is smaller by when float8
-    weights are gathered in float8 (planner.float8.gather_saving)."""
+    weights are gathered in float8 (planner.float8.gather_saving). ``ep``: expert parallel,
+    a block's unit holds its rank's n_experts / ep routed experts only
+    (planner/expert_parallel.py ``gathered_experts``)."""
     c, tp = d.compute, candidate.tp
     T = trainable(model, ft)
     G = grads or T
@@ -214,6 +216,12 @@ def fsdp_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate,
 
         gather_pad = expert_padding(tuple((n, s, 1) for n, s in block_tensors(model)),
                                     degree) * degree
+        if ep > 1:
+            # the local experts' padded shards from the efsdp ranks replace all E experts
+            from planner.expert_parallel import gathered_experts
+
+            whole, gathered = gathered_experts(list(block_tensors(model)), ep, degree)
+            gather_pad = gathered - whole
     else:
         gather_pad = 0
     Pb = Pb + gather_pad
@@ -222,7 +230,7 @@ def fsdp_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate,
     unit = ceil_div((Pb - T.quant_per_block) * c + packed - float8_saving, tp)
     # the reduce-scatter input is padded alike (experts train unless under LoRA)
     Tb = ceil_div(G.train_per_block + (0 if ft.lora else gather_pad), tp)
-    Tb_real = ceil_div(G.train_per_block, tp)
+    Tb_real = ceil_div(G.train_per_block - (whole - whole // ep if ep > 1 else 0), tp)
     Tr = ceil_div(G.train_root, tp)
     root = ceil_div(Pr * c, tp)
     L = model.n_layers
@@ -254,7 +262,8 @@ def fsdp_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate,
     grads_unit = (Tb_real if fsdp2 else Tb) * c
     layout = 0
     if model.is_moe and fsdp2 and not ft.lora:
-        layout = max(numel(s) for n, s in block_tensors(model) if n.startswith("mlp.w_")) * c
+        layout = max(numel(s) for n, s in block_tensors(model)
+                     if n.startswith("mlp.w_")) * c // ep
     if version == 1 and candidate.strategy is Strategy.NO_SHARD \
             and (d.param == c or ft.lora):
         # FSDP1 NO_SHARD without a param-dtype cast computes on the flat parameter itself

@@ -234,6 +234,22 @@ def refuse_cp(values: Mapping[str, Any]) -> None:
                          "the report's sweep; plan it with fitcheck --cp")
 
 
+def refuse_ep(values: Mapping[str, Any]) -> None:
+    """The sweep's grid of GPU counts does not keep an expert-parallel group dividing the
+    GPUs and the experts: a degree above 1 is refused by name (plan it with fitcheck --ep)."""
+    for path, unset in (("parallel.ep", 1), ("parallel.ep_imbalance", 1.0)):
+        raw = values.get(path)
+        if raw is None:
+            continue
+        try:
+            value = BY_PATH[path].check(raw)
+        except ValueError as exc:
+            raise NAMING.fail(path, str(exc)) from None
+        if value != unset:
+            raise UsageError(f"{NAMING.name(path)}: expert parallel is not represented in the "
+                             "report's sweep; plan it with fitcheck --ep")
+
+
 def plan_offload(offload: str) -> tuple[str, tuple[Offload, ...] | None]:
     """The report's --offload -> the plan's --offload value, and the options' offload modes
     for 'all' (None: as the plan's value says)."""
@@ -262,6 +278,7 @@ def build_request(*, models: str | Iterable[str], gpus: str | Iterable[str],
 
     values = field_values(training, fields)
     refuse_cp(values)
+    refuse_ep(values)
     if values.get("parallel.pp") not in (None, 1, "1"):
         # the sweep evaluates numpy arrays of configurations through the moments of
         # planner/memory/moments.py; a pipeline's ranks (planner/memory/pipeline.py) are not

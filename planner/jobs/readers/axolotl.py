@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from planner.jobs.readers import trainer
-from planner.jobs.readers.common import ALL_LINEAR, MISSING, Reader, unread_cp
+from planner.jobs.readers.common import ALL_LINEAR, MISSING, Reader, unread_cp, unread_ep
 from planner.jobs.record import Unmodelled, Vocab
 
 TABLE = "axolotl"
@@ -258,8 +258,11 @@ def parallel(r: Reader, doc: dict, distributed: bool) -> None:
     for d, path, key in ((tp, "parallel.tp", "tensor_parallel_size"), (cp, "parallel.cp", cp_key),
                          (ep, "parallel.ep", "expert_parallel_size")):
         if d and d > 1:
-            r.set(path, d if path != "parallel.cp" else unread_cp(
-                r, d, key, "axolotl's runs ring-flash-attn"), key)
+            value = d if path == "parallel.tp" else unread_cp(
+                r, d, key, "axolotl's runs ring-flash-attn") if path == "parallel.cp" \
+                else unread_ep(r, d, key, "axolotl's runs its own expert-parallel backends "
+                               "(expert_parallel_backend)")
+            r.set(path, value, key)
     if shard:
         n = (rep or 1) * shard * (tp or 1) * (cp or 1)
         r.set("hardware.n", n, "dp_replicate_size x dp_shard_size x tensor_parallel_size x "

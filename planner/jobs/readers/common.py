@@ -419,3 +419,10 @@ def unread_cp(r: Reader, degree: int, key: str, how: str) -> Unmodelled:
     return Unmodelled(degree, f"context parallel degree {degree} ({r.name} {key}) is not "
                       f"modelled: fitcheck --cp models torch's context_parallel as torchtitan "
                       f"wires it; {how}")
+
+
+def unread_ep(r: Reader, degree: int, key: str, how: str) -> Unmodelled:
+    """An expert-parallel degree the planner does not take: fitcheck --ep models torchtitan's
+    EP (planner/expert_parallel.py), and ``how`` says why this framework's is not that."""
+    return Unmodelled(degree, f"expert parallel degree {degree} ({r.name} {key}) is not "
+                      f"modelled: fitcheck --ep models torchtitan's expert parallel; {how}")

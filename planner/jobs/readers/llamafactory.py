@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from planner.jobs.readers import trainer
-from planner.jobs.readers.common import MISSING, Reader, show, unread_cp
+from planner.jobs.readers.common import MISSING, Reader, show, unread_cp, unread_ep
 from planner.jobs.record import JobFormat, Unmodelled, Vocab
 
 TABLE = "llamafactory"
@@ -198,7 +198,9 @@ def read_v1(r: Reader, doc: dict) -> None:
         r.set("offload", "params_and_optimizer" if off else "none", "dist_config.offload_params")
         ep = r.count(dist.get("ep_size", 1), "dist_config.ep_size") or 1
         if ep > 1:
-            r.set("parallel.ep", ep, "dist_config.ep_size")
+            r.set("parallel.ep", unread_ep(r, ep, "dist_config.ep_size",
+                                           "LLaMA-Factory's runs under its fsdpturbo engine"),
+                  "dist_config.ep_size")
     elif name == "deepspeed":
         ref = r.reference(dist.get("config_file"), "dist_config.config_file",
                           JobFormat.DEEPSPEED)

@@ -1,0 +1,221 @@
+"""Expert parallel for MoE: torchtitan's EP, FSDP2 over the rest (docs/model.md "Expert
+parallel").
+
+Source: pytorch/torchtitan (snapshot b5bcd76, Aug 2026):
+
+- ``torchtitan/distributed/parallel_dims.py``: EP borrows its ranks from the dense
+  data-parallel region (``dp_shard * cp * tp`` must be a multiple of ``ep``); the routed
+  experts live on a sparse mesh ``(dp_replicate, efsdp, ep)`` with
+  ``efsdp = dp_shard * cp * tp / ep``, ep innermost (consecutive ranks).
+- ``torchtitan/models/common/moe_sharding.py``: the routed expert weights ``(E, ., .)`` are
+  ``Shard(0)`` on ep (each rank owns E / ep whole experts), not TP-sharded; the router and
+  the shared experts are dense parameters (FSDP over every rank, as without EP).
+- ``torchtitan/distributed/fsdp.py``: the routed experts are their own FSDP2 unit on the
+  efsdp mesh, ``Shard(0)`` there too unless ``efsdp * ep > num_experts``, when they are
+  ``Shard(1)`` (to avoid padding).
+- ``torchtitan/models/common/token_dispatcher.py`` ``AllToAllTokenDispatcher``: each rank
+  sorts its t x top_k routed rows by expert (``x[idx]``), exchanges the per-expert counts
+  (a small all-to-all), sends each rank the rows of that rank's experts
+  (``all_to_all_single``, autograd), re-orders the received rows expert-major
+  (``routed[permuted_indices]``) for the grouped GEMM; ``combine`` undoes it
+  (``new_empty`` + index assignment, the reverse all-to-all, the score multiply in fp32,
+  ``scatter_add``). The all-to-alls and the index gathers save no activations but the int64
+  ``permuted_indices`` (R of them, R = the rows the rank receives).
+
+Dropless: a rank receives as many rows as the router sends its experts. Balanced routing
+gives every rank t x top_k rows (each of ep ranks sends it t x top_k / ep); ``--ep-imbalance``
+is the worst rank's rows over that (1: balanced, the default; ep: every routed row of the EP
+group lands on one rank). The terms below are derived by hand from the source; the referee
+(probes/expert_parallel.py) runs the dispatcher's ops on fake tensors over a fake process
+group with the split sizes given (the count exchange's ``.tolist()`` is data-dependent),
+EP against the local dispatcher, and checks the differences (tests/test_expert_parallel.py).
+The whole training step under EP is not traced.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from planner.spec import Candidate, CompileMode, ModelSpec, Strategy, TrainingSpec
+from planner import vec
+from planner.vec import ceil_div
+
+EP_STRATEGIES = (Strategy.FULL_SHARD, Strategy.SHARD_GRAD_OP)
+"""What EP composes with here: FSDP2 over every rank (torchtitan's dp_shard)."""
+
+INDEX = 8
+"""Bytes of one int64 index (``permuted_indices``)."""
+
+
+def ep_problem(model: ModelSpec, training: TrainingSpec, n_gpus: int) -> str | None:
+    """Why expert parallel of degree ``training.ep`` cannot be modelled here, or None."""
+    ep = training.ep
+    if ep <= 1:
+        return None
+    if not model.is_moe:
+        return "expert parallel needs an MoE model (this one is dense)"
+    if model.n_experts % ep:
+        return f"EP {ep} does not divide the {model.n_experts} experts"
+    if n_gpus % ep:
+        return f"EP {ep} does not divide the {n_gpus} GPUs"
+    if training.pipeline.enabled:
+        return "expert parallel with pipeline parallel is not modelled"
+    if training.cp > 1:
+        return "expert parallel with context parallel is not modelled"
+    if training.fsdp_version != 2:
+        return "expert parallel is modelled with FSDP2 (torchtitan), not FSDP1"
+    if not training.finetune.full:
+        return "expert parallel with a fine-tune (LoRA, frozen parameters) is not modelled"
+    if training.activation_offload:
+        return "expert parallel with activation offloading is not modelled"
+    if training.compile is not CompileMode.NONE:
+        return "expert parallel with --compile is not modelled"
+    if training.ep_imbalance > ep:
+        return (f"an imbalance of {training.ep_imbalance:g} is more than EP {ep} (every "
+                "routed row of the group on one rank)")
+    return None
+
+
+def _held(shape: tuple[int, ...], ep: int, n: Any) -> Any:
+    """Elements of one stacked expert weight ``shape`` = (E, d1, d2) one rank holds under
+    torchtitan's EP: E / ep experts, FSDP2-sharded over efsdp = n / ep ranks on dim 0 (each
+    rank ceil(local / efsdp) experts' rows) or, where efsdp x ep > E, on dim 1 (each rank
+    the local experts' ceil(d1 / efsdp) rows) (torchtitan/distributed/fsdp.py)."""
+    e, d1, d2 = shape
+    local, efsdp = e // ep, n // ep
+    if n > e:
+        return local * ceil_div(d1, efsdp) * d2
+    return ceil_div(local, efsdp) * d1 * d2
+
+
+def ep_expert_padding(groups: Any, ep: int, n: Any) -> Any:
+    """Elements one rank holds beyond an even split of the stacked expert weights, under EP
+    (as ``states.expert_padding`` without it): ``_held`` minus ceil(E d1 d2 / n)."""
+    extra = 0
+    for name, shape, k in groups:
+        if name.startswith("mlp.w_") and len(shape) == 3:
+            extra = extra + k * (_held(shape, ep, n) - ceil_div(shape[0] * shape[1] * shape[2],
+                                                                n))
+    return extra
+
+
+def padding_stretch_end(model: ModelSpec, ep: int, n: Any) -> Any:
+    """The last GPU count from ``n`` on at which each rank's padded expert shard keeps its
+    shape (``_held``), for the fewest-GPUs search (planner/plan.py ``first_fit``): within
+    such a stretch the sharded states fall as 1 / n and the gathered padding rises with the
+    efsdp ranks, so memory is convex there. Up to E GPUs (dim 0): q = ceil(E / n) rows, the
+    same up to (E - 1) // (q - 1), and never past E (where the placement turns to dim 1);
+    past E (dim 1 over s = n / ep ranks): for each expert dimension d, q = ceil(d / s) the same
+    up to s = (d - 1) // (q - 1), the nearest of those."""
+    e = model.n_experts
+    far = 1 << 30
+    q = ceil_div(e, n)
+    upto_e = vec.where(q >= 2, (e - 1) // vec.maximum(q - 1, 1), e)
+    s = vec.maximum(n // ep, 1)
+    past_e: Any = far
+    for d in {shape[1] for name, shape in _expert_shapes(model)}:
+        qd = ceil_div(d, s)
+        past_e = vec.minimum(past_e, vec.where(qd >= 2, (d - 1) // vec.maximum(qd - 1, 1) * ep,
+                                               far))
+    return vec.where(n <= e, upto_e, past_e)
+
+
+def _expert_shapes(model: ModelSpec) -> list[tuple[str, tuple[int, ...]]]:
+    from planner.params import block_tensors
+
+    return [(name, shape) for name, shape in block_tensors(model)
+            if name.startswith("mlp.w_") and len(shape) == 3]
+
+
+def gathered_experts(block: Any, ep: int, n: Any) -> tuple[Any, Any]:
+    """(elements, padding) FSDP2 all-gathers of one block's stacked experts under EP: the
+    local E / ep experts from efsdp = n / ep ranks, each rank's padded shard (``_held``);
+    ``block``: the block's (name, shape) tensors."""
+    experts = [(name, shape) for name, shape in block
+               if name.startswith("mlp.w_") and len(shape) == 3]
+    whole = sum(s[0] * s[1] * s[2] for _, s in experts)
+    gathered = sum(_held(s, ep, n) for _, s in experts) * (n // ep)
+    return whole, gathered
+
+
+def rows(training: TrainingSpec, model: ModelSpec) -> tuple[int, int]:
+    """(N, R): the routed rows a rank sends (t x top_k) and the rows it receives for its
+    experts, R = imbalance x N (balanced: N)."""
+    n_rows = training.micro_batch * training.local_seq * model.experts_per_token
+    return n_rows, int(training.ep_imbalance * n_rows)
+
+
+EXPERT_SIDE = ("moe.dispatched", "mlp.gate_out", "mlp.act_out", "mlp.up_out",
+               "mlp.down.input", "mlp.gelu.")
+"""Saved tensors over the rows a rank's experts run on (planner/arch/mlp.py ``Moe.saved``:
+the grouped GEMM's input and the routed experts' intermediates, prefix ``mlp.``; the shared
+experts' are ``mlp.shared.``, the dense blocks' ``mlp.dense.``)."""
+
+
+def ep_saved(saved: list[Any], model: ModelSpec, training: TrainingSpec) -> list[Any]:
+    """One block's saved set under EP: the expert-side tensors over the R rows the rank
+    receives (imbalance x the rows it routes; the same bytes when balanced), and the int64
+    ``permuted_indices`` (R) the expert-major gather and the combine's index assignment save
+    (one tensor, weighted by the MoE blocks' share as the rest of ``Moe.saved``)."""
+    from planner.arch.base import Saved
+
+    k = training.ep_imbalance
+    out = [Saved(s.name, int(s.nbytes * k)) if s.name.startswith(EXPERT_SIDE) else s
+           for s in saved]
+    n_rows, r_rows = rows(training, model)
+    moe_share = model.n_moe_layers / model.n_layers
+    return out + [Saved("moe.ep.permuted_indices", int(INDEX * r_rows * moe_share))]
+
+
+def dispatch_forward_bytes(model: ModelSpec, training: TrainingSpec, c: int) -> int:
+    """The dispatch's forward buffers above what the block saves, in one MoE block: the
+    sorted rows ``x[idx]`` (c N h) alive while the all-to-all fills its output (c R h); then
+    the received rows beside their expert-major copy (saved by the grouped GEMM: counted
+    there). In combine the GEMM's output (c R h) beside its unpermuted copy (c R h), then
+    that beside the returned rows (c N h). The largest: c h (N + R) or 2 c h R. (The
+    referee: balanced, these stay below the combine's fp32 score multiply, which the local
+    dispatcher has too; with imbalance the unpermute moment can set the layer's peak, by
+    less than this.)"""
+    n_rows, r_rows = rows(training, model)
+    return c * model.hidden * max(n_rows + r_rows, 2 * r_rows)
+
+
+def a2a_bytes(model: ModelSpec, training: TrainingSpec, c: int) -> float:
+    """Bytes one GPU receives per MoE layer and micro-batch in one token all-to-all: the R
+    rows for its experts, of which the (ep - 1) / ep from other ranks cross the wire."""
+    ep = training.ep
+    _, r_rows = rows(training, model)
+    return c * model.hidden * r_rows * (ep - 1) / ep
+
+
+def expert_params(model: ModelSpec) -> int:
+    """The routed experts' parameters, every MoE block (the stacked ``mlp.w_*``)."""
+    from planner.params import numel, tensor_groups
+
+    return sum(k * numel(s) for name, s, k in tensor_groups(model)
+               if name.startswith("mlp.w_") and len(s) == 3)
+
+
+def ep_inputs(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *,
+              mb: Any, seq: Any, gpn: Any, c: int, n: Any) -> dict[str, Any]:
+    """StepInputs fields of expert parallel (empty without it): one token all-to-all's bytes
+    per MoE layer (scaled to the sweep's micro-batch and sequence), the MoE layers, whether
+    the EP group spans nodes (ep innermost in torchtitan's sparse mesh), and the expert
+    parameters FSDP's collectives no longer move: a ring over m = n ranks moves (m - 1) / m
+    of what it gathers, over s = n / ep ranks of E / ep experts (s - 1) / s of X / ep, so
+    X (1 - (s - 1) / (s ep) x m / (m - 1)) parameters fewer, in the ring's units."""
+    ep = training.ep
+    if ep <= 1:
+        return {}
+    per_token = a2a_bytes(model, training, c) / (training.micro_batch * training.local_seq)
+    x = float(expert_params(model))
+    s = n / ep
+    less = x * (1.0 - (s - 1.0) / (s * ep) * n / vec.maximum(n - 1.0, 1.0))
+    # the routed experts' matmul weights a token multiplies in one MoE layer: top_k experts'
+    # (planner/arch/mlp.py Moe.matmul_weights), the busiest GPU (imbalance - 1) x that more
+    routed = (3 if model.mlp.gated else 2) * model.hidden * model.ffn_hidden \
+        * model.experts_per_token
+    idle = (training.ep_imbalance - 1.0) * routed * model.n_moe_layers
+    return {"ep": float(ep), "ep_bytes": per_token * mb * seq, "ep_idle_mm": idle,
+            "ep_layers": float(model.n_moe_layers),
+            "ep_inter": vec.where(ep > gpn, 1.0, 0.0), "ep_comm_less": less}

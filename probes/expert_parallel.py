@@ -1,0 +1,116 @@
+"""The referee for expert parallel's token dispatch: torchtitan's dispatch and combine, op for
+op, on fake tensors over a fake process group.
+
+torchtitan (snapshot b5bcd76) ``torchtitan/models/common/token_dispatcher.py``:
+``LocalTokenDispatcher`` (no EP) sorts the t x top_k routed rows by expert
+(``argsort``, ``x[idx]``), runs the experts, and combines (the score multiply in fp32,
+``scatter_add``); ``AllToAllTokenDispatcher`` (EP) adds the all-to-all of the sorted rows
+(``all_to_all_single_autograd``), the expert-major gather (``routed[permuted_indices]``)
+and, in combine, the inverse (``new_empty`` + index assignment) and the reverse all-to-all.
+This probe runs both paths with the same ops on fake CPU tensors, this process EP rank 0 of
+a fake process group, and records the bytes alive: the forward's peak, what the forward
+leaves (autograd's saved tensors and the output) and the backward's peak.
+
+What is emulated: the experts are one SwiGLU over all the rows a rank receives (the grouped
+GEMM saves its inputs as a matmul does; the per-expert split does not change the bytes), the
+split sizes are given (the count exchange's ``.tolist()`` is data-dependent: balanced, each
+rank sends every rank N / ep rows and receives R / ep from each, R = imbalance x N), and the
+permutation indices are an ``arange`` (torchtitan builds them with a few int64 temporaries
+of R elements: ``repeat_interleave``, ``cumsum``; not counted). The router is outside (its
+scores are an input that requires grad, as the router's output does).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from probes.context_parallel import LiveBytes
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def _group(ep: int) -> Any:
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=ep)
+    return dist.group.WORLD
+
+
+def dispatch_bytes(*, ep: int, tokens: int, top_k: int, hidden: int, ffn: int,
+                   imbalance: float = 1.0, dtype: str = "bf16") -> dict[str, int]:
+    """One MoE layer's routed path on EP rank 0 (``ep`` 1: the local dispatcher), forward
+    and backward: ``fwd_peak`` the most alive above the inputs, ``left`` what the forward
+    leaves, ``bwd_peak`` the most alive during backward above what it starts from."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._functional_collectives import all_to_all_single_autograd
+
+    c = DTYPES[dtype]
+    n_rows = tokens * top_k
+    r_rows = int(imbalance * n_rows) if ep > 1 else n_rows
+    if n_rows % ep or r_rows % ep:
+        raise ValueError("the routed and received rows must split evenly over the EP ranks")
+    group = _group(ep) if ep > 1 else None
+    try:
+        with FakeTensorMode():
+            x = torch.empty(tokens, hidden, dtype=c, requires_grad=True)
+            ids = torch.empty(tokens, top_k, dtype=torch.int64)
+            scores = torch.empty(tokens, top_k, dtype=torch.float32, requires_grad=True)
+            w1, w3 = (torch.empty(hidden, ffn, dtype=c, requires_grad=True) for _ in range(2))
+            w2 = torch.empty(ffn, hidden, dtype=c, requires_grad=True)
+            meter = LiveBytes()
+            meter.hold(x, ids, scores, w1, w2, w3)
+            base = meter.live
+            with meter:
+                y = _routed(x, ids, scores, (w1, w2, w3), ep, n_rows, r_rows, group,
+                            all_to_all_single_autograd)
+                fwd_peak, left = meter.peak - base, meter.live - base
+                grad = torch.empty_like(y)
+                meter.reset()
+                start = meter.live
+                y.backward(grad)
+                bwd_peak = meter.peak - start
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return {"fwd_peak": fwd_peak, "left": left, "bwd_peak": bwd_peak}
+
+
+def _routed(x: Any, ids: Any, scores: Any, weights: tuple, ep: int, n_rows: int,
+            r_rows: int, group: Any, a2a: Any) -> Any:
+    """torchtitan's dispatch, experts and combine (the local path when ``ep`` is 1); every
+    intermediate is dropped as soon as the source drops it."""
+    w1, w2, w3 = weights
+    k, h = ids.shape[1], x.shape[1]
+    idx = torch.argsort(ids.view(-1), stable=True)
+    s_sorted = scores.view(-1)[idx]
+    tok = idx // k
+    del idx
+    rows = x[tok]
+    if ep > 1:
+        rows = a2a(rows, [r_rows // ep] * ep, [n_rows // ep] * ep, group)
+        perm = torch.arange(r_rows)
+        rows = rows[perm]
+    out = torch.nn.functional.silu(rows @ w1) * (rows @ w3)
+    out = out @ w2
+    del rows
+    if ep > 1:
+        back = out.new_empty(out.shape)
+        back[perm] = out
+        del out, perm
+        out = a2a(back, [n_rows // ep] * ep, [r_rows // ep] * ep, group)
+        del back
+    out = (out.to(torch.float32) * s_sorted.reshape(-1, 1)).to(x.dtype)
+    y = torch.zeros_like(x).scatter_add(0, tok.reshape(-1, 1).expand(-1, h), out)
+    return y
+
+
+if __name__ == "__main__":
+    cases = json.loads(sys.argv[1])
+    print(json.dumps([dispatch_bytes(**case) for case in cases]))
