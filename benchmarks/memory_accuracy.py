@@ -47,7 +47,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.rowspec import request_for, update_bands  # noqa: E402
+from benchmarks.rowspec import RowError, request_for, update_bands  # noqa: E402
 from planner.error_bands import (  # noqa: E402
     AT_RISK,
     DATA_PATH,
@@ -269,6 +269,42 @@ HELD_OUT = "held out: "
 out of the fitted bands (the reason follows)."""
 
 
+REFUSED = "refused: "
+"""An ``unmodelled`` entry starting so: the planner refuses the row's configuration by name (NOT
+MODELLED, e.g. pipeline parallel with tensor parallel), so there is no prediction to score. The
+row is listed with its measurement and the planner's refusal; the benchmark stops if such a row
+is planned after all (then its feature is modelled: drop the prefix and score it)."""
+
+
+def refused_rows(rows: list[dict[str, str]]) -> tuple[list[dict[str, str]], list[dict]]:
+    """(the rows to score, [{row, reason}] of the rows marked REFUSED). A marked row the planner
+    plans, or refuses for anything but NOT MODELLED, stops the benchmark (RowError names the
+    row); an unmarked row it refuses stops evaluate()."""
+    keep: list[dict[str, str]] = []
+    out: list[dict] = []
+    for row in rows:
+        if not (row.get("unmodelled") or "").strip().startswith(REFUSED):
+            keep.append(row)
+            continue
+        try:
+            predict_request(row)
+        except RowError as exc:
+            if "NOT MODELLED" not in str(exc):
+                raise  # a bad input, not a feature the planner names as not modelled
+            out.append({"row": row, "reason": str(exc).split(": ", 1)[-1]})
+            continue
+        raise RowError(f"{row['id']}: marked '{REFUSED.strip()}' but the planner plans it: "
+                       "its feature is modelled now, score the row (drop the prefix)")
+    return keep, out
+
+
+def refused_lines(refused: list[dict]) -> list[str]:
+    """One line per refused row: id, what it measured, the planner's refusal."""
+    return [f"{r['row']['id']} ({r['row']['metric']} {r['row']['source_unit']}; "
+            f"{r['row']['unmodelled'][len(REFUSED):]}; the planner: {r['reason']})"
+            for r in refused]
+
+
 def modelled(results: list[dict]) -> list[dict]:
     """The rows whose every input fitcheck models: the bands and the margin are fitted on these.
     A row whose run used something fitcheck does not model (the CSV's ``unmodelled`` column
@@ -342,9 +378,10 @@ def binomial_range(n: int, p: float, mass: float = 0.95) -> tuple[int, int]:
     return lo, hi
 
 
-def acceptance_lines(results: list[dict], fitted: dict[str, dict], margin: float) -> list[str]:
+def acceptance_lines(results: list[dict], fitted: dict[str, dict], margin: float,
+                     n_refused: int = 0) -> list[str]:
     """The risk's acceptance, as Markdown (the section of docs/accuracy.md and of
-    memory_accuracy.md)."""
+    memory_accuracy.md); ``n_refused``: the rows the planner refuses (not in ``results``)."""
     held = acceptance([r for r in results if r.get("half") == "check"])
     fit_half = acceptance([r for r in results if r.get("half") == "fit"])
     never = acceptance([r for r in results if r.get("half") and r["err"] is None])
@@ -356,7 +393,9 @@ def acceptance_lines(results: list[dict], fitted: dict[str, dict], margin: float
     lines = [
         f"Made by `python benchmarks/memory_accuracy.py` from benchmarks/memory_measurements.csv "
         f"({len(modelled(results))} modelled rows; the {len(results) - len(modelled(results))} "
-        "rows using what fitcheck does not model are left out). Do not edit by hand.",
+        "rows using what fitcheck does not model"
+        + (f" and the {n_refused} it refuses by name" if n_refused else "")
+        + " are left out). Do not edit by hand.",
         "",
         f"Split: {SPLIT_RULE}. Fitted on {sum(1 for r in results if r.get('half') == 'fit')} "
         f"rows ({sum(1 for r in results if r.get('half') == 'fit' and r['err'] is not None)} "
@@ -420,8 +459,10 @@ def acceptance_lines(results: list[dict], fitted: dict[str, dict], margin: float
 
 
 def report(results: list[dict], csv_path: str, fitted: dict[str, dict],
-           margin: float) -> tuple[str, str]:
-    """(plain text, markdown). ``margin``: the single margin the risk replaced (compared)."""
+           margin: float, refused: list[dict] | None = None) -> tuple[str, str]:
+    """(plain text, markdown). ``margin``: the single margin the risk replaced (compared);
+    ``refused``: the rows the planner refuses (refused_rows), listed, not scored."""
+    refused = refused or []
     txt: list[str] = []
     md: list[str] = []
     head = (f"{'id':44} {'metric':13} {'meas GiB':>9} {'pred GiB':>9} {'err':>8} "
@@ -500,6 +541,9 @@ def report(results: list[dict], csv_path: str, fitted: dict[str, dict],
                    "the bands or the risk): " + ("; ".join(
                        f"{r['row']['id']} {'-' if r['err'] is None else format(r['err'], '+.1%')} "
                        f"({r['unmodelled']})" for r in left) or "none"))
+    summary.append("rows the planner refuses by name (NOT MODELLED; listed with their "
+                   "measurement, no prediction to score): "
+                   + ("; ".join(refused_lines(refused)) or "none"))
     txt += [""] + summary
     fam_rows = bands(every, fitted, margin)["families"]
     fam_md = ["| kind of job | measured rows | median abs. error | p90 abs. error | "
@@ -517,7 +561,7 @@ def report(results: list[dict], csv_path: str, fitted: dict[str, dict],
         txt.append(f"  {name:15} n={b['n']:3}  median |err| {cells[0]:>6}  p90 {cells[1]:>6}  "
                    f"signed {cells[2]:>7}  p90 under {cells[3]:>6}  OOM {b['oom_rows']} "
                    f"(predicted fit {b['oom_predicted_fit']})")
-    risk_md = acceptance_lines(every, fitted, margin)
+    risk_md = acceptance_lines(every, fitted, margin, len(refused))
     txt += ["", "risk (fits / at risk / does not fit):"] + [f"  {x}" for x in risk_md if x]
 
     doc = [
@@ -568,6 +612,10 @@ def report(results: list[dict], csv_path: str, fitted: dict[str, dict],
                       f" HELD OUT OF THE BANDS: {r['unmodelled'][len(HELD_OUT):]}."
                       if r["unmodelled"].startswith(HELD_OUT) else
                       f" NOT MODELLED: {r['unmodelled']}."))
+    for r in refused:
+        doc.append(f"- **{r['row']['id']}**: {r['row']['notes']} Source: {r['row']['source']}"
+                   f" REFUSED BY THE PLANNER ({r['row']['unmodelled'][len(REFUSED):]}): "
+                   f"{r['reason']}.")
     # The checkpointing term is the largest modelling choice: show where each 'selective' row's
     # measurement falls between the planner's none / selective / full predictions.
     sel = [r for r in results if r["row"]["checkpointing"] == "selective" and r["err"] is not None]
@@ -662,6 +710,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     with open(args.csv, newline="") as f:
         rows = list(csv.DictReader(f))
+    rows, refused = refused_rows(rows)
     # The errors do not depend on the margin (checkpointing is fixed per row) and the plan is
     # made without one (the default); the verdicts use the risk fitted on the fit half.
     results = evaluate(rows)
@@ -670,7 +719,7 @@ def main(argv: list[str] | None = None) -> int:
     split(results)
     fitted = fit_risk(results)
     judge(results, fitted, margin)
-    text, doc = report(results, args.csv, fitted, margin)
+    text, doc = report(results, args.csv, fitted, margin, refused)
     print(text)
     if args.md:
         Path(args.md).write_text(doc)
@@ -683,7 +732,8 @@ def main(argv: list[str] | None = None) -> int:
         for line in gpu_run_ooms(fitted):
             print(f"  {line}")
     if args.accuracy_md:
-        write_section(args.accuracy_md, "\n".join(acceptance_lines(results, fitted, margin)))
+        write_section(args.accuracy_md, "\n".join(acceptance_lines(results, fitted, margin,
+                                                                     len(refused))))
         print(f"wrote {args.accuracy_md} (risk-acceptance)")
     return 0
 

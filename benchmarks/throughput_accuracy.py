@@ -92,11 +92,14 @@ def model_for(name: str, seq: int) -> ModelSpec:
 
 def columns(row: dict[str, str], model: ModelSpec) -> dict[str, object]:
     """The row's columns as spec fields ({path: raw}); ``extra`` adds any other field. The
-    model's shape is given explicitly (and replaced by ``model_for``'s exact spec below)."""
-    return {
+    model's shape is given explicitly (and replaced by ``model_for``'s exact spec below); an MoE
+    model by its preset, so the request knows its experts (expert parallel needs them)."""
+    shape = {"model.preset": model.name} if model.n_experts > 1 else {
         "model.layers": model.n_layers, "model.hidden": model.hidden,
         "model.heads": model.n_heads, "model.kv_heads": model.n_kv_heads,
-        "model.ffn": model.ffn_hidden, "model.vocab": model.vocab, "model.mlp": str(model.mlp),
+        "model.ffn": model.ffn_hidden, "model.vocab": model.vocab, "model.mlp": str(model.mlp)}
+    return {
+        **shape,
         "hardware.gpu": GPU_IDS[row["gpu"]], "hardware.n": row["n_gpus"],
         "hardware.gpus_per_node": row["gpus_per_node"], "strategy": row["strategy"],
         "offload": "none", "checkpointing": row["checkpointing"],
@@ -137,12 +140,16 @@ def mode_of(row: dict[str, str]) -> str:
 def fits_efficiency(row: dict[str, str]) -> bool:
     """Rows the compute efficiency is fitted on: full training without tensor parallelism, whose
     step time is the model's FLOPs at the achieved rate (fine-tuning changes the FLOPs counted,
-    TP adds its own collectives: both are modelled separately and only scored)."""
+    TP adds its own collectives, PP/CP/EP their bubble, ring or all-to-alls: all modelled
+    separately and only scored)."""
     req = predict_request(row)[0]
     # float8 rows are scored, never fitted: their speed-up is the fp8 peak at the bf16
     # efficiency (planner/float8.py), and this comparison is its check
-    return req.training.finetune.full and (req.options.tp or 1) == 1 \
-        and req.training.float8.value == "none"
+    # pipeline, context and expert parallel rows are scored, never fitted either: their step
+    # adds the bubble, the ring's or the all-to-alls' time, each modelled on its own
+    t = req.training
+    return t.finetune.full and (req.options.tp or 1) == 1 and t.float8.value == "none" \
+        and not t.pipeline.enabled and t.cp == 1 and t.ep == 1
 
 
 def halves(rows: list[dict[str, str]]) -> tuple[list[dict], list[dict]]:

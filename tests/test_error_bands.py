@@ -346,7 +346,43 @@ def test_every_benchmark_row_parses():
             rows = list(csv.DictReader(f))
         assert all(None not in r and "extra" in r for r in rows), path  # no ragged rows
         for row in rows:
+            if (row.get("unmodelled") or "").startswith(memory_accuracy.REFUSED):
+                continue  # refused by name: test_refused_rows_stay_refused
             predict(row)
+
+
+def test_refused_rows_stay_refused():
+    """A row marked 'refused: ' (e.g. torchtitan's 405B FSDP x TP x PP runs) is refused by the
+    planner with NOT MODELLED; once its feature is modelled the benchmark must stop and say so,
+    and a row refused without the mark stops it too (never silently dropped)."""
+    import csv
+
+    from benchmarks.memory_accuracy import REFUSED, refused_rows
+    from benchmarks.rowspec import RowError
+
+    with open(ROOT / "benchmarks/memory_measurements.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    marked = [r for r in rows if r["unmodelled"].startswith(REFUSED)]
+    keep, refused = refused_rows(rows)
+    assert len(refused) == len(marked) >= 6 and len(keep) == len(rows) - len(marked)
+    assert all("NOT MODELLED" in r["reason"] for r in refused), refused
+    # the same row with PP x TP taken out (TP 8 alone) is planned: the mark must then fail
+    extra = {k: v for k, v in json.loads(marked[0]["extra"]).items()
+             if not k.startswith("parallel.pp")}
+    with pytest.raises(RowError, match="planner plans it"):
+        refused_rows([{**marked[0], "extra": json.dumps(extra)}])
+    # refused for a bad input (a schedule without PP), not NOT MODELLED: stops too
+    extra["parallel.pp_schedule"] = "1f1b"
+    with pytest.raises(RowError, match="needs parallel.pp"):
+        refused_rows([{**marked[0], "extra": json.dumps(extra)}])
+    # a refused row without the mark is an error, not a skip
+    from benchmarks.memory_accuracy import evaluate
+
+    unmarked = {**marked[0], "unmodelled": "pipeline x tensor parallel"}
+    keep, refused = refused_rows([unmarked])
+    assert keep == [unmarked] and refused == []
+    with pytest.raises(RowError, match="NOT MODELLED"):
+        evaluate(keep)
 
 
 # ---- the verdicts carry the band ------------------------------------------------------------
