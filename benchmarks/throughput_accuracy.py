@@ -223,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         fam = family(req.options.strategies[0], req.training.compile)
         if req.training.float8.value != "none":  # a band of its own: the plan never reads it
             fam += "-float8"                      # for a bf16 job (docs/model.md "Float8")
+        if req.training.ep > 1:  # likewise expert parallel: its own band, never read for a
+            fam += "-ep"         # job without --ep (docs/model.md §8.8)
         results.append((row, est, measured, err, fam))
 
     head = (f"{'id':28} {'gpu':14} {'n':>4} {'strategy':13} {'ckpt':9} {'kind':13} {'meas tok/s':>10}"
