@@ -48,7 +48,6 @@ from planner.spec import (
 )
 
 
-
 def uses_autocast_amp(strategy: Strategy) -> bool:
     """DDP and single-GPU scripts run -amp precisions as torch.autocast over fp32 params; FSDP
     (MixedPrecisionPolicy) and DeepSpeed (a bf16 module) compute in the low dtype itself."""
