@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from planner.arch.base import (
     FP32,
     Ctx,
+    Nothing,
     Saved,
     Shape,
     inputs_saved,
@@ -21,20 +22,11 @@ from planner.arch.base import (
 from planner.spec import Attention
 
 
-class FullAttention:
+class FullAttention(Nothing):
     """Every layer attends to every earlier token through the kernel's own causal mask: no
     parameters, nothing kept, no matmul (also: no soft-capping)."""
 
     __slots__ = ()
-
-    def params(self, m, prefix: str) -> Iterator[tuple[str, Shape]]:
-        return iter(())
-
-    def saved(self, m, x: Ctx) -> list[Saved]:
-        return []
-
-    def matmul_weights(self, m) -> int:
-        return 0
 
 
 class SlidingWindow(FullAttention):

@@ -35,6 +35,22 @@ class Ctx:
         self.autocast, self.c, self.r = autocast, c, r
 
 
+class Nothing:
+    """A part that adds nothing: no parameters, nothing saved, no matmul (the base of the
+    variants that are the absence of one: full attention's mask, no qk-norm)."""
+
+    __slots__ = ()
+
+    def params(self, m, prefix: str) -> Iterator[tuple[str, Shape]]:
+        return iter(())
+
+    def saved(self, m, x: Ctx) -> list[Saved]:
+        return []
+
+    def matmul_weights(self, m) -> int:
+        return 0
+
+
 def linear(prefix: str, out_f: int, in_f: int, bias: bool) -> Iterator[tuple[str, Shape]]:
     """An nn.Linear's parameters, (out_features, in_features) as it stores them."""
     yield f"{prefix}.weight", (out_f, in_f)

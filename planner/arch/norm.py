@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from planner.arch.base import FP32, STAT, Ctx, Saved, Shape, rms_inner, rms_weight
+from planner.arch.base import FP32, STAT, Ctx, Nothing, Saved, Shape, rms_inner, rms_weight
 
 
 class LayerNorm:
@@ -78,19 +78,10 @@ class RMSNorm:
         return 0
 
 
-class NoQkNorm:
+class NoQkNorm(Nothing):
     """Queries and keys go to RoPE as the projections leave them."""
 
     __slots__ = ()
-
-    def params(self, m, prefix: str) -> Iterator[tuple[str, Shape]]:
-        return iter(())
-
-    def saved(self, m, x: Ctx) -> list[Saved]:
-        return []
-
-    def matmul_weights(self, m) -> int:
-        return 0
 
 
 class HeadQkNorm(NoQkNorm):
