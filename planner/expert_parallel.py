@@ -20,7 +20,8 @@ Source: pytorch/torchtitan (snapshot b5bcd76, Aug 2026):
   (``routed[permuted_indices]``) for the grouped GEMM; ``combine`` undoes it
   (``new_empty`` + index assignment, the reverse all-to-all, the score multiply in fp32,
   ``scatter_add``). The all-to-alls and the index gathers save no activations but the int64
-  ``permuted_indices`` (R of them, R = the rows the rank receives).
+  ``permuted_indices`` (R of them, R = the rows the rank receives); under op-level selective
+  checkpointing torchtitan's policy keeps the all-to-alls' outputs (``ep_sac_kept``).
 
 Dropless: a rank receives as many rows as the router sends its experts. Balanced routing
 gives every rank t x top_k rows (each of ep ranks sends it t x top_k / ep); ``--ep-imbalance``
@@ -165,6 +166,30 @@ def ep_saved(saved: list[Any], model: ModelSpec, training: TrainingSpec) -> list
     n_rows, r_rows = rows(training, model)
     moe_share = model.n_moe_layers / model.n_layers
     return out + [Saved("moe.ep.permuted_indices", int(INDEX * r_rows * moe_share))]
+
+
+def ep_sac_kept(model: ModelSpec, training: TrainingSpec, c: int) -> list[Any]:
+    """What torchtitan's op-level selective checkpointing keeps more per block under EP: the
+    outputs of the two token all-to-alls, the dispatched rows (c R h) and the combine's
+    returned rows (c N h), weighted by the MoE blocks' share (as ``ep_saved``).
+
+    Source: the policy saves every op in the save list (torchtitan/distributed/
+    activation_checkpoint.py ``_apply_op_sac`` ``_custom_policy`` at 82a9530f6~1, lines
+    92-118: ``MUST_SAVE`` for ``func in op_sac_save_list``, the every-second rule counting
+    and sparing ``aten.mm`` only), and the DeepSeek-V3 list has
+    ``torch.ops._c10d_functional.all_to_all_single.default`` (models/deepseek_v3/infra/
+    parallelize.py ``_op_sac_save_list``, line 38; at b5bcd76 the shared default list,
+    activation_checkpoint.py ``_get_default_save_ops`` ``comm_ops``, line 63). The
+    autograd all-to-all runs that op once each way; the small count exchange is left out.
+    Nothing else the dispatch adds is saved: the permutation indices, the gathers and the
+    grouped GEMMs (``torch._grouped_mm``, not in the list) are recomputed. The referee
+    (probes/expert_parallel.py ``sac_bytes``) measures exactly these bytes."""
+    from planner.arch.base import Saved
+
+    n_rows, r_rows = rows(training, model)
+    share = model.n_moe_layers / model.n_layers
+    return [Saved("moe.ep.a2a_dispatched", int(c * r_rows * model.hidden * share)),
+            Saved("moe.ep.a2a_returned", int(c * n_rows * model.hidden * share))]
 
 
 def dispatch_forward_bytes(model: ModelSpec, training: TrainingSpec, c: int) -> int:

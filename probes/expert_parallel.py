@@ -18,12 +18,18 @@ rank sends every rank N / ep rows and receives R / ep from each, R = imbalance x
 permutation indices are an ``arange`` (torchtitan builds them with a few int64 temporaries
 of R elements: ``repeat_interleave``, ``cumsum``; not counted). The router is outside (its
 scores are an input that requires grad, as the router's output does).
+
+``sac_bytes`` (``--sac``) runs the same path inside torchtitan's op-level selective activation
+checkpointing (``sac_policy``, ``save_list``: the DeepSeek-V3 save list of the issue #1789
+run's torchtitan, which has ``all_to_all_single``), the experts as ``torch._grouped_mm``, and
+records what the forward leaves.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import weakref
 from typing import Any
 
 import torch
@@ -83,7 +89,7 @@ def dispatch_bytes(*, ep: int, tokens: int, top_k: int, hidden: int, ffn: int,
 
 
 def _routed(x: Any, ids: Any, scores: Any, weights: tuple, ep: int, n_rows: int,
-            r_rows: int, group: Any, a2a: Any) -> Any:
+            r_rows: int, group: Any, a2a: Any, grouped: bool = False) -> Any:
     """torchtitan's dispatch, experts and combine (the local path when ``ep`` is 1); every
     intermediate is dropped as soon as the source drops it."""
     w1, w2, w3 = weights
@@ -97,8 +103,17 @@ def _routed(x: Any, ids: Any, scores: Any, weights: tuple, ep: int, n_rows: int,
         rows = a2a(rows, [r_rows // ep] * ep, [n_rows // ep] * ep, group)
         perm = torch.arange(r_rows)
         rows = rows[perm]
-    out = torch.nn.functional.silu(rows @ w1) * (rows @ w3)
-    out = out @ w2
+    if grouped:
+        # torchtitan's GroupedExperts (use_grouped_mm): ``torch._grouped_mm`` over the
+        # expert-major rows, one group here (the per-expert split does not change the bytes)
+        offs = torch.tensor([rows.shape[0]], dtype=torch.int32)
+        gmm = torch._grouped_mm
+        out = torch.nn.functional.silu(gmm(rows, w1.unsqueeze(0), offs=offs)) \
+            * gmm(rows, w3.unsqueeze(0), offs=offs)
+        out = gmm(out, w2.unsqueeze(0), offs=offs)
+    else:
+        out = torch.nn.functional.silu(rows @ w1) * (rows @ w3)
+        out = out @ w2
     del rows
     if ep > 1:
         back = out.new_empty(out.shape)
@@ -111,6 +126,122 @@ def _routed(x: Any, ids: Any, scores: Any, weights: tuple, ep: int, n_rows: int,
     return y
 
 
+class AliasedLiveBytes(LiveBytes):
+    """``LiveBytes`` where ``wait_tensor``'s output is its input's storage, as on a GPU: the
+    bytes stay counted while either fake storage is alive (the fake kernel returns a new
+    tensor; selective checkpointing caches the collective's output, the rest of the forward
+    uses the wait's)."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        if func is not torch.ops._c10d_functional.wait_tensor.default:
+            return super().__torch_dispatch__(func, types, args, kwargs)
+        out = func(*args, **(kwargs or {}))
+        pair = [args[0].untyped_storage(), out.untyped_storage()]
+        n, alive = pair[0].nbytes(), [2]
+        if id(pair[0]) not in self._seen:
+            self._add(out)  # an input the meter never saw: count the output alone
+            return out
+
+        def gone(_: Any, key: int) -> None:
+            self._seen.pop(key, None)
+            alive[0] -= 1
+            if alive[0] == 0:
+                self.live -= n
+
+        self._seen.pop(id(pair[0]))  # drops the plain callback: the pair's replaces it
+        for st in pair:
+            self._seen[id(st)] = weakref.ref(st, lambda ref, key=id(st): gone(ref, key))
+        return out
+
+
+def sac_policy(save: set) -> Any:
+    """torchtitan's op-level selective AC policy (torchtitan/distributed/activation_checkpoint
+    .py ``_apply_op_sac`` ``_custom_policy``, at 82a9530f6~1, the issue #1789 run's torchtitan):
+    save the outputs of the ops in ``save`` (models/deepseek_v3/infra/parallelize.py
+    ``_op_sac_save_list``), except every second ``aten.mm`` (counted per region, forward and
+    recompute apart), recompute the rest. (The device-to-host ``_to_copy`` it also saves does
+    not occur here: the split sizes are given.)"""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    count = {"forward": 0, "recompute": 0}
+
+    def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+        mode = "recompute" if ctx.is_recompute else "forward"
+        if func is torch.ops.aten.mm.default:
+            count[mode] += 1
+            if count[mode] % 2 == 0:
+                return CheckpointPolicy.PREFER_RECOMPUTE
+        return CheckpointPolicy.MUST_SAVE if func in save else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return policy
+
+
+def save_list() -> set:
+    """The DeepSeek-V3 ``_op_sac_save_list`` at 82a9530f6~1 (the ops this build has)."""
+    ops = torch.ops
+    return {ops.aten.mm.default, ops.aten._scaled_dot_product_efficient_attention.default,
+            ops.aten._scaled_dot_product_flash_attention.default,
+            ops._c10d_functional.reduce_scatter_tensor.default,
+            ops._c10d_functional.all_to_all_single.default, ops.aten.max.default,
+            torch._higher_order_ops.flex_attention}
+
+
+def sac_bytes(*, ep: int, tokens: int, top_k: int, hidden: int, ffn: int,
+              imbalance: float = 1.0) -> dict[str, int]:
+    """The routed path (bf16, torchtitan's grouped-GEMM experts) inside a non-reentrant
+    ``torch.utils.checkpoint`` with ``create_selective_checkpoint_contexts(sac_policy(...))``
+    as torchtitan wraps the MoE module: ``left`` what the forward leaves above the inputs
+    (the policy's cache and the checkpoint's own), ``bwd_peak`` the backward's peak above
+    where it starts."""
+    from functools import partial
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._functional_collectives import all_to_all_single_autograd
+    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+
+    c = torch.bfloat16
+    n_rows = tokens * top_k
+    r_rows = int(imbalance * n_rows) if ep > 1 else n_rows
+    if n_rows % ep or r_rows % ep:
+        raise ValueError("the routed and received rows must split evenly over the EP ranks")
+    group = _group(ep) if ep > 1 else None
+    try:
+        with FakeTensorMode():
+            x = torch.empty(tokens, hidden, dtype=c, requires_grad=True)
+            ids = torch.empty(tokens, top_k, dtype=torch.int64)
+            scores = torch.empty(tokens, top_k, dtype=torch.float32, requires_grad=True)
+            w1, w3 = (torch.empty(hidden, ffn, dtype=c, requires_grad=True) for _ in range(2))
+            w2 = torch.empty(ffn, hidden, dtype=c, requires_grad=True)
+            meter = AliasedLiveBytes()
+            meter.hold(x, ids, scores, w1, w2, w3)
+            base = meter.live
+
+            def block(x: Any, scores: Any, w1: Any, w2: Any, w3: Any) -> Any:
+                return _routed(x, ids, scores, (w1, w2, w3), ep, n_rows, r_rows, group,
+                               all_to_all_single_autograd, grouped=True)
+
+            def context() -> Any:
+                return create_selective_checkpoint_contexts(sac_policy(save_list()))
+
+            with meter:
+                y = checkpoint(partial(block), x, scores, w1, w2, w3, use_reentrant=False,
+                               context_fn=context)
+                left = meter.live - base
+                grad = torch.empty_like(y)
+                meter.reset()
+                start = meter.live
+                y.backward(grad)
+                bwd_peak = meter.peak - start
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return {"left": left, "bwd_peak": bwd_peak}
+
+
 if __name__ == "__main__":
     cases = json.loads(sys.argv[1])
-    print(json.dumps([dispatch_bytes(**case) for case in cases]))
+    if sys.argv[2:] == ["--sac"]:
+        print(json.dumps([sac_bytes(**case) for case in cases]))
+    else:
+        print(json.dumps([dispatch_bytes(**case) for case in cases]))

@@ -16,6 +16,7 @@ from planner.expert_parallel import (
     dispatch_forward_bytes,
     ep_expert_padding,
     ep_inputs,
+    ep_sac_kept,
     ep_saved,
     expert_params,
 )
@@ -159,6 +160,37 @@ def test_dsv3_indices_weighted_by_moe_blocks():
     # = 249,250 (int of 249,250.36)
     saved = ep_saved([], DSV3, training(ep=8))
     assert saved[0].nbytes == 262_144 * 58 // 61
+
+
+def test_selective_keeps_the_all_to_all_outputs_by_hand():
+    # torchtitan's op-level SAC saves all_to_all_single's outputs (DeepSeek-V3's
+    # _op_sac_save_list at 82a9530f6~1; the every-second rule spares aten.mm only):
+    # Mixtral (every block MoE), 1 x 4096 tokens, top 2, bf16: N = 8192 rows;
+    # dispatched c R h = 2 x 8192 x 4096 = 67,108,864 B, returned c N h the same; at
+    # imbalance 1.5 R = 12288: 2 x 12288 x 4096 = 100,663,296 B, returned still 67,108,864
+    one = {s.name: s.nbytes for s in ep_sac_kept(MIXTRAL, training(ep=8), 2)}
+    assert one == {"moe.ep.a2a_dispatched": 67_108_864, "moe.ep.a2a_returned": 67_108_864}
+    imb = {s.name: s.nbytes for s in ep_sac_kept(MIXTRAL, training(ep=8, ep_imbalance=1.5), 2)}
+    assert imb == {"moe.ep.a2a_dispatched": 100_663_296, "moe.ep.a2a_returned": 67_108_864}
+    # DeepSeek-V3, 58 of 61 blocks MoE: N = 4096 x 8 = 32768, c N h = 2 x 32768 x 7168 =
+    # 469,762,048 B in an MoE block, x 58 = 27,246,198,784, / 61 = 446,658,996 remainder 28
+    dsv3 = ep_sac_kept(DSV3, training(ep=8), 2)
+    assert [s.nbytes for s in dsv3] == [446_658_996, 446_658_996]
+
+
+def test_selective_kept_set_grows_under_ep_only():
+    # the estimator: selective checkpointing's kept bytes per block gain exactly the two
+    # all-to-all outputs (Mixtral, balanced, bf16: 2 x 67,108,864 = 134,217,728 B); full
+    # checkpointing keeps the block input alone with EP or without
+    sel = Candidate(strategy=Strategy.FULL_SHARD, offload=Offload.NONE,
+                    checkpointing=Checkpointing.SELECTIVE)
+    full = dataclasses.replace(sel, checkpointing=Checkpointing.FULL)
+    t = training(precision=Precision.BF16)
+    base = activation_plan(MIXTRAL, t, sel)
+    ep = activation_plan(MIXTRAL, dataclasses.replace(t, ep=8), sel)
+    assert ep.block_kept - base.block_kept == 134_217_728
+    assert activation_plan(MIXTRAL, dataclasses.replace(t, ep=8), full).block_kept \
+        == activation_plan(MIXTRAL, t, full).block_kept
 
 
 # ---------------------------------------------------------------------------------------------
@@ -328,7 +360,7 @@ REFEREE_CASES = [
 ]
 
 
-def _referee(cases: list[dict]) -> list[dict]:
+def _referee(cases: list[dict], *flags: str) -> list[dict]:
     """In a fresh process (a fake process group is global)."""
     import json
     import os
@@ -337,7 +369,8 @@ def _referee(cases: list[dict]) -> list[dict]:
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
-    done = subprocess.run([sys.executable, "-m", "probes.expert_parallel", json.dumps(cases)],
+    done = subprocess.run([sys.executable, "-m", "probes.expert_parallel", json.dumps(cases),
+                           *flags],
                           cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -381,3 +414,23 @@ def test_dispatch_matches_the_referee():
         assert 0 <= d_bwd <= pair, (i, d_bwd, pair)
         if f > h:
             assert d_bwd == pair, (i, d_bwd, pair)
+
+
+@pytest.mark.trace
+def test_selective_kept_matches_the_referee():
+    # torchtitan's op-level SAC around the routed path (probes/expert_parallel.py sac_bytes:
+    # the DeepSeek-V3 save list, grouped-GEMM experts, bf16): what the forward leaves under EP
+    # minus under the local dispatcher is exactly ep_sac_kept (the two all-to-alls' outputs)
+    cases = []
+    bf16 = [case for case in REFEREE_CASES if case[-1] == "bf16"]
+    for ep, t, k, h, f, imb, _ in bf16:
+        shape = dict(tokens=t, top_k=k, hidden=h, ffn=f)
+        cases += [dict(ep=1, **shape), dict(ep=ep, imbalance=imb, **shape)]
+    got = _referee(cases, "--sac")
+    for i, (ep, t, k, h, f, imb, _) in enumerate(bf16):
+        local, par = got[2 * i], got[2 * i + 1]
+        model = ModelSpec(name="ref", n_layers=1, hidden=h, n_heads=4, n_kv_heads=4,
+                          ffn_hidden=f, vocab=256, n_experts=8 * ep, experts_per_token=k)
+        kept = sum(s.nbytes for s in ep_sac_kept(model, training(seq=t, ep=ep, ep_imbalance=imb),
+                                                 2))
+        assert par["left"] - local["left"] == kept, (i, par, local, kept)

@@ -14,7 +14,12 @@ from planner.activations import ActivationPlan, plan_activations, regime_for
 from planner.loss_dtype import with_loss_dtype
 from planner.candidates import check_supported, degree_of
 from planner.context_parallel import after_sdpa, ring_backward_bytes, ring_forward_bytes
-from planner.expert_parallel import dispatch_forward_bytes, ep_expert_padding, ep_saved
+from planner.expert_parallel import (
+    dispatch_forward_bytes,
+    ep_expert_padding,
+    ep_sac_kept,
+    ep_saved,
+)
 from planner import float8, vec
 from planner.error_bands import DEFAULT_MARGIN, is_finetune, risk_band
 from planner.memory.breakdown import PHASES, Breakdown, Estimate, Overheads, Phase, pick
@@ -36,6 +41,7 @@ from planner.params import block_tensors, count, total_params
 from planner.spec import (
     Allocator,
     Candidate,
+    Checkpointing,
     Cluster,
     CompileMode,
     GradSync,
@@ -84,7 +90,8 @@ def activation_plan(model: ModelSpec, training: TrainingSpec, candidate: Candida
     if training.cp > 1:
         plan = with_ring(plan, model, training, candidate, precision, autocast)
     if training.ep > 1:
-        plan = with_dispatch(plan, model, training, precision, autocast)
+        plan = with_dispatch(plan, model, training, precision, autocast,
+                             candidate.checkpointing)
     return float8_activations(plan, model, training, candidate)
 
 
@@ -133,19 +140,23 @@ def with_ring(plan: ActivationPlan, model: ModelSpec, training: TrainingSpec,
 
 
 def with_dispatch(plan: ActivationPlan, model: ModelSpec, training: TrainingSpec,
-                  precision: Precision, autocast: bool) -> ActivationPlan:
+                  precision: Precision, autocast: bool,
+                  checkpointing: Checkpointing = Checkpointing.NONE) -> ActivationPlan:
     """The plan with expert parallel's token dispatch (planner/expert_parallel.py): the
     expert-side saved tensors over the rows the rank receives, the permutation indices, the
     MLP's backward pair over those rows, and the dispatch's forward buffers as the block's
     forward collective transient (the slot context parallel's ring uses; the two are never
     together). No backward buffer term: the referee (probes/expert_parallel.py) shows the
-    reverse all-to-alls never raise the backward peak above the local dispatcher's."""
+    reverse all-to-alls never raise the backward peak above the local dispatcher's. Under
+    selective checkpointing the kept set gains the two all-to-alls' outputs."""
     _, c, _ = regime_for(precision, autocast)
     saved = tuple(ep_saved(list(plan.block_saved), model, training))
     more = sum(s.nbytes for s in saved) - plan.block_bytes
-    # no checkpointing keeps the whole saved set; full recomputes it in backward
-    # (selective's kept set is left as without EP: the same bytes when balanced)
+    # no checkpointing keeps the whole saved set; full recomputes it in backward; selective
+    # keeps the all-to-alls' outputs more (torchtitan's save list: ep_sac_kept)
     kept = plan.block_kept + more if plan.block_kept == plan.block_bytes else plan.block_kept
+    if checkpointing is Checkpointing.SELECTIVE:
+        kept += sum(s.nbytes for s in ep_sac_kept(model, training, c))
     recompute = plan.recompute + more if plan.recompute else 0
     # the MLP's backward pair of intermediate gradients (activations.py) over R = imbalance
     # x the t x top_k rows it counts, in the MoE blocks
