@@ -627,7 +627,9 @@ def step_core(x: StepInputs) -> StepEstimate:
     cp_s = cp_rotation_s(x, rc.attention)
     comm_s = comm_s + cp_s
     exposed_s = exposed_s + cp_s
-    ep_s = ep_all_to_all_s(x, rc.matmul)
+    # torchtitan's selective policy saves the all-to-alls' outputs (as it saves SDPA's):
+    # only full checkpointing sends them again (rc.attention: 0, 0, 1)
+    ep_s = ep_all_to_all_s(x, rc.attention)
     comm_s = comm_s + ep_s
     exposed_s = exposed_s + ep_s
 
@@ -667,17 +669,20 @@ def cp_rotation_s(x: StepInputs, attn_recompute: Any) -> Any:
     return vec.where(x.cp > 1.0, x.ga * x.n_layers * per_layer, 0.0)
 
 
-def ep_all_to_all_s(x: StepInputs, matmul_recompute: Any) -> Any:
+def ep_all_to_all_s(x: StepInputs, recompute: Any) -> Any:
     """Expert parallel's token all-to-alls per step (planner/expert_parallel.py): in every
     MoE layer of every micro-batch the dispatch and the combine in forward (each after a
     small count exchange: its latency), their reverses in backward, and the forward's again
-    where checkpointing recomputes the MLP. torchtitan's dispatch waits for its all-to-all
+    where checkpointing re-sends them (``recompute``: 1 under full checkpointing; 0 under
+    torchtitan's selective policy, which saves the all-to-alls' outputs:
+    torchtitan/distributed/activation_checkpoint.py, the op save list's
+    ``_c10d_functional.all_to_all_single``). torchtitan's dispatch waits for its all-to-all
     before the grouped GEMM: on the critical path (*assumed* not overlapped). Inside a node
     at the NVLink rate, else at the NIC's."""
     bw = vec.where(x.ep_inter > 0, vec.minimum(x.bw_intra, x.bw_inter), x.bw_intra)
     lat = vec.where(x.ep_inter > 0, x.lat_inter, x.lat_intra)
-    calls = (2.0 + 2.0 + 2.0 * matmul_recompute)
-    per_layer = calls * x.ep_bytes / bw + (calls + 1.0 + matmul_recompute) * lat
+    calls = (2.0 + 2.0 + 2.0 * recompute)
+    per_layer = calls * x.ep_bytes / bw + (calls + 1.0 + recompute) * lat
     return vec.where(x.ep > 1.0, x.ga * x.ep_layers * per_layer, 0.0)
 
 
