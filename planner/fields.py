@@ -472,10 +472,12 @@ FIELDS: tuple[Field, ...] = (
           "all but the last N blocks."),
     Field(path="parallel.tp", flag="--tp", metavar="auto|N", check=parse_tp, default="auto",
           help="Tensor-parallel degree with sequence parallel, FSDP on the other mesh "
-          "dimension (torchtitan). auto: TP 2/4/8 only when nothing fits without it."),
+          "dimension (torchtitan). auto: TP 2/4/8 only when nothing fits without it (none "
+          "under --pp)."),
     Field(path="parallel.pp", flag="--pp", metavar="N", check=_pp_degree, default=1,
           help="Pipeline-parallel degree (torch.distributed.pipelining as torchtitan runs it), "
-          "FSDP2 over the data-parallel ranks of each stage; 1: none."),
+          "FSDP2 over the data-parallel ranks of each stage, with --tp N tensor parallel "
+          "inside it; 1: none."),
     Field(path="parallel.pp_schedule", flag="--pp-schedule", check=parse_pp_schedule,
           metavar="gpipe|1f1b|interleaved-1f1b", shown_default="1f1b",
           help="Pipeline schedule (torchtitan's pipeline_parallel_schedule). zbv, dualpipev, "
@@ -512,7 +514,7 @@ FIELDS: tuple[Field, ...] = (
     Field(path="parallel.mesh", flag="--mesh", check=_choice(MeshMode),
           choices=_names(MeshMode), default=MeshMode.GIVEN.value,
           help="given: the --tp/--pp/--cp degrees as given. auto: search every modelled layout "
-          "of the GPUs (TP 1/2/4/8 x CP, or PP alone) and plan the one that fits with the most "
+          "of the GPUs (TP 1/2/4/8 x CP, or PP alone or x TP) and plan the one that fits with the most "
           "tokens/s per GPU, the simpler within 2 % (fitcheck plan only; docs/model.md "
           "\"Mesh search\")."),
     # ---- DeepSpeed (the ZeRO candidates; DeepSpeed's defaults, docs/model.md "DeepSpeed ZeRO")

@@ -4,8 +4,8 @@ A layout is torchtitan's ``ParallelDims`` less what fitcheck does not search: te
 ``tp`` inside a node, context parallel ``cp`` and pipeline parallel ``pp``; the rest of the GPUs
 is data parallel (FSDP2's dp_shard, or HSDP's dp_replicate x dp_shard, which the plan of each
 layout already chooses among as strategies). ``layouts`` lists the layouts the model covers
-(docs/model.md "Mesh search"): TP x CP (§8.4, §8.6) and PP alone (§8.7; PP beside TP or CP is
-NOT MODELLED and not listed). Expert parallel (`--ep`) is not searched: a given --ep is
+(docs/model.md "Mesh search"): TP x CP (§8.4, §8.6) and PP alone or x TP (§8.7; PP beside CP
+is NOT MODELLED and not listed). Expert parallel (`--ep`) is not searched: a given --ep is
 kept in every layout (and refuses those EP does not combine with); searching it would be
 one more degree of ``Layout`` and one more loop in ``layouts``.
 
@@ -72,8 +72,9 @@ def layouts(n_gpus: int, gpus_per_node: int, seq: int) -> list[Layout]:
       node);
     - CP a power of two whose 2 x CP chunks split the sequence (torch's load-balanced
       sharding) and whose group, times TP, divides the GPUs;
-    - PP alone, every divisor of the GPUs leaving at least 2 data-parallel ranks per stage
-      (the pipeline is modelled with FSDP2 inside each stage).
+    - PP, every divisor of the GPUs leaving at least 2 data-parallel ranks per stage (the
+      pipeline is modelled with FSDP2 inside each stage), alone or with a TP of the list
+      above in each stage (torchtitan's FSDP x TP x PP; no CP beside it).
     Whether the model allows a degree (heads per TP rank, stages per layer count, CP's
     attention) is the request builder's to say, per layout."""
     out = []
@@ -84,8 +85,8 @@ def layouts(n_gpus: int, gpus_per_node: int, seq: int) -> list[Layout]:
         while n_gpus % (tp * cp) == 0 and cp <= MAX_CP and (cp == 1 or seq % (2 * cp) == 0):
             out.append(Layout(tp=tp, cp=cp))
             cp *= 2
-    out += [Layout(pp=pp) for pp in range(2, n_gpus // 2 + 1)
-            if n_gpus % pp == 0 and n_gpus // pp >= 2]
+    out += [Layout(pp=pp, tp=tp) for tp in MESH_TP for pp in range(2, n_gpus // 2 + 1)
+            if tp <= gpus_per_node and n_gpus % (pp * tp) == 0 and n_gpus // (pp * tp) >= 2]
     return sorted(out, key=Layout.simplicity)
 
 

@@ -501,11 +501,12 @@ def min_gpus(r: Request, start: int = 1) -> int | None:
 
 
 def pipeline_min_gpus(r: Request, start: int) -> int | None:
-    """Under ``--pp``: the fewest GPUs pp x dp (dp >= 2 data-parallel ranks per stage) at or
-    above ``start`` that fit. The pipeline is fixed, so more GPUs only shard each stage's
-    states over more ranks: the need falls with dp, and the first fit is found by bisection
-    over dp (``MAX_GPUS_SEARCHED`` at most)."""
-    pp = r.training.pipeline.degree
+    """Under ``--pp``: the fewest GPUs pp x tp x dp (dp >= 2 data-parallel ranks per stage;
+    tp the given TP degree of each stage, 1 without) at or above ``start`` that fit. The
+    pipeline and its TP are fixed, so more GPUs only shard each stage's states over more
+    ranks: the need falls with dp, and the first fit is found by bisection over dp
+    (``MAX_GPUS_SEARCHED`` at most)."""
+    pp = r.training.pipeline.degree * (r.options.tp or 1)  # the GPUs of one data-parallel rank
     lo, hi = max(2, -(-start // pp)), MAX_GPUS_SEARCHED // pp
 
     def ok(dp: int) -> bool:

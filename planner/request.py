@@ -556,19 +556,28 @@ def ep_options(v: Mapping[str, Any], model: ModelSpec, training: TrainingSpec,
 
 
 def pipeline_cluster_problem(p: Pipeline, cluster: Cluster, tp: Any, strategies: Any,
-                             offload: Any, global_batch: Any, naming: Naming) -> None:
+                             offload: Any, global_batch: Any, naming: Naming,
+                             model: ModelSpec | None = None, seq: int = 0) -> None:
     """The cluster and the search options under a pipeline: the GPUs split into pp stages of
-    n / pp data-parallel ranks each, FSDP2 (full_shard) inside a stage, no TP, no offload."""
+    n / (pp x tp) data-parallel ranks each (torchtitan's mesh: pp outermost, tp innermost),
+    FSDP2 (full_shard) inside a stage, TP only when given (``--tp auto`` is 1 under
+    ``--pp``), no offload."""
     if not p.enabled:
         return
     n = cluster.n_gpus
-    if n % p.degree or n // p.degree < 2:
-        raise naming.fail("parallel.pp", f"{n} GPUs must be a multiple of {p.degree} with at "
-                          "least 2 data-parallel ranks per stage (PP without FSDP is NOT "
-                          "MODELLED)")
-    if tp not in ("auto", 1):
-        raise naming.fail("parallel.tp", "pipeline parallel with tensor parallel is NOT "
-                          "MODELLED")
+    t = 1 if tp == "auto" else tp
+    if n % (p.degree * t) or n // (p.degree * t) < 2:
+        raise naming.fail("parallel.pp", f"{n} GPUs must be a multiple of {p.degree * t} "
+                          f"(pp {p.degree} x tp {t}) with at least 2 data-parallel ranks per "
+                          "stage (PP without FSDP is NOT MODELLED)")
+    if t > 1 and model is not None:
+        # sequence parallel splits every stage's output on the sequence and the head and the
+        # embedding on the vocabulary; uneven shards are not modelled
+        for what, size in (("training.seq", seq), ("model.vocab", model.vocab)):
+            if size % t:
+                raise naming.fail(what, f"{size} is not a multiple of TP {t}: pipeline "
+                                  "parallel with uneven tensor-parallel shards is NOT "
+                                  "MODELLED")
     if strategies and any(s is not Strategy.FULL_SHARD for s in strategies):
         raise naming.fail("strategy", "pipeline parallel is modelled with FSDP2 full_shard "
                           "inside each stage (torchtitan) only")
@@ -611,8 +620,8 @@ def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
     tp = v["parallel.tp"]
     p = training.pipeline
     pipeline_cluster_problem(p, cluster, tp, v["strategy"], v["offload"],
-                             v["training.global_batch"], naming)
-    if p.enabled:
+                             v["training.global_batch"], naming, model, training.seq)
+    if p.enabled and tp == "auto":
         tp = 1
     if tp != "auto":
         problem = tp_problem(model, tp, cluster.n_gpus, cluster.gpus_per_node)

@@ -615,13 +615,7 @@ def step_core(x: StepInputs) -> StepEstimate:
     last_b = b_micro + b_step
     exp_last = vec.maximum(last_b * tail_b, last_b - ov * bwd_s)
     exposed_s = ga * exp_f + (ga - 1.0) * exp_b + exp_last + e_step
-    # sequence-parallel collectives inside each layer (Korthikanti et al. 2022, sec. 4.2.2):
-    # forward all-gathers before attention and MLP and reduce-scatters after them, backward
-    # the same, a recomputed forward again; on the critical path (torchtitan without async
-    # TP), inside a node
-    tp_calls = L * (8.0 + 4.0 * rc.matmul)
-    tp_s = vec.where(tp > 1.0, ga * tp_calls * ((tp - 1.0) / tp * x.tp_bytes / x.bw_intra
-                                                 + (tp - 1.0) * x.lat_intra), 0.0)
+    tp_s = tp_collectives_s(x, L, ga)
     comm_s = comm_s + tp_s
     exposed_s = exposed_s + tp_s
     cp_s = cp_rotation_s(x, rc.attention)
@@ -653,6 +647,18 @@ def step_core(x: StepInputs) -> StepEstimate:
         offload_s=offload_s, tokens_per_s_per_gpu=tokens_step / step_s,
         mfu=tokens_step * model_tok / (step_s * x.peak),
         flops_per_step=tokens_step * (model_tok + recompute_tok))
+
+
+def tp_collectives_s(x: StepInputs, n_layers: Any, micro_batches: Any) -> Any:
+    """Sequence-parallel collectives inside each layer (Korthikanti et al. 2022, sec. 4.2.2):
+    forward all-gathers before attention and MLP and reduce-scatters after them, backward
+    the same, a recomputed forward again; on the critical path (torchtitan without async
+    TP), inside a node; ``n_layers`` blocks, ``micro_batches`` micro-batches."""
+    tp = x.tp
+    calls = n_layers * (8.0 + 4.0 * x.recompute.matmul)
+    return vec.where(tp > 1.0, micro_batches * calls * ((tp - 1.0) / tp * x.tp_bytes
+                                                        / x.bw_intra + (tp - 1.0) * x.lat_intra),
+                     0.0)
 
 
 def cp_rotation_s(x: StepInputs, attn_recompute: Any) -> Any:
@@ -987,23 +993,34 @@ def pipeline_step(model: ModelSpec, training: TrainingSpec, cluster: Cluster,
     gradients); ``torch.distributed.pipelining`` waits on each batch of sends and receives
     (``_wait_batch_p2p``), so they are counted on the critical path. The pipeline is the
     outer mesh dimension (torchtitan ``ParallelDims``: pp, dp, ...): neighbours are n / pp
-    ranks apart, inside a node only when n / pp < GPUs per node."""
+    ranks apart, inside a node only when n / pp < GPUs per node.
+
+    With tensor parallel in each stage (torchtitan's FSDP x TP x PP; mesh pp, dp, tp): a TP
+    group shares each micro-batch's matmuls (the rank's compute at tp x the rate) and runs the
+    sequence-parallel collectives of its blocks (``tp_collectives_s``) on its critical path,
+    so they are stretched by the bubble too; FSDP runs over n / (pp x tp) ranks on 1/tp of the
+    stage's parameters (spanning nodes when dp x tp exceeds a node); a stage boundary carries
+    seq / tp positions per rank (sequence parallel) between ranks n / pp apart; each GPU is
+    credited 1 / (pp x tp) of the pipeline's tokens."""
     from planner import pipeline
     from planner.params import block_tensors, numel, root_tensors
 
     p = training.pipeline
     n, gpn = cluster.n_gpus, cluster.gpus_per_node
-    dp = n // p.degree
+    tp = candidate.tp
+    dp = n // (p.degree * tp)
     x = step_inputs(model, training, cluster, candidate, assumptions)
     solo = dataclasses.replace(x, n=1.0, ga=1.0, comm=collectives(candidate.strategy,
                                                                   GradSync.EVERY))
-    whole = step_core(solo)  # the whole model on one GPU, one micro-batch: the FLOP count
+    # the whole model on one GPU, one micro-batch: the FLOP count (no TP: the rank cores
+    # below read only their compute, at tp x the rate)
+    whole = step_core(dataclasses.replace(solo, tp=1.0))
     layers = pipeline.stage_layers(model.n_layers, p.n_stages)
     block = sum(numel(s) for _, s in block_tensors(model))
     roots = {nm: numel(s) for nm, s in root_tensors(model)}
     embed = sum(v for k, v in roots.items() if k.startswith(("embed.", "pos_embed.",
                                                                "type_embed.", "embed_norm")))
-    busy, slowest, params, blocks_max = 0.0, None, 0, 0
+    busy, slowest, params, blocks_max, tp_s = 0.0, None, 0, 0, 0.0
     for rank in range(p.degree):
         stages = pipeline.rank_stages(p, rank)
         first, last = 0 in stages, p.n_stages - 1 in stages
@@ -1019,30 +1036,35 @@ def pipeline_step(model: ModelSpec, training: TrainingSpec, cluster: Cluster,
         core = step_core(dataclasses.replace(solo, n_layers=float(blocks),
                                              p_head=x.p_head if last else 0.0,
                                              ga=float(p.microbatches)))
-        if slowest is None or core.compute_s > busy:
-            busy, slowest = core.compute_s, core
+        sp = tp_collectives_s(x, float(blocks), float(p.microbatches))
+        if slowest is None or core.compute_s + sp > busy + tp_s:
+            busy, slowest, tp_s = core.compute_s, core, sp
     units = blocks_max + 1.0
-    compute_s = busy * (1.0 + pipeline.bubble_ratio(p))
-    bw_dp = x.bw_intra if dp <= gpn else min(x.bw_intra, gpn * x.bw_inter)
-    hop_dp = x.lat_intra if dp <= gpn else x.lat_inter
-    t_ag = _ring_s(params * x.gather_b, dp, units, bw_dp, hop_dp)
-    t_rs = _ring_s(params * x.grad_b, dp, units, bw_dp, hop_dp)
+    stretch = 1.0 + pipeline.bubble_ratio(p)
+    compute_s = busy * stretch
+    tp_s = tp_s * stretch
+    spans = dp * tp > gpn  # the dp group: every tp-th GPU
+    bw_dp = min(x.bw_intra, max(1, gpn // tp) * x.bw_inter) if spans else x.bw_intra
+    hop_dp = x.lat_inter if spans else x.lat_intra
+    t_ag = _ring_s(params / tp * x.gather_b, dp, units, bw_dp, hop_dp)
+    t_rs = _ring_s(params / tp * x.grad_b, dp, units, bw_dp, hop_dp)
     one_fwd = slowest.compute_s / p.microbatches / 3.0  # forward ~ 1/3 of forward + backward
     exposed_ag = max(t_ag / units, t_ag - x.overlap * one_fwd)
-    inside = dp < gpn
+    inside = dp * tp < gpn  # neighbouring stages are n / pp GPUs apart
     bw_pp = x.bw_intra if inside else x.bw_inter
     hop_pp = x.lat_intra if inside else x.lat_inter
-    boundary = x.mb * x.seq * model.hidden * x.gather_b
+    boundary = x.mb * x.seq * model.hidden * x.gather_b / tp
     p2p_s = 2.0 * p.microbatches * p.virtual * (boundary / bw_pp + hop_pp)
-    comm_s = t_ag + t_rs + p2p_s
-    exposed = exposed_ag + t_rs + p2p_s
+    comm_s = t_ag + t_rs + p2p_s + tp_s
+    exposed = exposed_ag + t_rs + p2p_s + tp_s
     step_s = compute_s + exposed
-    tokens = p.microbatches * x.mb * x.seq / p.degree  # per GPU per step
+    share = p.microbatches / (p.degree * tp)  # of the pipeline's micro-batches, per GPU
+    tokens = share * x.mb * x.seq  # per GPU per step
     return StepEstimate(
         step_time_s=step_s, compute_s=compute_s, comm_s=comm_s, exposed_comm_s=exposed,
         offload_s=0.0, tokens_per_s_per_gpu=tokens / step_s,
-        mfu=whole.mfu * whole.step_time_s * (p.microbatches / p.degree) / step_s,
-        flops_per_step=whole.flops_per_step * p.microbatches / p.degree)
+        mfu=whole.mfu * whole.step_time_s * share / step_s,
+        flops_per_step=whole.flops_per_step * share)
 
 
 def estimate_step(model: ModelSpec, training: TrainingSpec, cluster: Cluster,

@@ -52,7 +52,7 @@ from torch import nn
 
 from planner.spec import Candidate, FineTune, ModelSpec, Precision, Quantize, Strategy
 
-__all__ = ["LoraLinear", "QuantLinear", "apply_finetune", "tp_parallelize"]
+__all__ = ["LoraLinear", "QuantLinear", "apply_finetune", "apply_tp_plan", "tp_parallelize"]
 
 _TARGETS = {"q": ("attn", "q"), "k": ("attn", "k"), "v": ("attn", "v"), "o": ("attn", "o"),
             "gate": ("mlp", "gate"), "up": ("mlp", "up"), "down": ("mlp", "down")}
@@ -201,6 +201,47 @@ def apply_finetune(net: nn.Module, spec: ModelSpec, ft: FineTune, precision: Pre
         net.lm_head.requires_grad_(False)
 
 
+def apply_tp_plan(net: nn.Module, tp_mesh: Any) -> None:
+    """Tensor parallel with sequence parallel over ``tp_mesh`` on the reference transformer
+    (module doc): the root's embedding / final norm / head and every block. Used by
+    ``tp_parallelize`` and by the pipeline trace (probes/pipeline_trace.py), which applies it
+    to the whole meta model before keeping a stage's modules."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleOutput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    tp = tp_mesh.size()
+    gather = PrepareModuleOutput(output_layouts=Shard(1), desired_output_layouts=Replicate(),
+                                 use_local_output=True)
+    parallelize_module(net, tp_mesh, {
+        "embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "final_norm": SequenceParallel(),
+        "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1),
+                                   use_local_output=False),
+    })
+    for blk in net.blocks:
+        parallelize_module(blk, tp_mesh, {
+            "norm1": SequenceParallel(), "norm2": SequenceParallel(),
+            "attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(),
+            "attn.v": ColwiseParallel(),
+            "attn.o": RowwiseParallel(output_layouts=Shard(1)),
+            "mlp.gate": ColwiseParallel(), "mlp.up": ColwiseParallel(),
+            "mlp.down": RowwiseParallel(output_layouts=Shard(1)),
+        })
+        # torchtitan's PrepareModuleInput(Shard(1) -> Replicate) on attention and
+        # feed_forward: one all-gather of the normed input, shared by the projections
+        parallelize_module(blk, tp_mesh, {"norm1": gather, "norm2": gather})
+        attn = blk.attn
+        attn.n_heads //= tp
+        attn.n_kv //= tp
+        attn.q_dim //= tp
+
+
 def tp_parallelize(net: nn.Module, spec: ModelSpec, candidate: Candidate,
                    precision: Precision) -> Any:
     """(world_size, gpus_per_node) -> mesh shape: applies TP + FSDP2 (module doc)."""
@@ -226,14 +267,6 @@ def tp_parallelize(net: nn.Module, spec: ModelSpec, candidate: Candidate,
     def apply(world_size: int, gpus_per_node: int) -> tuple[int, ...]:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-        from torch.distributed.tensor import Replicate, Shard
-        from torch.distributed.tensor.parallel import (
-            ColwiseParallel,
-            PrepareModuleOutput,
-            RowwiseParallel,
-            SequenceParallel,
-            parallelize_module,
-        )
 
         if world_size % tp:
             from probes.trace_types import UnsupportedConfig
@@ -241,31 +274,7 @@ def tp_parallelize(net: nn.Module, spec: ModelSpec, candidate: Candidate,
             raise UnsupportedConfig(f"world size {world_size} is not a multiple of tp {tp}")
         dp = world_size // tp
         mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
-        tp_mesh = mesh["tp"]
-        gather = PrepareModuleOutput(output_layouts=Shard(1), desired_output_layouts=Replicate(),
-                                     use_local_output=True)
-        parallelize_module(net, tp_mesh, {
-            "embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-            "final_norm": SequenceParallel(),
-            "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1),
-                                       use_local_output=False),
-        })
-        for blk in net.blocks:
-            parallelize_module(blk, tp_mesh, {
-                "norm1": SequenceParallel(), "norm2": SequenceParallel(),
-                "attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(),
-                "attn.v": ColwiseParallel(),
-                "attn.o": RowwiseParallel(output_layouts=Shard(1)),
-                "mlp.gate": ColwiseParallel(), "mlp.up": ColwiseParallel(),
-                "mlp.down": RowwiseParallel(output_layouts=Shard(1)),
-            })
-            # torchtitan's PrepareModuleInput(Shard(1) -> Replicate) on attention and
-            # feed_forward: one all-gather of the normed input, shared by the projections
-            parallelize_module(blk, tp_mesh, {"norm1": gather, "norm2": gather})
-            attn = blk.attn
-            attn.n_heads //= tp
-            attn.n_kv //= tp
-            attn.q_dim //= tp
+        apply_tp_plan(net, mesh["tp"])
         low = {Precision.BF16_AMP: torch.bfloat16, Precision.FP16_AMP: torch.float16}.get(
             precision)
         mp = (MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32)

@@ -12,6 +12,16 @@ shards every block and then the stage with FSDP2 as torchtitan does under PP
 in a ``PipelineStage`` with static metadata and runs ONE ``schedule.step`` of the real
 schedule class, then the optimizer step, under torch's ``MemTracker``.
 
+With ``tp`` > 1 (FSDP x TP x PP, torchtitan's 405B layout) the mesh is ``(pp, dp, tp)``, tp
+innermost as torchtitan's ``ParallelDims`` builds it, and rank ``pp_rank * dp * tp`` is
+traced: the whole meta model is first tensor-parallelized over tp with torchtitan's plan
+(``probes.finetune_tp.apply_tp_plan``: sequence parallel, the head vocab-sharded), then split
+and FSDP2-sharded over dp; a stage receives and sends its block output's local piece,
+seq / tp positions (the last ``RowwiseParallel(output_layouts=Shard(1))`` returns the local
+tensor); the step runs inside ``loss_parallel()``, as torchtitan's train context holds it
+around the whole schedule step, and DTensor's sharding propagation on global-shape fake
+tensors is kept out of the tracker (``probes.trace._untracked_sharding_propagation``).
+
 What the fake process group cannot do, emulated:
 
 - a received tensor reads back as it was allocated: the warm-up vote of ``_PipelineSchedule
@@ -27,6 +37,7 @@ subprocess: a process holds one process group).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from typing import Any
@@ -81,9 +92,11 @@ class StageModule(nn.Module):
     with the missing parts skipped (RoPE's tables are computed on every stage, as torchtitan's
     model reads its ``freqs_cis`` buffer on every stage)."""
 
-    def __init__(self, net: nn.Module, first: bool, last: bool, lo: int, hi: int) -> None:
+    def __init__(self, net: nn.Module, first: bool, last: bool, lo: int, hi: int,
+                 tp: int = 1) -> None:
         super().__init__()
         self.spec: ModelSpec = net.spec
+        self.tp = tp  # a received activation holds seq / tp positions (sequence parallel)
         self.embed = net.embed if first else None
         self.blocks = nn.ModuleList(net.blocks[lo:hi])
         self.final_norm = net.final_norm if last else None
@@ -92,11 +105,11 @@ class StageModule(nn.Module):
             self.register_buffer("rope_inv_freq", net.rope_inv_freq.clone(), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = x.shape[1] * (1 if self.embed is not None else self.tp)
         if self.embed is not None:
             x = self.embed(x)
         cos = sin = None
         if self.spec.position is PositionKind.ROPE:
-            t = x.shape[1]
             pos = torch.arange(t, device=x.device, dtype=torch.float32)
             freqs = torch.outer(pos, self.rope_inv_freq.float())
             emb = torch.cat((freqs, freqs), dim=-1)
@@ -109,14 +122,15 @@ class StageModule(nn.Module):
 
 
 def _loss(spec: ModelSpec):
+    """The loss as torchtitan's ``cross_entropy_loss`` (under tensor parallel the logits are
+    a vocab-sharded DTensor, and the step runs under ``loss_parallel()``)."""
     def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return nn.functional.cross_entropy(logits.float().view(-1, spec.vocab),
-                                           targets.view(-1))
+        return nn.functional.cross_entropy(logits.float().flatten(0, 1), targets.flatten(0, 1))
     return loss_fn
 
 
 def trace_rank(spec: ModelSpec, training: TrainingSpec, checkpointing: Checkpointing,
-               pp_rank: int, dp: int) -> dict[str, Any]:
+               pp_rank: int, dp: int, tp: int = 1) -> dict[str, Any]:
     """Peak bytes (and the categories at the peak) of pipeline rank ``pp_rank`` over one step:
     the schedule's step and the optimizer step."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -125,17 +139,30 @@ def trace_rank(spec: ModelSpec, training: TrainingSpec, checkpointing: Checkpoin
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.pipelining import PipelineStage
     from torch.distributed.pipelining import schedules as S
+    from torch.distributed.tensor.parallel import loss_parallel
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from probes.models import build_model
-    from probes.trace import _to_bf16, _to_empty, fsdp_policies, make_optimizer, storage_dtype
+    from probes.trace import (
+        _to_bf16,
+        _to_empty,
+        _untracked_sharding_propagation,
+        fsdp_policies,
+        make_optimizer,
+        storage_dtype,
+    )
 
     p = training.pipeline
-    world = p.degree * dp
-    dist.init_process_group("fake", store=FakeStore(), rank=pp_rank * dp, world_size=world)
-    mesh = init_device_mesh("cpu", (p.degree, dp), mesh_dim_names=("pp", "dp"))
+    world = p.degree * dp * tp
+    dist.init_process_group("fake", store=FakeStore(), rank=pp_rank * dp * tp,
+                            world_size=world)
+    mesh = init_device_mesh("cpu", (p.degree, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
     net = build_model(spec, device="meta", checkpointing=checkpointing,
                       attention=training.attention.value)
+    if tp > 1:  # torchtitan: TP first, then FSDP over dp_shard, then the stage split
+        from probes.finetune_tp import apply_tp_plan
+
+        apply_tp_plan(net, mesh["tp"])
     store = storage_dtype(training)
     if store is not None:
         _to_bf16(net, store)
@@ -151,7 +178,7 @@ def trace_rank(spec: ModelSpec, training: TrainingSpec, checkpointing: Checkpoin
     PipelineStage._warmup_backward_result = lambda self, received_result=None: one
     for s in pipeline.rank_stages(p, pp_rank):
         first, last = s == 0, s == p.n_stages - 1
-        mod = StageModule(net, first, last, starts[s], starts[s] + layers[s])
+        mod = StageModule(net, first, last, starts[s], starts[s] + layers[s], tp)
         for blk in mod.blocks:
             fully_shard(blk, mesh=mesh["dp"], reshard_after_forward=False, mp_policy=mp)
         fully_shard(mod, mesh=mesh["dp"], reshard_after_forward=False, mp_policy=root_mp)
@@ -162,9 +189,11 @@ def trace_rank(spec: ModelSpec, training: TrainingSpec, checkpointing: Checkpoin
             first, last = s == 0, s == p.n_stages - 1
             # a received activation requires grad (torch's dynamic inference marks it so
             # when the schedule has a backward; torchtitan passes no example inputs)
+            # under sequence parallel a stage sends its block output's local shard, seq / tp
             inp = torch.zeros(b, t, dtype=torch.int64) if first else \
-                torch.zeros(b, t, spec.hidden, dtype=act_dtype, requires_grad=True)
-            out = torch.zeros(b, t, spec.vocab if last else spec.hidden, dtype=act_dtype)
+                torch.zeros(b, t // tp, spec.hidden, dtype=act_dtype, requires_grad=True)
+            out = torch.zeros(b, t, spec.vocab // tp, dtype=act_dtype) if last else \
+                torch.zeros(b, t // tp, spec.hidden, dtype=act_dtype)
             stages.append(PipelineStage(
                 mod, s, p.n_stages, torch.device("cpu"), input_args=inp, output_args=out,
                 output_grads=None if last else torch.zeros_like(out),
@@ -187,7 +216,14 @@ def trace_rank(spec: ModelSpec, training: TrainingSpec, checkpointing: Checkpoin
         has_last = any(s == p.n_stages - 1 for s, _ in mods)
         tracker = _each_micro_batch(MemTracker)()
         tracker.track_external(*[mod for _, mod in mods], optimizer)
-        with tracker:
+        # torchtitan runs the whole schedule step inside its train context, which holds
+        # ``loss_parallel()`` under tensor parallel (``dist_utils.get_train_context``): the
+        # loss's backward runs in it too
+        # DTensor's sharding propagation runs each op once more on global-shape fake tensors
+        # that no GPU allocates: left out of the tracker as in probes/trace.py
+        parallel_loss = loss_parallel() if tp > 1 else contextlib.nullcontext()
+        untracked = _untracked_sharding_propagation() if tp > 1 else contextlib.nullcontext()
+        with untracked, tracker, parallel_loss:
             args = (x,) if has_first else ()
             # as torchtitan's train step calls it: the losses collected, the last stage's
             # outputs not kept for the caller
@@ -213,15 +249,17 @@ def trace_rank(spec: ModelSpec, training: TrainingSpec, checkpointing: Checkpoin
 def main(argv: list[str] | None = None) -> int:
     """``python -m probes.pipeline_trace '<json>'``: {"values": {spec path: value, as
     ``planner.request.build_request`` takes them}, "pp_rank": r} -> the trace of that rank
-    of the request's pipeline (its ``--n`` / ``--pp`` give dp), as JSON on stdout."""
+    of the request's pipeline (its ``--n``, ``--pp`` and ``--tp`` give dp = n / (pp x tp)), as
+    JSON on stdout."""
     from planner.fields import SPEC
     from planner.request import build_request
 
     job = json.loads((argv or sys.argv[1:])[0])
     r = build_request(job["values"], SPEC)
-    dp = r.cluster.n_gpus // r.training.pipeline.degree
+    tp = job["values"].get("parallel.tp") or 1
+    dp = r.cluster.n_gpus // (r.training.pipeline.degree * tp)
     out = trace_rank(r.model, r.training, Checkpointing(job["values"]["checkpointing"]),
-                     job["pp_rank"], dp)
+                     job["pp_rank"], dp, tp)
     print(json.dumps(out))
     return 0
 

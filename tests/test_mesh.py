@@ -32,11 +32,14 @@ def test_layouts_listed_by_hand() -> None:
     # 12 GPUs, 4 per node, seq 8: TP 1, 2, 4 (8 > a node); CP a power of two with 2 CP | 8
     # and TP x CP | 12: TP 1 -> CP 1, 2, 4 (CP 8: 12 % 8); TP 2 -> CP 1, 2 (2 x 4 = 8 does
     # not divide 12); TP 4 -> CP 1 (4 x 2 = 8 does not divide 12). PP alone: the divisors of
-    # 12 leaving >= 2 ranks per stage: 2, 3, 4, 6. Simplest first: fewer dimensions, a
-    # smaller model-parallel group, then TP before CP before PP.
+    # 12 leaving >= 2 ranks per stage: 2, 3, 4, 6. PP x TP: TP 2 -> pp x 2 | 12 with >= 2
+    # ranks per stage: PP 2 (dp 3), PP 3 (dp 2), not PP 6 (dp 1); TP 4 -> PP 2 (8 does not
+    # divide 12), PP 3 (dp 1): none. Simplest first: fewer dimensions, a smaller
+    # model-parallel group (TP 2 x CP 2 and TP 2 x PP 2: 4, TP 2 x PP 3: 6), then TP before
+    # CP before PP.
     assert layouts(12, 4, 8) == [
         L(), L(tp=2), L(cp=2), L(pp=2), L(pp=3), L(tp=4), L(cp=4), L(pp=4), L(pp=6),
-        L(tp=2, cp=2)]
+        L(tp=2, cp=2), L(tp=2, pp=2), L(tp=2, pp=3)]
 
 
 def test_layouts_cp_stops_where_the_sequence_does_not_split() -> None:

@@ -184,7 +184,7 @@ SMALL = {"model.layers": 8, "model.hidden": 512, "model.heads": 8, "model.ffn": 
 FLAG_PATH = {"--n": "hardware.n", "--pp": "parallel.pp", "--pp-schedule": "parallel.pp_schedule",
              "--pp-microbatches": "parallel.pp_microbatches",
              "--pp-virtual-stages": "parallel.pp_virtual_stages", "--tp": "parallel.tp",
-             "--grad-accum": "training.grad_accum"}
+             "--grad-accum": "training.grad_accum", "--seq": "training.seq"}
 
 
 def _request(*extra: str):
@@ -254,6 +254,90 @@ def test_stage_memory_by_hand():
                                                 + acts.root - acts.root_before + logits)
 
 
+def test_pp_x_tp_stage_memory_by_hand():
+    """pp 2 x dp 2 x tp 2 (8 GPUs, torchtitan's mesh pp, dp, tp), 1F1B, M 4, the model of
+    test_stage_memory_by_hand, bf16-amp. Each stage is TP-parallelized (sequence parallel)
+    and then FSDP2-sharded over dp.
+
+    Rank 0 (embedding + 4 blocks), its TP piece, by hand:
+      block: q, k, v split on dim 0 (3 * 256 * 512 = 393,216), o on dim 1 (512 * 256 =
+             131,072), w1, w3 on dim 0 (2 * 768 * 512 = 786,432), w2 on dim 1 (512 * 768 =
+             393,216), 2 norms replicated (1,024): 1,704,960
+      embedding: vocabulary rows split (RowwiseParallel): 16,000 * 512 = 8,192,000
+      elements = 4 * 1,704,960 + 8,192,000 = 15,011,840
+      sharded params (fp32, dim 0 over dp 2): block 512 + 3 * 128 * 512 + 256 * 256
+             + 2 * 384 * 512 + 256 * 768 = 852,480; embedding 8,000 * 512 = 4,096,000;
+             4 * 852,480 + 4,096,000 = 7,505,920 elements -> 30,023,680 B
+      gathered (bf16) = 2 * 15,011,840 = 30,023,680 B
+      unsharded gradients (fp32): the embedding's is the whole table (DTensor's
+             embedding backward returns it Replicate): (15,011,840 + 32,000 * 512 - 8,192,000)
+             * 4 = 23,203,840 * 4 = 92,815,360 B
+      P2P: 4 gradient receive buffers of 1 x 1024 / 2 x 512 bf16 (sequence-sharded) =
+             4 * 524,288 = 2,097,152 B
+    Rank 1 (4 blocks + norm + head): logits vocab-sharded, 1024 * 16,000 * 2 = 32,768,000 B
+    per micro-batch held; the activation receive buffers 2,097,152 B.
+    """
+    from planner.memory.breakdown import Overheads, Phase
+    from planner.memory.estimator import activation_plan
+    from planner.memory.moments import Activations
+    from planner.memory.pipeline import rank_phases
+    from planner.spec import Candidate, Checkpointing, Strategy
+
+    r = _request("--n", "8", "--pp", "2", "--tp", "2", "--pp-microbatches", "4")
+    m, t = r.model, r.training
+    c = Candidate(strategy=Strategy.FULL_SHARD, checkpointing=Checkpointing.NONE, tp=2)
+    acts = Activations.of(activation_plan(m, t, c))
+    ph = rank_phases(m, t, 0, 2, acts, Overheads(), 2)
+    bwd = ph[Phase.BLOCK_BWD]
+    assert ph[Phase.INIT].params == 30_023_680
+    assert bwd.gathered_params == 30_023_680
+    assert bwd.gradients == 92_815_360
+    assert bwd.optimizer_states == 2 * 30_023_680
+    assert bwd.comm_buffers == 2_097_152
+    # 2 micro-batches in flight, each 4 blocks' kept tensors (TP's share) + the stage's
+    # sequence-sharded output (1 x 512 x 512 x 2 B) + what the root saves first
+    assert bwd.activations == 2 * (4 * acts.kept_per_block + 524_288 + acts.root_before)
+    ph1 = rank_phases(m, t, 1, 2, acts, Overheads(), 2)
+    assert ph1[Phase.BLOCK_BWD].comm_buffers == 2_097_152
+    assert ph1[Phase.BLOCK_BWD].activations == (4 * acts.kept_per_block
+                                                + acts.root - acts.root_before + 32_768_000)
+    # the gradient of the last stage holds no whole table: 4 blocks + norm (512) + the
+    # head's rows (16,000 * 512), fp32
+    assert ph1[Phase.BWD_END].gradients == (4 * 1_704_960 + 512 + 8_192_000) * 4
+
+
+def test_pp_x_tp_fewest_gpus_steps_over_whole_groups():
+    """--find min-gpus under --pp 2 --tp 2: the small model fits anywhere, so the fewest is
+    the smallest layout torchtitan runs with FSDP in each stage: pp 2 x tp 2 x dp 2 = 8; from
+    9 GPUs up, the next multiple of pp x tp = 4 with dp >= 2: 12."""
+    from planner.plan import pipeline_min_gpus
+
+    r = _request("--n", "8", "--pp", "2", "--tp", "2")
+    assert pipeline_min_gpus(r, 1) == 8
+    assert pipeline_min_gpus(r, 9) == 12
+
+
+def test_pp_x_tp_step_time_by_hand():
+    """Each GPU of a TP group is credited 1/tp of the pipeline's tokens: M x mb x seq /
+    (pp x tp) = 4 x 1 x 1024 / 4 = 1,024 tokens per GPU per step; and its compute is the
+    micro-batches' matmuls at tp x the rate: the same dp and M with TP 2 (8 GPUs) compute
+    half the time of TP 1 (4 GPUs)."""
+    from planner.throughput import estimate_step
+    from planner.spec import Candidate, Checkpointing, Strategy
+
+    def step(n: str, tp: int):
+        r = _request("--n", n, "--pp", "2", "--pp-microbatches", "4", "--tp", str(tp))
+        c = Candidate(strategy=Strategy.FULL_SHARD, checkpointing=Checkpointing.NONE, tp=tp)
+        return estimate_step(r.model, r.training, r.cluster, c)
+
+    one, two = step("4", 1), step("8", 2)
+    assert two.tokens_per_s_per_gpu * two.step_time_s == pytest.approx(1024)
+    assert one.tokens_per_s_per_gpu * one.step_time_s == pytest.approx(2048)
+    assert two.compute_s == pytest.approx(one.compute_s / 2)
+    # the sequence-parallel collectives are exposed on top
+    assert two.exposed_comm_s > 0 and two.comm_s >= two.exposed_comm_s
+
+
 def test_gpipe_holds_more_than_1f1b():
     g = _request("--n", "4", "--pp", "2", "--pp-microbatches", "8", "--pp-schedule", "gpipe")
     o = _request("--n", "4", "--pp", "2", "--pp-microbatches", "8")
@@ -269,7 +353,9 @@ def test_gpipe_holds_more_than_1f1b():
     (["--n", "4", "--pp", "2", "--pp-schedule", "dualpipev"], "NOT MODELLED"),
     (["--n", "3", "--pp", "2"], "multiple of 2"),
     (["--n", "2", "--pp", "2"], "at least 2 data-parallel"),
-    (["--n", "4", "--pp", "2", "--tp", "2"], "--tp"),
+    # 4 GPUs = pp 2 x tp 2 leaves one data-parallel rank per stage
+    (["--n", "4", "--pp", "2", "--tp", "2"], "at least 2 data-parallel"),
+    (["--n", "8", "--pp", "2", "--tp", "2", "--seq", "1025"], "not a multiple of TP 2"),
     (["--n", "8", "--pp", "4", "--pp-microbatches", "2"], "--pp-microbatches"),
     (["--n", "4", "--pp", "2", "--pp-schedule", "zbv"], "NOT MODELLED"),
     (["--n", "4", "--pp", "2", "--pp-schedule", "interleaved-1f1b", "--pp-virtual-stages",
@@ -322,6 +408,25 @@ def test_torchtitan_pipeline_read(tmp_path):
     assert doc["inputs"]["training"]["micro_batch"] == 1
 
 
+def test_torchtitan_pp_beside_tp_is_read(tmp_path):
+    """torchtitan's Llama-3-70B recipe (TP 8) with pipeline_parallel_degree 4 on 64 GPUs:
+    FSDP x TP x PP, dp 64 / (4 x 8) = 2; local_batch_size 8 -> 8 micro-batches of 1, 1F1B."""
+    import json
+    from pathlib import Path
+
+    from tests.conftest import run
+
+    text = (Path(__file__).parent / "data" / "jobs" / "torchtitan_llama3_70b.v0.2.0.toml"
+            ).read_text()
+    p = tmp_path / "pp.toml"
+    p.write_text(text.replace("pipeline_parallel_degree = 1", "pipeline_parallel_degree = 4"))
+    doc = json.loads(run("--job", str(p), "--gpu", "h100-80", "--n", "64", "--json").stdout)
+    assert doc["job"]["unmodelled"] == []
+    pp = doc["inputs"]["pp"]
+    assert (pp["degree"], pp["schedule"], pp["microbatches"]) == (4, "1f1b", 8)
+    assert doc["recommendation"]["tp"] == 8
+
+
 def test_torchtitan_unmodelled_schedule_is_a_not_modelled_line(tmp_path):
     import json
 
@@ -354,7 +459,7 @@ def _traced_rank(values: dict, rank: int) -> dict:
 
 def _planned_rank(values: dict, rank: int) -> int:
     """The planner's allocated peak of that rank (no cuBLAS workspace: the trace runs no
-    cuBLAS)."""
+    cuBLAS); under ``parallel.tp`` each stage tensor-parallel, dp = n / (pp x tp)."""
     from planner.fields import SPEC
     from planner.memory.breakdown import PHASES, Overheads
     from planner.memory.estimator import activation_plan
@@ -364,11 +469,13 @@ def _planned_rank(values: dict, rank: int) -> int:
     from planner.spec import Candidate, Checkpointing, Strategy
 
     r = build_request(values, SPEC)
+    tp = values.get("parallel.tp") or 1
     c = Candidate(strategy=Strategy.FULL_SHARD,
-                  checkpointing=Checkpointing(values["checkpointing"]))
+                  checkpointing=Checkpointing(values["checkpointing"]), tp=tp)
     acts = Activations.of(activation_plan(r.model, r.training, c))
-    dp = r.cluster.n_gpus // r.training.pipeline.degree
-    ph = rank_phases(r.model, r.training, rank, dp, acts, Overheads(cublas_workspace_bytes=0))
+    dp = r.cluster.n_gpus // (r.training.pipeline.degree * tp)
+    ph = rank_phases(r.model, r.training, rank, dp, acts, Overheads(cublas_workspace_bytes=0),
+                     tp)
     return max(ph[k].total for k in PHASES)
 
 
@@ -385,6 +492,19 @@ TRACED = [  # (extra values, rank): measured, docs/model.md §8.7
     ({"hardware.n": 8, "parallel.pp": 4, "parallel.pp_microbatches": 8}, 3),
     ({"hardware.n": 8, "parallel.pp": 4, "parallel.pp_microbatches": 8, "model.layers": 14,
       "parallel.pp_schedule": "interleaved-1f1b"}, 1),
+    # FSDP x TP x PP (torchtitan's 405B layout), each stage TP 2 with sequence parallel and
+    # loss_parallel; measured -0.1 .. -0.7 % (docs/model.md §8.7)
+    ({"hardware.n": 8, "parallel.tp": 2}, 0), ({"hardware.n": 8, "parallel.tp": 2}, 1),
+    ({"hardware.n": 8, "parallel.tp": 2, "checkpointing": "full"}, 0),
+    ({"hardware.n": 8, "parallel.tp": 2, "parallel.pp_schedule": "interleaved-1f1b"}, 0),
+    ({"hardware.n": 16, "parallel.tp": 4}, 1),
+    ({"hardware.n": 8, "parallel.tp": 2, "checkpointing": "selective"}, 1),
+    pytest.param({"hardware.n": 16, "parallel.tp": 4, "checkpointing": "selective"}, 1,
+                 marks=pytest.mark.xfail(strict=True, reason=(
+                     "measured -2.19 %: under TP with op-level selective checkpointing the "
+                     "last stage's 4 blocks hold 5.6 MB more than tp_saved(op_sac_kept) (6.6 MB "
+                     "at tp 2, -1.32 %: mostly not divided by tp); cause not found "
+                     "(docs/model.md §8.7)"))),
 ]
 
 

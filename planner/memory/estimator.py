@@ -430,11 +430,13 @@ def pipeline_estimate(model: ModelSpec, training: TrainingSpec, candidate: Candi
                       context: Any, host_capacity: Any, margin: float,
                       ov: Overheads) -> Estimate:
     """Under ``--pp`` (planner/memory/pipeline.py): the moments of the fullest pipeline rank,
-    FSDP2 over its n / pp data-parallel ranks. One NCCL communicator for the stage's FSDP
-    group and one for the pipeline's send/recv."""
+    FSDP2 over its n / (pp x tp) data-parallel ranks, each stage tensor-parallel over
+    ``candidate.tp``. One NCCL communicator for the stage's FSDP group, one for the
+    pipeline's send/recv and one for the TP group."""
     p = training.pipeline
-    dp = n_gpus // p.degree
-    rank, phases = fullest_rank(model, training, dp, acts, ov)
+    tp = candidate.tp
+    dp = n_gpus // (p.degree * tp)
+    rank, phases = fullest_rank(model, training, dp, acts, ov, tp)
     stages = rank_stages(p, rank)
     note = (f"pipeline {p.schedule}, {p.degree} ranks x {p.virtual} stage(s), "
             f"{p.microbatches} micro-batches: rank {rank} (stages "
@@ -448,8 +450,8 @@ def pipeline_estimate(model: ModelSpec, training: TrainingSpec, candidate: Candi
                                                 min(n_gpus, gpus_per_node)),
                       risk=risk_band(candidate.strategy, training.compile,
                                      is_finetune(training)))
-    # FSDP's shard group and the pipeline's point-to-point group
-    return dataclasses.replace(est, nccl_bytes=2 * ov.nccl_bytes_per_communicator)
+    # FSDP's shard group, the pipeline's point-to-point group and the TP group
+    return dataclasses.replace(est, nccl_bytes=(2 + (tp > 1)) * ov.nccl_bytes_per_communicator)
 
 
 def from_phases(candidate: Candidate, phases: dict[Phase, Breakdown], *, degree: Any,

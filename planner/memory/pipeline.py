@@ -19,6 +19,16 @@ What differs from the FSDP moments of planner/memory/moments.py:
   (``_setup_backward_recv_info``, stages before the last), each micro-batch x seq x hidden
   in the compute dtype, alive for the whole run.
 
+Under tensor parallel beside the pipeline (``--pp`` with ``--tp``, torchtitan's FSDP x TP x
+PP): each stage's modules are TP-parallelized over the tp mesh dimension first and then
+FSDP2-sharded over dp (``parallelize_llama``: ``apply_tp`` before ``apply_fsdp``, on every
+model part ``pipeline_llm`` returns). A rank holds its TP shard of every matrix (``tp_local``),
+the activations of its tp share (the candidate's ``tp``: planner/activations.py ``tp_saved``),
+and, as sequence parallel leaves every block's output sharded on the sequence (the last
+``RowwiseParallel(output_layouts=Shard(1))`` returns the local tensor, and pipelining sends
+the stage's local output), its stage outputs and P2P buffers at seq / tp; the last stage's
+logits are vocab-sharded (``loss_parallel``).
+
 Every rank is evaluated; the fullest decides the fit. Scalars only (the report refuses
 ``--pp``).
 """
@@ -41,26 +51,60 @@ INPUT_MODULES = ("embed.", "pos_embed.", "type_embed.", "embed_norm")
 the head go to the last (``norm``, ``output``)."""
 
 
-def rank_groups(model: ModelSpec, blocks: int, first: bool, last: bool
+ROWWISE = ("attn.o.weight", "mlp.down.weight")
+"""Block matrices torchtitan splits on their input dimension (``RowwiseParallel``: the
+attention output ``wo`` and the MLP's ``w2``); their biases stay replicated."""
+
+
+def tp_local(name: str, shape: tuple[int, ...], tp: int) -> tuple[int, ...]:
+    """The shape of one TP rank's piece of a parameter under torchtitan's ``apply_tp`` plan:
+    norms (``SequenceParallel``) and the row-wise layers' biases replicated; the row-wise
+    matrices split on dim 1; everything else (q/k/v, gate/up: ``ColwiseParallel``; the
+    embedding: ``RowwiseParallel`` over its vocabulary rows; the head: ``ColwiseParallel``)
+    on dim 0. FSDP2 then shards dim 0 of that local piece."""
+    if tp == 1 or "norm" in name or name in ("attn.o.bias", "mlp.down.bias"):
+        return shape
+    if name in ROWWISE:
+        return (shape[0], shape[1] // tp, *shape[2:])
+    return (shape[0] // tp, *shape[1:])
+
+
+def rank_groups(model: ModelSpec, blocks: int, first: bool, last: bool, tp: int = 1
                 ) -> list[tuple[str, tuple[int, ...], int]]:
-    """(name, shape, how many) of the parameters one rank holds."""
-    out = [(n, s, blocks) for n, s in block_tensors(model)] if blocks else []
+    """(name, shape, how many) of the parameters one rank holds (its TP piece)."""
+    out = [(n, tp_local(n, s, tp), blocks) for n, s in block_tensors(model)] if blocks else []
     for n, s in root_tensors(model):
         if n.startswith(INPUT_MODULES) and first or not n.startswith(INPUT_MODULES) and last:
-            out.append((n, s, 1))
+            out.append((n, tp_local(n, s, tp), 1))
     return out
 
 
+def whole_table(model: ModelSpec, first: bool, tp: int) -> int:
+    """Elements the first stage's embedding gradient holds beyond its TP piece. DTensor has no
+    sharding rule for ``embedding_dense_backward`` over a vocabulary-sharded table: the
+    gradient comes back ``Replicate``, the whole table on every TP rank (docs/model.md §8.5),
+    and under PP FSDP2 accumulates it whole in the reduce dtype
+    (``FSDPParam.to_accumulated_grad_if_needed``) until REDUCE_GRAD, where
+    ``_get_grad_inner_tensor`` redistributes it to the parameter's ``Shard(0)`` (a copy of the
+    rank's rows). Traced (tests/test_pipeline.py)."""
+    if tp == 1 or not first:
+        return 0
+    table = sum(numel(s) for n, s in root_tensors(model) if n.startswith("embed."))
+    return table - table // tp
+
+
 def stage_sizes(model: ModelSpec, training: TrainingSpec, layers: list[int],
-                stages: tuple[int, ...], acts: Activations, c: int) -> dict[int, Any]:
+                stages: tuple[int, ...], acts: Activations, c: int, tp: int = 1
+                ) -> dict[int, Any]:
     """Bytes one micro-batch holds on each stage of the rank: its blocks' saved tensors, its
     output (cached until its backward; the last stage's is the logits), what the root saves
     before the blocks on the first stage, and the final norm's, the head's and the loss's
-    on the last."""
+    on the last. Under TP the output is the rank's piece: seq / tp positions of a block's
+    output (sequence parallel), vocab / tp of the logits (``loss_parallel``)."""
     t = training.micro_batch * training.seq
     last = len(layers) - 1
     return {s: layers[s] * acts.kept_per_block
-            + t * (model.vocab if s == last else model.hidden) * c
+            + t * (model.vocab if s == last else model.hidden) // tp * c
             + (acts.root_before if s == 0 else 0)
             + (acts.root - acts.root_before if s == last else 0) for s in stages}
 
@@ -77,27 +121,29 @@ def held_bytes(training: TrainingSpec, rank: int, size: dict[int, Any], last: in
     return most, at_loss
 
 
-def units(model: ModelSpec, first: bool, last: bool, blocks: int) -> tuple[int, int]:
-    """(the rank's largest FSDP unit, the unit its backward reaches last) in elements; units
-    as torchtitan's ``apply_fsdp`` makes them: a block, the embedding, the norm + head. The
-    last one reached is the embedding on the first stage, else a block."""
-    roots = rank_groups(model, 0, first, last)
-    block = sum(numel(s) for _, s in block_tensors(model))
+def units(model: ModelSpec, first: bool, last: bool, blocks: int, tp: int = 1
+          ) -> tuple[int, int]:
+    """(the rank's largest FSDP unit, the unit its backward reaches last) in elements (of its
+    TP piece); units as torchtitan's ``apply_fsdp`` makes them: a block, the embedding, the
+    norm + head. The last one reached is the embedding on the first stage, else a block."""
+    roots = rank_groups(model, 0, first, last, tp)
+    block = sum(numel(tp_local(n, s, tp)) for n, s in block_tensors(model))
     embed = sum(numel(s) for n, s, _ in roots if n.startswith(INPUT_MODULES))
     head = sum(numel(s) for n, s, _ in roots if not n.startswith(INPUT_MODULES))
     return max(block if blocks else 0, embed, head), embed if first else block
 
 
 def rank_phases(model: ModelSpec, training: TrainingSpec, rank: int, dp: int,
-                acts: Activations, ov: Overheads) -> dict[Phase, Breakdown]:
-    """The moments of one step on pipeline rank ``rank`` (of ``dp`` data-parallel ranks)."""
+                acts: Activations, ov: Overheads, tp: int = 1) -> dict[Phase, Breakdown]:
+    """The moments of one step on pipeline rank ``rank`` (of ``dp`` data-parallel ranks, each
+    stage tensor-parallel over ``tp``; ``acts`` counted for that tp)."""
     p = training.pipeline
     n_stages = p.n_stages
     layers = pipeline.stage_layers(model.n_layers, n_stages)
     stages = pipeline.rank_stages(p, rank)
     first, last = 0 in stages, n_stages - 1 in stages
     blocks = sum(layers[s] for s in stages)
-    groups = rank_groups(model, blocks, first, last)
+    groups = rank_groups(model, blocks, first, last, tp)
     fd = training.fsdp_dtypes
     d = dtypes(Strategy.FULL_SHARD, training.precision, fd)
     elems = sum(k * numel(s) for _, s, k in groups)
@@ -107,13 +153,15 @@ def rank_phases(model: ModelSpec, training: TrainingSpec, rank: int, dp: int,
                                                             dp, groups),
                      cublas_workspace=ov.cublas_workspace_bytes)
     gathered = elems * fd.param
-    unsharded_grads = elems * fd.reduce
-    size = stage_sizes(model, training, layers, stages, acts, d.compute)
+    whole = whole_table(model, first, tp)
+    unsharded_grads = (elems + whole) * fd.reduce
+    size = stage_sizes(model, training, layers, stages, acts, d.compute, tp)
     activations, at_loss = held_bytes(training, rank, size, n_stages - 1)
-    boundary = training.micro_batch * training.seq * model.hidden * d.compute
+    # a received activation / its gradient: seq / tp positions under sequence parallel
+    boundary = training.micro_batch * training.seq * model.hidden // tp * d.compute
     p2p = sum(p.microbatches * boundary * ((s != 0) + (s != n_stages - 1)) for s in stages)
     grads_at_peak = unsharded_grads if pipeline.steady(p, rank) else 0
-    rs_unit, last_unit = units(model, first, last, blocks)
+    rs_unit, last_unit = units(model, first, last, blocks, tp)
     held = base.plus(gathered_params=gathered, activations=activations,
                      gradients=grads_at_peak, comm_buffers=p2p)
     loss = held.plus(activations=at_loss - activations)
@@ -131,11 +179,17 @@ def rank_phases(model: ModelSpec, training: TrainingSpec, rank: int, dp: int,
             # ``to_accumulated_grad_if_needed``)
             held.plus(activations=-max(size.values()),
                       gradients=unsharded_grads - grads_at_peak,
-                      transients=last_unit * fd.param)])[1],
+                      transients=(last_unit + whole) * fd.param)])[1],
         # REDUCE_GRAD: each unit's post_backward reshards, then allocates its reduce-scatter
-        # input (``foreach_reduce``) while every unsharded gradient still exists
-        Phase.BWD_END: base.plus(gathered_params=gathered, gradients=unsharded_grads,
-                                 comm_buffers=p2p + rs_unit * fd.reduce),
+        # input (``foreach_reduce``) while every unsharded gradient still exists; under TP
+        # the embedding's unit first copies its rows out of its whole gradient
+        # (``unsharded_accumulated_grad_data``) and then drops the whole one
+        # (``FSDPParamGroup.post_backward``: ``unsharded_accumulated_grad = None``)
+        Phase.BWD_END: largest([
+            base.plus(gathered_params=gathered, gradients=unsharded_grads - whole * fd.reduce,
+                      comm_buffers=p2p + rs_unit * fd.reduce),
+            base.plus(gathered_params=gathered, gradients=unsharded_grads,
+                      comm_buffers=p2p, transients=(whole and last_unit) * fd.reduce)])[1],
         Phase.OPTIMIZER: base.plus(gradients=local * d.grad, comm_buffers=p2p,
                                    optimizer_temporaries=optimizer_temp_bytes(
                                        max(numel(s) for _, s, _ in groups), local, training,
@@ -144,11 +198,11 @@ def rank_phases(model: ModelSpec, training: TrainingSpec, rank: int, dp: int,
 
 
 def fullest_rank(model: ModelSpec, training: TrainingSpec, dp: int, acts: Activations,
-                 ov: Overheads) -> tuple[int, dict[Phase, Breakdown]]:
+                 ov: Overheads, tp: int = 1) -> tuple[int, dict[Phase, Breakdown]]:
     """(rank, its moments) of the pipeline rank with the largest peak."""
     best: tuple[Any, int, dict[Phase, Breakdown]] | None = None
     for rank in range(training.pipeline.degree):
-        phases = rank_phases(model, training, rank, dp, acts, ov)
+        phases = rank_phases(model, training, rank, dp, acts, ov, tp)
         peak = largest([phases[ph] for ph in PHASES])[1].total
         if best is None or peak > best[0]:
             best = (peak, rank, phases)

@@ -172,19 +172,19 @@ def parallelism(r: Reader, par: dict, exp: dict, par_section: str) -> None:
     reshard = par.get("fsdp_reshard_after_forward")
     pp = deg("pipeline_parallel_degree", exp if "pipeline_parallel_degree" in exp else par,
              "experimental" if "pipeline_parallel_degree" in exp else par_section)
-    # the planner's pipeline has FSDP inside each stage and nothing else: PP beside TP or CP
-    # (torchtitan's 3D/4D meshes) is a NOT MODELLED line, so a gate rejects it by name
+    # the planner's pipeline has FSDP, and TP, inside each stage (FSDP x TP x PP, torchtitan's
+    # 405B recipe): PP beside CP (its 4D mesh) is a NOT MODELLED line, so a gate rejects it by
+    # name
     beside = [f"{what} degree {d}" for what, d in
-              (("tensor parallel", deg("tensor_parallel_degree", par, par_section)),
-               ("context parallel", deg("context_parallel_degree", par, par_section)))
+              (("context parallel", deg("context_parallel_degree", par, par_section)),)
               if isinstance(d, int) and d > 1]
     pp_where = "experimental" if "pipeline_parallel_degree" in exp else par_section
     if isinstance(pp, int) and pp > 1 and beside:
         key = f"[{pp_where}] pipeline_parallel_degree"
         r.set("parallel.pp", Unmodelled(pp, f"pipeline parallel degree {pp} with "
                                         f"{' and '.join(beside)} ({r.name} {key}) is not "
-                                        "modelled: fitcheck --pp models FSDP inside each "
-                                        "stage only"), key)
+                                        "modelled: fitcheck --pp models FSDP and TP inside "
+                                        "each stage only"), key)
     elif isinstance(pp, int) and pp > 1:
         pipeline(r, exp if "pipeline_parallel_schedule" in exp else par,
                  "experimental" if "pipeline_parallel_schedule" in exp else par_section,
