@@ -876,7 +876,8 @@ def step_inputs_at(model: ModelSpec, training: TrainingSpec, candidate: Candidat
     # own without a policy, the same numbers as the precision-based ones below)
     fd = training.fsdp_dtypes
     p_block, p_head = matmul_params(model)
-    f8 = float8_inputs(model, training, candidate, rates, mb * seq, n,
+    # a GPU casts its own tokens: under context parallel seq / cp of each sequence
+    f8 = float8_inputs(model, training, candidate, rates, mb * seq / training.cp, n,
                        peak=rates.peak_fsdp if fsdp else rates.peak)
     gather_b = float(fd.param if fsdp else gather_bytes(precision))
     if fsdp and "f8_gather_saving" in f8:  # float8 all-gather: fewer bytes per parameter

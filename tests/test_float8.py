@@ -72,6 +72,27 @@ def test_float8_lowers_step_time_and_fsdp_buffers():
     assert t1 < t0
 
 
+def test_cast_time_counts_a_gpus_own_tokens_under_context_parallel():
+    """Under --cp 2 a GPU casts the inputs and output gradients of its 8192 / 2 = 4096 tokens
+    only; the weights (per micro-batch) are cast whole on every GPU. llama3-8b tensorwise,
+    eager: forward per token 32 x 38,912 = 1,245,184 elements (test_cast_elements_by_hand), so
+    the token part of the forward cast time is 33 B x 1,245,184 x tokens / HBM: halving the
+    tokens halves it, the weight part (32 x 218,103,808 elements) stays."""
+    from planner.float8 import CAST_TRAFFIC_EAGER
+    from planner.throughput import step_inputs
+
+    c = Candidate(strategy=Strategy.FULL_SHARD, checkpointing=Checkpointing.SELECTIVE)
+    one = _req(**{"training.float8": "tensorwise"})
+    two = _req(**{"training.float8": "tensorwise", "parallel.cp": 2})
+    hbm = one.cluster.gpu.hbm_bandwidth_bytes_per_s
+    per_elem = CAST_TRAFFIC_EAGER / hbm
+    weights = 32 * 218_103_808 * per_elem
+    x1 = step_inputs(one.model, one.training, one.cluster, c)
+    x2 = step_inputs(two.model, two.training, two.cluster, c)
+    assert x1.f8_cast_fwd_s == pytest.approx(32 * 38_912 * 8192 * per_elem + weights)
+    assert x2.f8_cast_fwd_s == pytest.approx(32 * 38_912 * 4096 * per_elem + weights)
+
+
 @pytest.mark.parametrize("extra, field", [
     ({"hardware.gpu": "a100-80", "training.float8": "tensorwise"}, "--float8"),
     ({"training.float8": "rowwise", "training.float8_all_gather": True}, "--float8-all-gather"),
