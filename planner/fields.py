@@ -513,8 +513,9 @@ FIELDS: tuple[Field, ...] = (
           "tokens x top_k (1: balanced routing; N: all of the group's on one GPU)."),
     Field(path="parallel.mesh", flag="--mesh", check=_choice(MeshMode),
           choices=_names(MeshMode), default=MeshMode.GIVEN.value,
-          help="given: the --tp/--pp/--cp degrees as given. auto: search every modelled layout "
-          "of the GPUs (TP 1/2/4/8 x CP, or PP alone or x TP) and plan the one that fits with the most "
+          help="given: the --tp/--pp/--cp/--ep degrees as given. auto: search every modelled "
+          "layout of the GPUs (TP 1/2/4/8 x CP, PP alone or x TP, EP for an MoE model) and plan "
+          "the one that fits with the most "
           "tokens/s per GPU, the simpler within 2 % (fitcheck plan only; docs/model.md "
           "\"Mesh search\")."),
     # ---- DeepSpeed (the ZeRO candidates; DeepSpeed's defaults, docs/model.md "DeepSpeed ZeRO")

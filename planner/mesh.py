@@ -1,16 +1,16 @@
 """The mesh search (`fitcheck plan --mesh auto`): which parallel layout of the GPUs to run.
 
 A layout is torchtitan's ``ParallelDims`` less what fitcheck does not search: tensor parallel
-``tp`` inside a node, context parallel ``cp`` and pipeline parallel ``pp``; the rest of the GPUs
+``tp`` inside a node, context parallel ``cp``, pipeline parallel ``pp`` and expert parallel
+``ep`` (which borrows data-parallel ranks); the rest of the GPUs
 is data parallel (FSDP2's dp_shard, or HSDP's dp_replicate x dp_shard, which the plan of each
 layout already chooses among as strategies). ``layouts`` lists the layouts the model covers
 (docs/model.md "Mesh search"): TP x CP (§8.4, §8.6) and PP alone or x TP (§8.7; PP beside CP
-is NOT MODELLED and not listed). Expert parallel (`--ep`) is not searched: a given --ep is
-kept in every layout (and refuses those EP does not combine with); searching it would be
-one more degree of ``Layout`` and one more loop in ``layouts``.
+is NOT MODELLED and not listed) and, for an MoE model, EP alone (§8.8: EP beside TP, CP or PP is
+not modelled).
 
 Each layout is planned by the plan every other path runs: its request is built by
-``planner.request.build_request`` from the user's values with ``--tp``/``--pp``/``--cp`` set
+``planner.request.build_request`` from the user's values with ``--tp``/``--pp``/``--cp``/``--ep`` set
 (so every rule that refuses a degree for this model refuses it here, by the same message),
 then ``planner.plan.plan``. The layouts whose recommendation fits are ranked by that
 recommendation's predicted tokens/s per GPU; within ``planner.plan.TIE`` of the fastest the
@@ -47,16 +47,20 @@ class Layout:
     tp: int = 1
     pp: int = 1
     cp: int = 1
+    ep: int = 1
+    """Expert parallel: borrows its ranks from the data-parallel ones (torchtitan), so the
+    data-parallel degree stays n / (tp x pp x cp)."""
 
     def degrees(self) -> tuple[tuple[str, int], ...]:
-        return (("TP", self.tp), ("CP", self.cp), ("PP", self.pp))
+        return (("TP", self.tp), ("CP", self.cp), ("EP", self.ep), ("PP", self.pp))
 
-    def simplicity(self) -> tuple[int, int, int, int, int]:
+    def simplicity(self) -> tuple[int, int, int, int, int, int]:
         """Simplest first: fewer parallel dimensions, then a smaller model-parallel group
-        (more of the GPUs plain data parallel), then PP last, CP next (PP adds a schedule and
-        a bubble, CP a ring round attention, TP collectives inside a node only)."""
+        (more of the GPUs plain data parallel), then PP last, EP before it, CP before that (PP
+        adds a schedule and a bubble, EP all-to-alls in every MoE layer, CP a ring round
+        attention, TP collectives inside a node only)."""
         dims = sum(d > 1 for _, d in self.degrees())
-        return (dims, self.tp * self.pp * self.cp, self.pp, self.cp, self.tp)
+        return (dims, self.tp * self.pp * self.cp * self.ep, self.pp, self.ep, self.cp, self.tp)
 
     def label(self, n_gpus: int) -> str:
         """'TP 2 x CP 4 (dp 64)', or 'data parallel only (dp 512)'."""
@@ -65,7 +69,7 @@ class Layout:
         return f"{' x '.join(parts) or 'data parallel only'} (dp {dp})"
 
 
-def layouts(n_gpus: int, gpus_per_node: int, seq: int) -> list[Layout]:
+def layouts(n_gpus: int, gpus_per_node: int, seq: int, experts: int = 1) -> list[Layout]:
     """Every layout of ``n_gpus`` the mesh search plans, simplest first.
 
     - TP in 1, 2, 4, 8 that fit in a node and divide the GPUs (torchtitan's TP inside a
@@ -74,7 +78,9 @@ def layouts(n_gpus: int, gpus_per_node: int, seq: int) -> list[Layout]:
       sharding) and whose group, times TP, divides the GPUs;
     - PP, every divisor of the GPUs leaving at least 2 data-parallel ranks per stage (the
       pipeline is modelled with FSDP2 inside each stage), alone or with a TP of the list
-      above in each stage (torchtitan's FSDP x TP x PP; no CP beside it).
+      above in each stage (torchtitan's FSDP x TP x PP; no CP beside it);
+    - EP (an MoE model's ``experts``), a power of two dividing the experts and the GPUs, alone
+      (expert parallel is modelled with FSDP2 only: no TP, CP or PP beside it).
     Whether the model allows a degree (heads per TP rank, stages per layer count, CP's
     attention) is the request builder's to say, per layout."""
     out = []
@@ -87,6 +93,10 @@ def layouts(n_gpus: int, gpus_per_node: int, seq: int) -> list[Layout]:
             cp *= 2
     out += [Layout(pp=pp, tp=tp) for tp in MESH_TP for pp in range(2, n_gpus // 2 + 1)
             if tp <= gpus_per_node and n_gpus % (pp * tp) == 0 and n_gpus // (pp * tp) >= 2]
+    ep = 2
+    while experts > 1 and experts % ep == 0 and n_gpus % ep == 0:
+        out.append(Layout(ep=ep))
+        ep *= 2
     return sorted(out, key=Layout.simplicity)
 
 
@@ -125,7 +135,7 @@ class MeshAnswer:
 
         def one(t: Tried) -> dict[str, Any]:
             lay = t.layout
-            return {"tp": lay.tp, "pp": lay.pp, "cp": lay.cp,
+            return {"tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "ep": lay.ep,
                     "dp": n // (lay.tp * lay.pp * lay.cp),
                     "fits": t.tokens_per_s_per_gpu is not None,
                     "tokens_per_s_per_gpu": t.tokens_per_s_per_gpu, "problem": t.problem}
@@ -150,14 +160,15 @@ def search(values: Mapping[str, Any], naming: Naming = FLAGS, rank: str = "throu
     """`--mesh auto`: plan every layout (``layouts``) of the request's GPUs, recommend the one
     that fits with the most tokens/s per GPU (``pick``), or the simpler within the tie."""
     v = parse({**values, "parallel.mesh": "given"}, naming)
-    for path, free in (("parallel.tp", "auto"), ("parallel.pp", 1), ("parallel.cp", 1)):
+    for path, free in (("parallel.tp", "auto"), ("parallel.pp", 1), ("parallel.cp", 1),
+                       ("parallel.ep", 1)):
         if v[path] != free:
-            raise naming.fail(path, "--mesh auto searches the TP, PP and CP degrees itself; "
+            raise naming.fail(path, "--mesh auto searches the TP, PP, CP and EP degrees itself; "
                               "give none of them (or --mesh given)")
     n, seq = v["hardware.n"], v["training.seq"]
     base = build_request({**values, "parallel.mesh": "given"}, naming)  # the plan as given
     tried = [_plan(values, naming, lay, rank)
-             for lay in layouts(n, base.cluster.gpus_per_node, seq)]
+             for lay in layouts(n, base.cluster.gpus_per_node, seq, base.model.n_experts)]
     fit = [t for t in tried if t.tokens_per_s_per_gpu is not None]
     i = pick([(t.layout, t.tokens_per_s_per_gpu) for t in fit])
     if i < 0:
@@ -189,9 +200,11 @@ def _shown(best: Tried, tried: list[Tried], fit: list[Tried], n: int) -> tuple[s
 
 def _plan(values: Mapping[str, Any], naming: Naming, lay: Layout, rank: str) -> Tried:
     given = {**values, "parallel.mesh": "given", "parallel.tp": lay.tp,
-             "parallel.pp": lay.pp, "parallel.cp": lay.cp}
+             "parallel.pp": lay.pp, "parallel.cp": lay.cp, "parallel.ep": lay.ep}
     if lay.pp == 1:
         given.update(dict.fromkeys(PIPELINE_FIELDS))
+    if lay.ep == 1:
+        given["parallel.ep_imbalance"] = None  # given for the EP layouts only
     try:
         r = build_request(given, naming)
     except FitcheckError as exc:

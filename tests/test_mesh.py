@@ -47,6 +47,16 @@ def test_layouts_cp_stops_where_the_sequence_does_not_split() -> None:
     assert layouts(4, 1, 4) == [L(), L(cp=2), L(pp=2)]
 
 
+def test_layouts_of_an_moe_model_add_expert_parallel() -> None:
+    # 4 GPUs, 1 per node, seq 4, 4 experts: the dense list (test above: L(), CP 2, PP 2) and EP
+    # a power of two dividing both the experts and the GPUs: EP 2, EP 4 (EP 8: 4 % 8). Order:
+    # EP 2's group (2) ties CP 2's and PP 2's; PP last, then EP, then CP: CP 2, EP 2, PP 2;
+    # EP 4 (group 4) after them
+    assert layouts(4, 1, 4, experts=4) == [L(), L(cp=2), L(ep=2), L(pp=2), L(ep=4)]
+    # 6 experts: EP 2 only (4 does not divide 6)
+    assert [x for x in layouts(4, 1, 4, experts=6) if x.ep > 1] == [L(ep=2)]
+
+
 def test_ties_go_to_the_simpler_layout() -> None:
     # within 2 %: 1000 / 990 = 1.0101 -> data parallel (0 dimensions) beats TP 2
     assert pick([(L(tp=2), 1000.0), (L(), 990.0)]) == 1
@@ -64,7 +74,7 @@ def _oracle(values: dict, lays: list[Layout]) -> tuple[Layout | None, float]:
     for lay in lays:
         try:
             r = build_request({**values, "parallel.tp": lay.tp, "parallel.pp": lay.pp,
-                               "parallel.cp": lay.cp})
+                               "parallel.cp": lay.cp, "parallel.ep": lay.ep})
         except UsageError:
             continue
         a = plan(r)
@@ -85,6 +95,8 @@ def _oracle(values: dict, lays: list[Layout]) -> tuple[Layout | None, float]:
     {"model.preset": "llama3-8b", "hardware.gpu": "h100-80", "hardware.n": 16,
      "training.seq": 8192},
     {"model.preset": "llama3-70b", "hardware.gpu": "a100-40", "hardware.n": 16},
+    # an MoE model: the EP layouts (2, 4, 8 of Mixtral's 8 experts) are searched too
+    {"model.preset": "mixtral-8x7b", "hardware.gpu": "h100-80", "hardware.n": 32},
 ])
 def test_search_equals_the_best_of_each_layout_planned_alone(values: dict) -> None:
     m = search(values)
@@ -94,7 +106,7 @@ def test_search_equals_the_best_of_each_layout_planned_alone(values: dict) -> No
     assert m.chosen.tokens_per_s_per_gpu == pytest.approx(tps, rel=1e-12)
     # the plan shown is that layout's own plan
     r = build_request({**values, "parallel.tp": want.tp, "parallel.pp": want.pp,
-                       "parallel.cp": want.cp})
+                       "parallel.cp": want.cp, "parallel.ep": want.ep})
     assert m.answer.recommendation.candidate == plan(r).recommendation.candidate
     assert m.answer.recommendation.reasons[0].startswith(f"mesh {want.label(values['hardware.n'])}")
 
@@ -147,7 +159,7 @@ def test_cli_mesh_auto_nothing_fits_lists_every_layout() -> None:
 
 
 @pytest.mark.parametrize("extra,flag", [(["--tp", "4"], "--tp"), (["--pp", "2"], "--pp"),
-                                        (["--cp", "2"], "--cp"),
+                                        (["--cp", "2"], "--cp"), (["--ep", "2"], "--ep"),
                                         (["--find", "min-gpus"], "--mesh")])
 def test_cli_mesh_auto_refuses_given_degrees(extra: list[str], flag: str) -> None:
     res = run("--model", "llama3-8b", "--gpu", "h100-80", "--n", "8", "--mesh", "auto", *extra)
