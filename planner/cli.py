@@ -184,6 +184,21 @@ def cli() -> None:
     """fitcheck: will this training run fit, with which strategy?"""
 
 
+def _changes(f, raw) -> bool:
+    """The option was given a value that is not its default, as the field's own check reads
+    both ("--pp 1" and "--ep-imbalance 1.0" are the defaults; "--tp 1" is no tensor parallel,
+    as "auto" without TP). A value the check refuses counts as given: the plan that follows
+    names it."""
+    if raw in (None, False, ()) or raw in (f.default, f.shown_default):
+        return False
+    try:
+        value = f.check(raw)
+        default = None if f.default is None else f.check(f.default)
+    except Exception:  # noqa: BLE001 - the refusal is the plan's to word
+        return True
+    return value != default and not (f.path == "parallel.tp" and value == 1)
+
+
 @cli.command("plan")
 @field_options(MODEL + TRAINING + FINETUNE + HARDWARE + CANDIDATES + VERDICT + DEEPSPEED)
 @click.option("--find", type=click.Choice(["min-gpus", "max-micro-batch", "max-seq"]),
@@ -232,10 +247,7 @@ def plan_cmd(as_json: bool, wide: bool, find: str | None, job_paths: tuple[str, 
         if job_paths:
             raise UsageError("--from-trace plans the --config it is given, not a --job file")
         untraced = [f.flag for f in FIELDS if f.section in ("finetune", "parallel")
-                    and kw.get(f.dest) not in (None, f.default, f.shown_default, False)
-                    and not (f.path in ("parallel.tp", "parallel.pp", "parallel.cp",
-                                        "parallel.ep", "parallel.ep_imbalance")
-                             and str(kw.get(f.dest)).strip() in ("1", "1.0"))]  # 1: none
+                    and _changes(f, kw.get(f.dest))]
         if untraced:
             raise UsageError(f"--from-trace: {', '.join(untraced)} not traced yet; drop "
                              "--from-trace for the analytic plan")

@@ -49,6 +49,27 @@ def _group(ep: int) -> Any:
     return dist.group.WORLD
 
 
+def _rows(ep: int, tokens: int, top_k: int, imbalance: float) -> tuple[int, int]:
+    """(rows this rank routes, rows its experts receive); the all-to-alls need both to split
+    evenly over the EP ranks."""
+    n_rows = tokens * top_k
+    r_rows = int(imbalance * n_rows) if ep > 1 else n_rows
+    if n_rows % ep or r_rows % ep:
+        raise ValueError("the routed and received rows must split evenly over the EP ranks")
+    return n_rows, r_rows
+
+
+def _layer_inputs(tokens: int, top_k: int, hidden: int, ffn: int, c: Any) -> tuple:
+    """(x, expert ids, router scores, w1, w2, w3) of one MoE layer, fake tensors (call inside
+    a FakeTensorMode)."""
+    x = torch.empty(tokens, hidden, dtype=c, requires_grad=True)
+    ids = torch.empty(tokens, top_k, dtype=torch.int64)
+    scores = torch.empty(tokens, top_k, dtype=torch.float32, requires_grad=True)
+    w1, w3 = (torch.empty(hidden, ffn, dtype=c, requires_grad=True) for _ in range(2))
+    w2 = torch.empty(ffn, hidden, dtype=c, requires_grad=True)
+    return x, ids, scores, w1, w2, w3
+
+
 def dispatch_bytes(*, ep: int, tokens: int, top_k: int, hidden: int, ffn: int,
                    imbalance: float = 1.0, dtype: str = "bf16") -> dict[str, int]:
     """One MoE layer's routed path on EP rank 0 (``ep`` 1: the local dispatcher), forward
@@ -58,18 +79,11 @@ def dispatch_bytes(*, ep: int, tokens: int, top_k: int, hidden: int, ffn: int,
     from torch.distributed._functional_collectives import all_to_all_single_autograd
 
     c = DTYPES[dtype]
-    n_rows = tokens * top_k
-    r_rows = int(imbalance * n_rows) if ep > 1 else n_rows
-    if n_rows % ep or r_rows % ep:
-        raise ValueError("the routed and received rows must split evenly over the EP ranks")
+    n_rows, r_rows = _rows(ep, tokens, top_k, imbalance)
     group = _group(ep) if ep > 1 else None
     try:
         with FakeTensorMode():
-            x = torch.empty(tokens, hidden, dtype=c, requires_grad=True)
-            ids = torch.empty(tokens, top_k, dtype=torch.int64)
-            scores = torch.empty(tokens, top_k, dtype=torch.float32, requires_grad=True)
-            w1, w3 = (torch.empty(hidden, ffn, dtype=c, requires_grad=True) for _ in range(2))
-            w2 = torch.empty(ffn, hidden, dtype=c, requires_grad=True)
+            x, ids, scores, w1, w2, w3 = _layer_inputs(tokens, top_k, hidden, ffn, c)
             meter = LiveBytes()
             meter.hold(x, ids, scores, w1, w2, w3)
             base = meter.live
@@ -194,25 +208,16 @@ def sac_bytes(*, ep: int, tokens: int, top_k: int, hidden: int, ffn: int,
     as torchtitan wraps the MoE module: ``left`` what the forward leaves above the inputs
     (the policy's cache and the checkpoint's own), ``bwd_peak`` the backward's peak above
     where it starts."""
-    from functools import partial
-
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._functional_collectives import all_to_all_single_autograd
     from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
     c = torch.bfloat16
-    n_rows = tokens * top_k
-    r_rows = int(imbalance * n_rows) if ep > 1 else n_rows
-    if n_rows % ep or r_rows % ep:
-        raise ValueError("the routed and received rows must split evenly over the EP ranks")
+    n_rows, r_rows = _rows(ep, tokens, top_k, imbalance)
     group = _group(ep) if ep > 1 else None
     try:
         with FakeTensorMode():
-            x = torch.empty(tokens, hidden, dtype=c, requires_grad=True)
-            ids = torch.empty(tokens, top_k, dtype=torch.int64)
-            scores = torch.empty(tokens, top_k, dtype=torch.float32, requires_grad=True)
-            w1, w3 = (torch.empty(hidden, ffn, dtype=c, requires_grad=True) for _ in range(2))
-            w2 = torch.empty(ffn, hidden, dtype=c, requires_grad=True)
+            x, ids, scores, w1, w2, w3 = _layer_inputs(tokens, top_k, hidden, ffn, c)
             meter = AliasedLiveBytes()
             meter.hold(x, ids, scores, w1, w2, w3)
             base = meter.live
@@ -225,7 +230,7 @@ def sac_bytes(*, ep: int, tokens: int, top_k: int, hidden: int, ffn: int,
                 return create_selective_checkpoint_contexts(sac_policy(save_list()))
 
             with meter:
-                y = checkpoint(partial(block), x, scores, w1, w2, w3, use_reentrant=False,
+                y = checkpoint(block, x, scores, w1, w2, w3, use_reentrant=False,
                                context_fn=context)
                 left = meter.live - base
                 grad = torch.empty_like(y)

@@ -47,6 +47,17 @@ from planner.hardware import load_gpu
 from planner.spec import Cluster, GpuProfile
 
 
+TEST_H100 = GpuProfile(
+    id="test-80", name="test GPU", vendor="nvidia", memory_bytes=80 * 10**9,
+    bf16_tflops=989.0, fp16_tflops=989.0, tf32_tflops=494.0, fp32_tflops=67.0,
+    hbm_bandwidth_bytes_per_s=3.35e12, intra_node_link="nvlink4",
+    intra_node_bandwidth_bytes_per_s=450e9, inter_node_bandwidth_bytes_per_s=50e9,
+    gpus_per_node=8, host_ram_bytes_per_node=2 * 2**40, pcie_bandwidth_bytes_per_s=64e9,
+    cuda_context_bytes=500 * 2**20)
+"""An H100-like profile written out by hand (not read from hardware_profiles/), so the tests'
+hand-derived bytes do not move when a shipped profile is re-measured."""
+
+
 def gpu(profile_id: str = "h100-80") -> GpuProfile:
     return load_gpu(profile_id)
 

@@ -466,3 +466,19 @@ def test_json_schema_is_the_documented_one():
                             "warnings"}
         undocumented = sorted(_keys(doc, set()) - documented)
         assert undocumented == []
+
+
+@pytest.mark.parametrize("path, raw, given", [
+    ("parallel.pp", "1", False), ("parallel.pp", "2", True), ("parallel.cp", "1", False),
+    ("parallel.ep_imbalance", "1.0", False), ("parallel.ep_imbalance", "1", False),
+    ("parallel.ep_imbalance", "1.5", True),
+    ("parallel.tp", "1", False), ("parallel.tp", "auto", False), ("parallel.tp", "2", True),
+    ("parallel.mesh", "given", False), ("parallel.mesh", "auto", True),
+])
+def test_from_trace_counts_only_options_that_change_the_plan(path, raw, given):
+    """--from-trace refuses the parallel and fine-tuning options it does not trace, but not
+    their defaults however spelled (the field's own check reads both), nor --tp 1 (no TP)."""
+    from planner.cli import _changes
+    from planner.fields import BY_PATH
+
+    assert _changes(BY_PATH[path], raw) is given

@@ -15,20 +15,14 @@ from planner.spec import (
     Candidate,
     Cluster,
     CompileMode,
-    GpuProfile,
     ModelSpec,
     Precision,
     Strategy,
     TrainingSpec,
 )
+from tests.conftest import TEST_H100
 
-H100 = GpuProfile(
-    id="test-80", name="test GPU", vendor="nvidia", memory_bytes=80 * 10**9,
-    bf16_tflops=989.0, fp16_tflops=989.0, tf32_tflops=494.0, fp32_tflops=67.0,
-    hbm_bandwidth_bytes_per_s=3.35e12, intra_node_link="nvlink4",
-    intra_node_bandwidth_bytes_per_s=450e9, inter_node_bandwidth_bytes_per_s=50e9,
-    gpus_per_node=8, host_ram_bytes_per_node=2 * 2**40, pcie_bandwidth_bytes_per_s=64e9,
-    cuda_context_bytes=500 * 2**20)
+H100 = TEST_H100
 
 # Llama-2-7B (HF config): 32 layers, 4096 hidden, 32 heads, ffn 11008, vocab 32000, untied.
 # Parameters: per block 4 x 4096^2 (q, k, v, o) + 3 x 4096 x 11008 (gate, up, down)

@@ -85,6 +85,16 @@ REFEREE_CASES = [
 ]
 
 
+def _fresh(code: str, cases: list, timeout: int) -> list:
+    """``code`` run over ``cases`` (its argv[1], JSON) in a fresh process (a fake process group
+    is global), its last stdout line read as JSON."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(cases)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def _referee(cases: list[tuple]) -> list[dict]:
     """Every rank of every case, in a fresh process (a fake process group is global)."""
     code = (
@@ -95,11 +105,7 @@ def _referee(cases: list[tuple]) -> list[dict]:
         "    out.append([ring_attention_bytes(cp=cp, rank=r, rotate=rot, batch=b, seq=s,\n"
         "                n_heads=h, n_kv_heads=kv, d_head=d, dtype=dt) for r in range(cp)])\n"
         "print(json.dumps(out))\n")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", code, json.dumps(cases)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return _fresh(code, cases, timeout=600)
 
 
 @pytest.mark.trace
@@ -300,11 +306,7 @@ def _whole_step(cases: list[tuple]) -> list[dict]:
         "                                              gpus_per_node=4))\n"
         "    out.append({m: [p.traced_bytes, p.predicted_bytes] for m, p in got.moments.items()})\n"
         "print(json.dumps(out))\n")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", code, json.dumps(cases)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return _fresh(code, cases, timeout=900)
 
 
 @pytest.mark.trace

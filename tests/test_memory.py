@@ -14,7 +14,6 @@ from planner.spec import (
     Candidate,
     Checkpointing,
     Cluster,
-    GpuProfile,
     ModelSpec,
     MlpKind,
     NormKind,
@@ -26,14 +25,9 @@ from planner.spec import (
     Strategy,
     TrainingSpec,
 )
+from tests.conftest import TEST_H100
 
-H100 = GpuProfile(
-    id="test-80", name="test GPU", vendor="nvidia", memory_bytes=80 * 10**9,
-    bf16_tflops=989.0, fp16_tflops=989.0, tf32_tflops=494.0, fp32_tflops=67.0,
-    hbm_bandwidth_bytes_per_s=3.35e12, intra_node_link="nvlink4",
-    intra_node_bandwidth_bytes_per_s=450e9, inter_node_bandwidth_bytes_per_s=50e9,
-    gpus_per_node=8, host_ram_bytes_per_node=2 * 2**40, pcie_bandwidth_bytes_per_s=64e9,
-    cuda_context_bytes=500 * 2**20)
+H100 = TEST_H100
 
 # Llama-2-13B (Touvron et al. 2023; HF config): 40 layers, 5120 hidden, 40 heads, ffn 13824,
 # vocab 32000, untied. Published parameter count: 13,015,864,320.
