@@ -53,8 +53,10 @@ def cp_problem(model: ModelSpec, training: TrainingSpec, n_gpus: int, tp: int) -
     cp = training.cp
     if cp <= 1:
         return None
-    if n_gpus % (cp * tp):
-        return f"{n_gpus} GPUs is not a multiple of CP {cp} x TP {tp}"
+    pp = training.pipeline.degree
+    if n_gpus % (cp * tp * pp):
+        return (f"{n_gpus} GPUs is not a multiple of CP {cp} x TP {tp}"
+                + (f" x PP {pp}" if pp > 1 else ""))
     if training.seq % (2 * cp):
         # without the head-tail load balancer the ring skips steps per rank
         # (_is_causal_behavior SKIP): not modelled

@@ -498,7 +498,7 @@ FIELDS: tuple[Field, ...] = (
           "load-balanced sequence sharding), FSDP2 over dp_shard x cp (torchtitan). Each GPU "
           "holds seq / N tokens; 1: none."),
     Field(path="parallel.cp_rotate", flag="--cp-rotate", check=_choice(CpRotate),
-          choices=_names(CpRotate), default=CpRotate.ALLGATHER.value,
+          choices=_names(CpRotate), default=CpRotate.ALLGATHER,
           help="How CP's ring moves keys and values (torch's set_rotate_method): allgather "
           "(one all-gather, every rank's keys and values held) or alltoall (one chunk "
           "passed on per step)."),

@@ -335,7 +335,10 @@ def cp_options(v: Mapping[str, Any], model: ModelSpec, training: TrainingSpec,
                               + ", ".join(str(s) for s in CP_STRATEGIES) + ")")
     if v["offload"] not in ("auto", Offload.NONE):
         raise naming.fail("offload", f"{v['offload']} with context parallel is not modelled")
-    return dataclasses.replace(options, strategies=asked or CP_STRATEGIES,
+    # under a pipeline the strategies are already the pipeline's (FSDP2 full_shard inside
+    # each stage: pipeline_cluster_problem)
+    default = options.strategies if training.pipeline.enabled else CP_STRATEGIES
+    return dataclasses.replace(options, strategies=asked or default,
                                offloads=(Offload.NONE,), tp=tp)
 
 
@@ -524,8 +527,7 @@ def pipeline_from(v: Mapping[str, Any], model: ModelSpec, training: TrainingSpec
                   (training.grad_accum > 1, "training.grad_accum", "gradient accumulation"),
                   (training.activation_offload, "training.activation_offload",
                    "activation offload"),
-                  (training.keep_logits, "training.keep_logits", "--keep-logits"),
-                  (training.cp > 1, "parallel.cp", "context parallel")]
+                  (training.keep_logits, "training.keep_logits", "--keep-logits")]
     for bad, path, what in unmodelled:
         if bad:
             raise naming.fail("parallel.pp", f"pipeline parallel with {what} is NOT MODELLED"
@@ -557,7 +559,8 @@ def ep_options(v: Mapping[str, Any], model: ModelSpec, training: TrainingSpec,
 
 def pipeline_cluster_problem(p: Pipeline, cluster: Cluster, tp: Any, strategies: Any,
                              offload: Any, global_batch: Any, naming: Naming,
-                             model: ModelSpec | None = None, seq: int = 0) -> None:
+                             model: ModelSpec | None = None, seq: int = 0, cp: int = 1
+                             ) -> None:
     """The cluster and the search options under a pipeline: the GPUs split into pp stages of
     n / (pp x tp) data-parallel ranks each (torchtitan's mesh: pp outermost, tp innermost),
     FSDP2 (full_shard) inside a stage, TP only when given (``--tp auto`` is 1 under
@@ -573,9 +576,12 @@ def pipeline_cluster_problem(p: Pipeline, cluster: Cluster, tp: Any, strategies:
     if t > 1 and model is not None:
         # sequence parallel splits every stage's output on the sequence and the head and the
         # embedding on the vocabulary; uneven shards are not modelled
-        for what, size in (("training.seq", seq), ("model.vocab", model.vocab)):
+        # (under context parallel each GPU's share of the sequence: seq / cp)
+        local = f"{seq} / CP {cp} = {seq // cp}" if cp > 1 else f"{seq}"
+        for what, size, shown in (("training.seq", seq // cp, local),
+                                  ("model.vocab", model.vocab, f"{model.vocab}")):
             if size % t:
-                raise naming.fail(what, f"{size} is not a multiple of TP {t}: pipeline "
+                raise naming.fail(what, f"{shown} is not a multiple of TP {t}: pipeline "
                                   "parallel with uneven tensor-parallel shards is NOT "
                                   "MODELLED")
     if strategies and any(s is not Strategy.FULL_SHARD for s in strategies):
@@ -620,7 +626,8 @@ def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
     tp = v["parallel.tp"]
     p = training.pipeline
     pipeline_cluster_problem(p, cluster, tp, v["strategy"], v["offload"],
-                             v["training.global_batch"], naming, model, training.seq)
+                             v["training.global_batch"], naming, model, training.seq,
+                             training.cp)
     if p.enabled and tp == "auto":
         tp = 1
     if tp != "auto":

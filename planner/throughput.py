@@ -1002,7 +1002,15 @@ def pipeline_step(model: ModelSpec, training: TrainingSpec, cluster: Cluster,
     so they are stretched by the bubble too; FSDP runs over n / (pp x tp) ranks on 1/tp of the
     stage's parameters (spanning nodes when dp x tp exceeds a node); a stage boundary carries
     seq / tp positions per rank (sequence parallel) between ranks n / pp apart; each GPU is
-    credited 1 / (pp x tp) of the pipeline's tokens."""
+    credited 1 / (pp x tp) of the pipeline's tokens.
+
+    With context parallel beside them (torchtitan's 4D mesh pp, dp_shard, cp, tp): each GPU
+    computes seq / cp of each micro-batch (``step_core``'s rate over tp x cp), runs the ring's
+    key/value rotation for every block of every micro-batch on its critical path
+    (``cp_rotation_s``, *assumed* not hidden, as without the pipeline; stretched by the bubble
+    like the TP collectives), sends seq / (cp x tp) positions across each stage boundary, and
+    is credited 1 / (pp x tp x cp) of the pipeline's tokens; FSDP runs over n / (pp x tp)
+    ranks (dp_shard x cp)."""
     from planner import pipeline
     from planner.params import block_tensors, numel, root_tensors
 
@@ -1038,6 +1046,11 @@ def pipeline_step(model: ModelSpec, training: TrainingSpec, cluster: Cluster,
                                              p_head=x.p_head if last else 0.0,
                                              ga=float(p.microbatches)))
         sp = tp_collectives_s(x, float(blocks), float(p.microbatches))
+        # context parallel: the key/value rotation of the rank's blocks for every
+        # micro-batch, on the critical path as without the pipeline (*assumed* not hidden)
+        sp = sp + cp_rotation_s(dataclasses.replace(solo, n_layers=float(blocks),
+                                                     ga=float(p.microbatches)),
+                                x.recompute.attention)
         if slowest is None or core.compute_s + sp > busy + tp_s:
             busy, slowest, tp_s = core.compute_s, core, sp
     units = blocks_max + 1.0
@@ -1054,12 +1067,13 @@ def pipeline_step(model: ModelSpec, training: TrainingSpec, cluster: Cluster,
     inside = dp * tp < gpn  # neighbouring stages are n / pp GPUs apart
     bw_pp = x.bw_intra if inside else x.bw_inter
     hop_pp = x.lat_intra if inside else x.lat_inter
-    boundary = x.mb * x.seq * model.hidden * x.gather_b / tp
+    boundary = x.mb * x.seq / x.cp * model.hidden * x.gather_b / tp
     p2p_s = 2.0 * p.microbatches * p.virtual * (boundary / bw_pp + hop_pp)
     comm_s = t_ag + t_rs + p2p_s + tp_s
     exposed = exposed_ag + t_rs + p2p_s + tp_s
     step_s = compute_s + exposed
-    share = p.microbatches / (p.degree * tp)  # of the pipeline's micro-batches, per GPU
+    # of the pipeline's micro-batches, per GPU (a CP group shares each sequence)
+    share = p.microbatches / (p.degree * tp * x.cp)
     tokens = share * x.mb * x.seq  # per GPU per step
     return StepEstimate(
         step_time_s=step_s, compute_s=compute_s, comm_s=comm_s, exposed_comm_s=exposed,

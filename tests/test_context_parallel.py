@@ -246,6 +246,28 @@ def test_cp_plan_says_what_it_assumed():
     assert "context parallel: 4 (torch's ring attention, allgather rotation" in text
 
 
+def test_default_rotation_is_the_allgather_of_an_explicit_flag():
+    """Without --cp-rotate the request carries CpRotate.ALLGATHER itself (the formulas
+    branch on ``is``): its ring terms equal those of --cp-rotate allgather, not alltoall's
+    (the field's default was once the string 'allgather', which planned the all-to-all's
+    buffers and collectives)."""
+    from planner.fields import FLAGS
+    from planner.request import build_request
+
+    def ring(**more):
+        r = build_request({"model.preset": "llama3-8b", "hardware.gpu": "h100-80",
+                           "hardware.n": 8, "training.seq": 65536, "parallel.cp": 4,
+                           "calibration": "none", **more}, FLAGS)
+        p = activation_plan(r.model, r.training, Candidate(strategy=Strategy.FULL_SHARD,
+                                                           checkpointing=Checkpointing.NONE))
+        return r.training.cp_rotate, p.ring_forward, p.ring_backward
+
+    default, ag, a2a = (ring(), ring(**{"parallel.cp_rotate": "allgather"}),
+                        ring(**{"parallel.cp_rotate": "alltoall"}))
+    assert default[0] is CpRotate.ALLGATHER
+    assert default == ag and default[1:] != a2a[1:]
+
+
 def test_report_refuses_cp_by_name(tmp_path):
     r = run("report", "--models", "llama3-8b", "--gpus", "h100-80", "--n", "8",
             "--out", str(tmp_path), "--cp", "2")

@@ -184,7 +184,8 @@ SMALL = {"model.layers": 8, "model.hidden": 512, "model.heads": 8, "model.ffn": 
 FLAG_PATH = {"--n": "hardware.n", "--pp": "parallel.pp", "--pp-schedule": "parallel.pp_schedule",
              "--pp-microbatches": "parallel.pp_microbatches",
              "--pp-virtual-stages": "parallel.pp_virtual_stages", "--tp": "parallel.tp",
-             "--grad-accum": "training.grad_accum", "--seq": "training.seq"}
+             "--grad-accum": "training.grad_accum", "--seq": "training.seq",
+             "--cp": "parallel.cp"}
 
 
 def _request(*extra: str):
@@ -336,6 +337,116 @@ def test_pp_x_tp_step_time_by_hand():
     assert two.compute_s == pytest.approx(one.compute_s / 2)
     # the sequence-parallel collectives are exposed on top
     assert two.exposed_comm_s > 0 and two.comm_s >= two.exposed_comm_s
+
+
+def test_pp_x_cp_stage_memory_by_hand():
+    """pp 2 x cp 2 (4 GPUs, torchtitan's 4D mesh pp, dp_shard 1, cp 2), 1F1B, M 4, the model
+    of test_stage_memory_by_hand, bf16-amp, seq 1024. FSDP2 shards each stage over
+    dp_shard x cp = 4 / 2 = 2 ranks (``parallelize_llama``'s dp_shard_cp mesh), so the
+    parameters, gradients and optimizer state are those of test_stage_memory_by_hand; every
+    stage runs on 1024 / 2 = 512 tokens of each micro-batch.
+
+    Rank 0, by hand:
+      gathered (bf16) = 2 * 30,019,584 = 60,039,168 B; unsharded gradients (fp32) =
+      120,078,336 B; sharded params (fp32 / 2) = 60,039,168 B (as without CP)
+      P2P: M = 4 gradient receive buffers of 1 x 512 x 512 bf16 = 4 * 524,288 = 2,097,152 B
+      activations: 2 micro-batches in flight, each 4 blocks' kept tensors (at 512 tokens)
+      + the stage output (512 * 512 * 2 = 524,288 B) + the root's before the blocks
+      forward's ring (planner/context_parallel.ring_forward_bytes, all-gather rotation):
+        O = K = 1 x 8 heads x 512 x 64 = 262,144; lse = 4 * 8 * 512 = 16,384
+        merge = 4 O + 2 O + 4 O + 2 * 4 O = 18 O = 4,718,592
+        3 lse = 49,152; gathered k, v = cp 2 x 2 x 2 B x K = 2,097,152
+        = 6,864,896 B on top of the held micro-batches (rank 0 is not last: no loss)
+    Rank 1: the logits of a micro-batch's 512 tokens, 512 * 32000 * 2 = 32,768,000 B.
+    """
+    from planner.memory.breakdown import Overheads, Phase
+    from planner.memory.estimator import activation_plan
+    from planner.memory.moments import Activations
+    from planner.memory.pipeline import rank_phases
+    from planner.spec import Candidate, Checkpointing, Strategy
+
+    r = _request("--n", "4", "--pp", "2", "--cp", "2", "--pp-microbatches", "4")
+    m, t = r.model, r.training
+    assert t.local_seq == 512
+    c = Candidate(strategy=Strategy.FULL_SHARD, checkpointing=Checkpointing.NONE)
+    acts = Activations.of(activation_plan(m, t, c))
+    assert acts.ring_fwd == 6_864_896
+    ph = rank_phases(m, t, 0, 2, acts, Overheads())
+    bwd = ph[Phase.BLOCK_BWD]
+    assert bwd.gathered_params == 60_039_168
+    assert bwd.gradients == 120_078_336
+    assert bwd.params == 60_039_168
+    assert bwd.comm_buffers == 2_097_152
+    held = 2 * (4 * acts.kept_per_block + 524_288 + acts.root_before)
+    assert bwd.activations == held
+    fwd = ph[Phase.FORWARD]
+    assert (fwd.activations, fwd.transients) == (held, 6_864_896)
+    ph1 = rank_phases(m, t, 1, 2, acts, Overheads())
+    assert ph1[Phase.BLOCK_BWD].comm_buffers == 2_097_152
+    assert ph1[Phase.BLOCK_BWD].activations == (4 * acts.kept_per_block
+                                                + acts.root - acts.root_before + 32_768_000)
+
+
+def test_pp_x_cp_kept_block_is_the_local_one():
+    """The kept set of a block under PP x CP is the unsharded one at seq / cp: with full
+    checkpointing a block keeps its input, 1 x 512 tokens x 512 x 2 B = 524,288 B (at CP 1 and
+    seq 1024: 1,048,576 B)."""
+    from planner.memory.estimator import activation_plan
+    from planner.spec import Candidate, Checkpointing, Strategy
+
+    c = Candidate(strategy=Strategy.FULL_SHARD, checkpointing=Checkpointing.FULL)
+    r = _request("--n", "4", "--pp", "2", "--cp", "2", "--pp-microbatches", "4")
+    assert activation_plan(r.model, r.training, c).block_kept == 524_288
+    r1 = _request("--n", "4", "--pp", "2", "--pp-microbatches", "4")
+    assert activation_plan(r1.model, r1.training, c).block_kept == 1_048_576
+
+
+def test_pp_x_cp_step_time_by_hand(monkeypatch):
+    """pp 2 x cp 2 on 4 GPUs, M 4, seq 1024: each GPU is credited M x mb x seq / (pp x cp) =
+    4 x 1024 / 4 = 1,024 tokens per step, and computes half of what pp 2 x dp 2 (no CP)
+    computes. The ring's rotation, by hand (planner/context_parallel.rotation_bytes, bf16,
+    all-gather), per layer and micro-batch with local = 512 tokens x 8 heads x 64 = 262,144:
+      forward (cp - 1) x 2 x 2 B x local = 1,048,576 B; backward the same + cp x 2 x 4 B x
+      local = 1,048,576 + 4,194,304 = 5,242,880 B; no checkpointing: no recomputed forward
+      calls: one all-gather each way + cp all-to-alls of dK/dV = 4, at 2 us a hop
+      at 450e9 x 0.75 B/s inside the node: 6,291,456 / 337.5e9 + 4 x 2e-6 s per layer;
+    the slowest rank (the last: 4 blocks and the head) runs 4 blocks x 4 micro-batches of
+    it, stretched by 1F1B's bubble (1 + (2 - 1) / 4 = 1.25)."""
+    from planner import throughput
+    from planner.spec import Candidate, Checkpointing, Strategy
+    from planner.throughput import estimate_step
+
+    def step(*extra: str):
+        r = _request("--n", "4", "--pp", "2", "--pp-microbatches", "4", *extra)
+        c = Candidate(strategy=Strategy.FULL_SHARD, checkpointing=Checkpointing.NONE)
+        return estimate_step(r.model, r.training, r.cluster, c)
+
+    cp, plain = step("--cp", "2"), step()
+    assert cp.tokens_per_s_per_gpu * cp.step_time_s == pytest.approx(1024)
+    assert plain.tokens_per_s_per_gpu * plain.step_time_s == pytest.approx(2048)
+    assert cp.compute_s == pytest.approx(plain.compute_s / 2)
+    per_layer = 6_291_456 / 337.5e9 + 4 * 2e-6
+    monkeypatch.setattr(throughput, "cp_rotation_s", lambda x, a: 0.0)
+    without = step("--cp", "2")
+    assert cp.exposed_comm_s - without.exposed_comm_s == pytest.approx(1.25 * 16 * per_layer)
+
+
+def test_pp_x_cp_plans_and_zbv_stays_refused():
+    """PP x CP plans (torchtitan's 4D recipe); ZBV stays NOT MODELLED with or without CP;
+    the GPUs must divide into pp x cp x tp; under TP the local sequence must split evenly."""
+    from planner.plan import plan
+
+    est = plan(_request("--n", "4", "--pp", "2", "--cp", "2")).estimates[0]
+    assert "pipeline 1f1b" in est.notes[0]
+    for extra, needle in (
+            (("--n", "4", "--pp", "2", "--cp", "2", "--pp-schedule", "zbv"), "NOT MODELLED"),
+            (("--n", "6", "--pp", "2", "--cp", "2"), "not a multiple of CP 2 x TP 1 x PP 2"),
+            # 1028 splits into 2 x CP = 4 chunks, but its 514 local tokens not over TP 4
+            (("--n", "16", "--pp", "2", "--cp", "2", "--tp", "4", "--seq", "1028"),
+             "1028 / CP 2 = 514 is not a multiple of TP 4")):
+        with pytest.raises(UsageError) as e:
+            _request(*extra)
+        assert needle in str(e.value), (extra, str(e.value))
 
 
 def test_gpipe_holds_more_than_1f1b():

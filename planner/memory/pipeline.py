@@ -29,6 +29,16 @@ and, as sequence parallel leaves every block's output sharded on the sequence (t
 the stage's local output), its stage outputs and P2P buffers at seq / tp; the last stage's
 logits are vocab-sharded (``loss_parallel``).
 
+Under context parallel beside the pipeline (``--pp`` with ``--cp``, torchtitan's 4D mesh
+pp, dp_shard, cp, tp): every stage runs on the rank's seq / cp tokens of each micro-batch
+(``context_parallel`` shards the batch before the schedule runs), so each micro-batch's saved
+set, its stage outputs and the P2P buffers are at seq / cp (and / tp under sequence
+parallel); FSDP2 shards over dp_shard x cp (``parallelize_llama``: the ``dp_shard_cp`` mesh),
+n / (pp x tp) ranks, as without CP. The ring attention's buffers are transients inside one
+block's attention (planner/context_parallel.py): one micro-batch's at a time, on top of the
+held micro-batches' saved sets (``Activations.ring_fwd`` in forward, ``block_bwd`` in
+backward).
+
 Every rank is evaluated; the fullest decides the fit. Scalars only (the report refuses
 ``--pp``).
 """
@@ -101,7 +111,7 @@ def stage_sizes(model: ModelSpec, training: TrainingSpec, layers: list[int],
     before the blocks on the first stage, and the final norm's, the head's and the loss's
     on the last. Under TP the output is the rank's piece: seq / tp positions of a block's
     output (sequence parallel), vocab / tp of the logits (``loss_parallel``)."""
-    t = training.micro_batch * training.seq
+    t = training.micro_batch * training.local_seq
     last = len(layers) - 1
     return {s: layers[s] * acts.kept_per_block
             + t * (model.vocab if s == last else model.hidden) // tp * c
@@ -157,8 +167,9 @@ def rank_phases(model: ModelSpec, training: TrainingSpec, rank: int, dp: int,
     unsharded_grads = (elems + whole) * fd.reduce
     size = stage_sizes(model, training, layers, stages, acts, d.compute, tp)
     activations, at_loss = held_bytes(training, rank, size, n_stages - 1)
-    # a received activation / its gradient: seq / tp positions under sequence parallel
-    boundary = training.micro_batch * training.seq * model.hidden // tp * d.compute
+    # a received activation / its gradient: seq / cp positions under context parallel,
+    # / tp under sequence parallel
+    boundary = training.micro_batch * training.local_seq * model.hidden // tp * d.compute
     p2p = sum(p.microbatches * boundary * ((s != 0) + (s != n_stages - 1)) for s in stages)
     grads_at_peak = unsharded_grads if pipeline.steady(p, rank) else 0
     rs_unit, last_unit = units(model, first, last, blocks, tp)
@@ -167,7 +178,11 @@ def rank_phases(model: ModelSpec, training: TrainingSpec, rank: int, dp: int,
     loss = held.plus(activations=at_loss - activations)
     return {
         Phase.INIT: Breakdown(params=base.params),
-        Phase.FORWARD: largest([held, loss.plus(transients=acts.loss_fwd if last else 0)])[1],
+        # context parallel: a block's ring attention in forward, its buffers on top of the
+        # most the rank holds (a bound: that micro-batch's stage counted whole); one
+        # micro-batch's ring runs at a time, the others hold only their saved set
+        Phase.FORWARD: largest([held, loss.plus(transients=acts.loss_fwd if last else 0),
+                                held.plus(transients=acts.ring_fwd)])[1],
         Phase.LOSS_BWD: loss.plus(transients=acts.loss_bwd if last else 0),
         Phase.BLOCK_BWD: largest([
             # a backward starting with the most micro-batches held (and, in a steady phase,

@@ -172,20 +172,9 @@ def parallelism(r: Reader, par: dict, exp: dict, par_section: str) -> None:
     reshard = par.get("fsdp_reshard_after_forward")
     pp = deg("pipeline_parallel_degree", exp if "pipeline_parallel_degree" in exp else par,
              "experimental" if "pipeline_parallel_degree" in exp else par_section)
-    # the planner's pipeline has FSDP, and TP, inside each stage (FSDP x TP x PP, torchtitan's
-    # 405B recipe): PP beside CP (its 4D mesh) is a NOT MODELLED line, so a gate rejects it by
-    # name
-    beside = [f"{what} degree {d}" for what, d in
-              (("context parallel", deg("context_parallel_degree", par, par_section)),)
-              if isinstance(d, int) and d > 1]
-    pp_where = "experimental" if "pipeline_parallel_degree" in exp else par_section
-    if isinstance(pp, int) and pp > 1 and beside:
-        key = f"[{pp_where}] pipeline_parallel_degree"
-        r.set("parallel.pp", Unmodelled(pp, f"pipeline parallel degree {pp} with "
-                                        f"{' and '.join(beside)} ({r.name} {key}) is not "
-                                        "modelled: fitcheck --pp models FSDP and TP inside "
-                                        "each stage only"), key)
-    elif isinstance(pp, int) and pp > 1:
+    # the planner's pipeline has FSDP, TP and CP inside each stage (torchtitan's 4D mesh,
+    # the 405B recipe: FSDP x CP x TP x PP): the degrees are read below
+    if isinstance(pp, int) and pp > 1:
         pipeline(r, exp if "pipeline_parallel_schedule" in exp else par,
                  "experimental" if "pipeline_parallel_schedule" in exp else par_section,
                  reshard)
