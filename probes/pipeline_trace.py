@@ -22,6 +22,15 @@ tensor); the step runs inside ``loss_parallel()``, as torchtitan's train context
 around the whole schedule step, and DTensor's sharding propagation on global-shape fake
 tensors is kept out of the tracker (``probes.trace._untracked_sharding_propagation``).
 
+With ``cp`` > 1 (FSDP x CP x PP, torchtitan's 4D mesh without TP) the ``dp`` dimension is
+dp_shard x cp (FSDP2 shards each stage over both: ``parallelize_llama``'s dp_shard_cp), every
+stage runs on seq / cp tokens of each micro-batch, and SDPA is torch's ring attention over a
+cp group (``probes.context_parallel.ring_sdpa``: torch's ring forward and backward on the
+local tensors, this process cp rank 0), around the whole schedule step as torchtitan's train
+context holds ``context_parallel``. PP x TP x CP is not traced (the ring's referee runs on
+local tensors, which TP's DTensors are not): the planner's TP rules are those PP x TP's trace
+checks.
+
 What the fake process group cannot do, emulated:
 
 - a received tensor reads back as it was allocated: the warm-up vote of ``_PipelineSchedule
@@ -153,6 +162,14 @@ def trace_rank(spec: ModelSpec, training: TrainingSpec, checkpointing: Checkpoin
     )
 
     p = training.pipeline
+    cp = training.cp
+    if cp > 1 and tp > 1:
+        raise ValueError("pipeline x tensor x context parallel is not traced (the ring runs "
+                         "on local tensors)")
+    if cp > 1 and checkpointing is Checkpointing.SELECTIVE:
+        # as probes/trace.py: the op-level policy would see the ring's own ops, which on a
+        # GPU run inside one DTensor op
+        raise ValueError("context parallel is traced with no or full checkpointing")
     world = p.degree * dp * tp
     dist.init_process_group("fake", store=FakeStore(), rank=pp_rank * dp * tp,
                             world_size=world)
@@ -170,7 +187,8 @@ def trace_rank(spec: ModelSpec, training: TrainingSpec, checkpointing: Checkpoin
     starts = [sum(layers[:i]) for i in range(p.n_stages)]
     mp, root_mp = fsdp_policies(training)
     stages, mods = [], []
-    b, t, m = training.micro_batch, training.seq, p.microbatches
+    # context parallel: each GPU holds seq / cp tokens of every micro-batch
+    b, t, m = training.micro_batch, training.local_seq, p.microbatches
     act_dtype = mp.param_dtype or torch.float32
     one = _StaticVote()
     # the fake group reads every received vote back as 0 (DYNAMIC); the real job's stages
@@ -223,7 +241,14 @@ def trace_rank(spec: ModelSpec, training: TrainingSpec, checkpointing: Checkpoin
         # that no GPU allocates: left out of the tracker as in probes/trace.py
         parallel_loss = loss_parallel() if tp > 1 else contextlib.nullcontext()
         untracked = _untracked_sharding_propagation() if tp > 1 else contextlib.nullcontext()
-        with untracked, tracker, parallel_loss:
+        # context parallel: torchtitan's train context holds ``context_parallel`` around the
+        # schedule step; the ring's mesh is made before the tracker starts
+        ring = contextlib.nullcontext()
+        if cp > 1:
+            from probes.context_parallel import ring_sdpa
+
+            ring = ring_sdpa(cp, training.cp_rotate.value)
+        with ring, untracked, tracker, parallel_loss:
             args = (x,) if has_first else ()
             # as torchtitan's train step calls it: the losses collected, the last stage's
             # outputs not kept for the caller
