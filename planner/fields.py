@@ -477,7 +477,7 @@ FIELDS: tuple[Field, ...] = (
     Field(path="parallel.pp", flag="--pp", metavar="N", check=_pp_degree, default=1,
           help="Pipeline-parallel degree (torch.distributed.pipelining as torchtitan runs it), "
           "FSDP2 over the data-parallel ranks of each stage, with --tp N tensor parallel "
-          "inside it; 1: none."),
+          "and --cp N context parallel inside it; 1: none."),
     Field(path="parallel.pp_schedule", flag="--pp-schedule", check=parse_pp_schedule,
           metavar="gpipe|1f1b|interleaved-1f1b", shown_default="1f1b",
           help="Pipeline schedule (torchtitan's pipeline_parallel_schedule). zbv, dualpipev, "

@@ -538,6 +538,29 @@ def test_torchtitan_pp_beside_tp_is_read(tmp_path):
     assert doc["recommendation"]["tp"] == 8
 
 
+def test_torchtitan_pp_beside_cp_and_tp_is_read(tmp_path):
+    """torchtitan's 4D mesh (its 405B recipe's layout): the Llama-3-70B recipe (TP 8, seq
+    8192) with pipeline_parallel_degree 4 and context_parallel_degree 2 on 128 GPUs:
+    dp_shard = 128 / (4 x 2 x 8) = 2, FSDP over dp_shard x cp = 4 ranks; every degree read,
+    no NOT MODELLED line (it was one before PP x CP was modelled), 8 micro-batches of 1."""
+    import json
+    from pathlib import Path
+
+    from tests.conftest import run
+
+    text = (Path(__file__).parent / "data" / "jobs" / "torchtitan_llama3_70b.v0.2.0.toml"
+            ).read_text()
+    p = tmp_path / "pp_cp.toml"
+    p.write_text(text.replace("pipeline_parallel_degree = 1", "pipeline_parallel_degree = 4")
+                 .replace("context_parallel_degree = 1", "context_parallel_degree = 2"))
+    doc = json.loads(run("--job", str(p), "--gpu", "h100-80", "--n", "128", "--json").stdout)
+    assert doc["job"]["unmodelled"] == []
+    pp = doc["inputs"]["pp"]
+    assert (pp["degree"], pp["schedule"], pp["microbatches"]) == (4, "1f1b", 8)
+    assert doc["inputs"]["cp"] == 2 and doc["recommendation"]["tp"] == 8
+    assert doc["candidates"][0]["shard_degree"] == 4
+
+
 def test_torchtitan_unmodelled_schedule_is_a_not_modelled_line(tmp_path):
     import json
 
