@@ -5,9 +5,9 @@ A layout is torchtitan's ``ParallelDims`` less what fitcheck does not search: te
 ``ep`` (which borrows data-parallel ranks); the rest of the GPUs
 is data parallel (FSDP2's dp_shard, or HSDP's dp_replicate x dp_shard, which the plan of each
 layout already chooses among as strategies). ``layouts`` lists the layouts the model covers
-(docs/model.md "Mesh search"): TP x CP (§8.4, §8.6) and PP alone or x TP (§8.7; PP beside CP
-is NOT MODELLED and not listed) and, for an MoE model, EP alone (§8.8: EP beside TP, CP or PP is
-not modelled).
+(docs/model.md "Mesh search"): TP x CP (§8.4, §8.6) and PP alone or x TP and/or x CP (§8.7,
+torchtitan's 4D mesh) and, for an MoE model, EP alone (§8.8: EP beside TP, CP or PP is not
+modelled).
 
 Each layout is planned by the plan every other path runs: its request is built by
 ``planner.request.build_request`` from the user's values with ``--tp``/``--pp``/``--cp``/``--ep`` set
@@ -78,7 +78,8 @@ def layouts(n_gpus: int, gpus_per_node: int, seq: int, experts: int = 1) -> list
       sharding) and whose group, times TP, divides the GPUs;
     - PP, every divisor of the GPUs leaving at least 2 data-parallel ranks per stage (the
       pipeline is modelled with FSDP2 inside each stage), alone or with a TP of the list
-      above in each stage (torchtitan's FSDP x TP x PP; no CP beside it);
+      above in each stage (torchtitan's FSDP x TP x PP), and with a CP as above whose group,
+      times PP and TP, divides the GPUs (the 4D mesh; FSDP2 over dp_shard x cp);
     - EP (an MoE model's ``experts``), a power of two dividing the experts and the GPUs, alone
       (expert parallel is modelled with FSDP2 only: no TP, CP or PP beside it).
     Whether the model allows a degree (heads per TP rank, stages per layer count, CP's
@@ -91,8 +92,17 @@ def layouts(n_gpus: int, gpus_per_node: int, seq: int, experts: int = 1) -> list
         while n_gpus % (tp * cp) == 0 and cp <= MAX_CP and (cp == 1 or seq % (2 * cp) == 0):
             out.append(Layout(tp=tp, cp=cp))
             cp *= 2
-    out += [Layout(pp=pp, tp=tp) for tp in MESH_TP for pp in range(2, n_gpus // 2 + 1)
-            if tp <= gpus_per_node and n_gpus % (pp * tp) == 0 and n_gpus // (pp * tp) >= 2]
+    for tp in MESH_TP:
+        for pp in range(2, n_gpus // 2 + 1):
+            if tp > gpus_per_node or n_gpus % (pp * tp) or n_gpus // (pp * tp) < 2:
+                continue
+            # CP beside the pipeline: FSDP2 shards each stage over dp_shard x cp, so the
+            # n / (pp x tp) >= 2 ranks above hold whatever CP takes of them
+            cp = 1
+            while n_gpus % (pp * tp * cp) == 0 and cp <= MAX_CP and \
+                    (cp == 1 or seq % (2 * cp) == 0):
+                out.append(Layout(pp=pp, tp=tp, cp=cp))
+                cp *= 2
     ep = 2
     while experts > 1 and experts % ep == 0 and n_gpus % ep == 0:
         out.append(Layout(ep=ep))

@@ -502,12 +502,15 @@ def min_gpus(r: Request, start: int = 1) -> int | None:
 
 def pipeline_min_gpus(r: Request, start: int) -> int | None:
     """Under ``--pp``: the fewest GPUs pp x tp x dp (dp >= 2 data-parallel ranks per stage;
-    tp the given TP degree of each stage, 1 without) at or above ``start`` that fit. The
-    pipeline and its TP are fixed, so more GPUs only shard each stage's states over more
-    ranks: the need falls with dp, and the first fit is found by bisection over dp
+    tp the given TP degree of each stage, 1 without; under ``--cp`` dp = dp_shard x cp, so
+    the GPUs step by pp x tp x cp) at or above ``start`` that fit. The pipeline, its TP and
+    its CP are fixed, so more GPUs only shard each stage's states over more ranks: the need
+    falls with dp, and the first fit is found by bisection over dp_shard
     (``MAX_GPUS_SEARCHED`` at most)."""
-    pp = r.training.pipeline.degree * (r.options.tp or 1)  # the GPUs of one data-parallel rank
-    lo, hi = max(2, -(-start // pp)), MAX_GPUS_SEARCHED // pp
+    cp = r.training.cp
+    # the GPUs of one dp_shard rank: its pipeline, TP and CP groups
+    pp = r.training.pipeline.degree * (r.options.tp or 1) * cp
+    lo, hi = max(-(-2 // cp), -(-start // pp)), MAX_GPUS_SEARCHED // pp
 
     def ok(dp: int) -> bool:
         return bool(fits_any(r.with_gpus(pp * dp)))

@@ -34,25 +34,31 @@ def test_layouts_listed_by_hand() -> None:
     # not divide 12); TP 4 -> CP 1 (4 x 2 = 8 does not divide 12). PP alone: the divisors of
     # 12 leaving >= 2 ranks per stage: 2, 3, 4, 6. PP x TP: TP 2 -> pp x 2 | 12 with >= 2
     # ranks per stage: PP 2 (dp 3), PP 3 (dp 2), not PP 6 (dp 1); TP 4 -> PP 2 (8 does not
-    # divide 12), PP 3 (dp 1): none. Simplest first: fewer dimensions, a smaller
-    # model-parallel group (TP 2 x CP 2 and TP 2 x PP 2: 4, TP 2 x PP 3: 6), then TP before
-    # CP before PP.
+    # divide 12), PP 3 (dp 1): none. PP x CP (x TP), CP 2 or 4 (2 CP | 8) with pp x tp x cp
+    # | 12: TP 1 -> PP 2 x CP 2 (PP 2 x CP 4: 16), PP 3 x CP 2, PP 3 x CP 4, PP 6 x CP 2
+    # (FSDP over dp_shard 1 x cp 2), not PP 4 x CP 2 (16); TP 2 -> PP 3 x CP 2 (12), not
+    # PP 2 x CP 2 (8). Simplest first: fewer dimensions, a smaller model-parallel group (TP 2
+    # x CP 2, TP 2 x PP 2 and PP 2 x CP 2: 4; TP 2 x PP 3 and PP 3 x CP 2: 6; PP 3 x CP 4 and
+    # PP 6 x CP 2: 12), then the smaller PP, EP, CP, TP.
     assert layouts(12, 4, 8) == [
         L(), L(tp=2), L(cp=2), L(pp=2), L(pp=3), L(tp=4), L(cp=4), L(pp=4), L(pp=6),
-        L(tp=2, cp=2), L(tp=2, pp=2), L(tp=2, pp=3)]
+        L(tp=2, cp=2), L(tp=2, pp=2), L(pp=2, cp=2), L(tp=2, pp=3), L(pp=3, cp=2),
+        L(pp=3, cp=4), L(pp=6, cp=2), L(tp=2, pp=3, cp=2)]
 
 
 def test_layouts_cp_stops_where_the_sequence_does_not_split() -> None:
-    # seq 4 splits into 2 x CP chunks for CP 2 only (4 % 8 != 0); one GPU per node: no TP
-    assert layouts(4, 1, 4) == [L(), L(cp=2), L(pp=2)]
+    # seq 4 splits into 2 x CP chunks for CP 2 only (4 % 8 != 0); one GPU per node: no TP;
+    # PP 2 x CP 2 keeps FSDP over dp_shard 1 x cp 2
+    assert layouts(4, 1, 4) == [L(), L(cp=2), L(pp=2), L(pp=2, cp=2)]
 
 
 def test_layouts_of_an_moe_model_add_expert_parallel() -> None:
     # 4 GPUs, 1 per node, seq 4, 4 experts: the dense list (test above: L(), CP 2, PP 2) and EP
     # a power of two dividing both the experts and the GPUs: EP 2, EP 4 (EP 8: 4 % 8). Order:
     # EP 2's group (2) ties CP 2's and PP 2's; PP last, then EP, then CP: CP 2, EP 2, PP 2;
-    # EP 4 (group 4) after them
-    assert layouts(4, 1, 4, experts=4) == [L(), L(cp=2), L(ep=2), L(pp=2), L(ep=4)]
+    # EP 4 (group 4) after them; PP 2 x CP 2 (two dimensions) last
+    assert layouts(4, 1, 4, experts=4) == [L(), L(cp=2), L(ep=2), L(pp=2), L(ep=4),
+                                           L(pp=2, cp=2)]
     # 6 experts: EP 2 only (4 does not divide 6)
     assert [x for x in layouts(4, 1, 4, experts=6) if x.ep > 1] == [L(ep=2)]
 

@@ -401,6 +401,21 @@ def test_pp_x_cp_kept_block_is_the_local_one():
     assert activation_plan(r1.model, r1.training, c).block_kept == 1_048_576
 
 
+def test_pp_x_cp_fewest_gpus_steps_over_whole_groups():
+    """--find min-gpus under --pp 2 --cp 2: the small model fits anywhere, so the fewest is
+    the smallest 4D layout: pp 2 x cp 2 x dp_shard 1 = 4 (FSDP over dp_shard x cp = 2 ranks
+    per stage); from 5 GPUs up the next multiple of pp x cp = 4: 8; with --tp 2 the groups
+    are pp 2 x tp 2 x cp 2 = 8: 8, then 16."""
+    from planner.plan import pipeline_min_gpus
+
+    r = _request("--n", "4", "--pp", "2", "--cp", "2")
+    assert pipeline_min_gpus(r, 1) == 4
+    assert pipeline_min_gpus(r, 5) == 8
+    r2 = _request("--n", "8", "--pp", "2", "--cp", "2", "--tp", "2")
+    assert pipeline_min_gpus(r2, 1) == 8
+    assert pipeline_min_gpus(r2, 9) == 16
+
+
 def test_pp_x_cp_step_time_by_hand(monkeypatch):
     """pp 2 x cp 2 on 4 GPUs, M 4, seq 1024: each GPU is credited M x mb x seq / (pp x cp) =
     4 x 1024 / 4 = 1,024 tokens per step, and computes half of what pp 2 x dp 2 (no CP)
