@@ -97,39 +97,43 @@ def peak_in_flight(p: Pipeline, rank: int) -> int:
     return min(m, 2 * pp - 1 - rank) + min(m, rank + 1)
 
 
-def held_by_stage(p: Pipeline, rank: int) -> list[dict[int, int]]:
-    """Micro-batches held per stage of the rank after each forward it runs: the moments one
-    of which is the peak of held activations (the stages of a rank may differ in size).
+def rank_ops(p: Pipeline, rank: int) -> list[tuple[str, int]]:
+    """The forwards ("F") and full backwards ("B") rank ``rank`` runs in one step, in order,
+    each with its stage, as the runtime runs them:
 
-    GPipe and 1F1B hold one stage: ``peak_in_flight`` of it. Interleaved 1F1B walks the
-    rank's own action list as ``ScheduleInterleaved1F1B`` builds it
-    (``_get_1f1b_rank_ops``): ``warmup`` forwards, then a forward and a backward per step,
-    then the backwards left; op ``i``'s forward runs local stage (i // per_round) % v, its
-    backward local stage v - 1 - ((i - warmup) // per_round) % v. (ZBV: not modelled.)"""
+    - GPipe (``ScheduleGPipe._step_microbatches``): M forwards, then M backwards;
+    - 1F1B (``Schedule1F1B._step_microbatches``): ``min(M, pp - rank)`` forwards, then a
+      backward before each further forward (its "1B1F" phase), then the backwards left;
+    - interleaved 1F1B (``_get_1f1b_rank_ops``, which ``pipeline_order`` holds and the
+      runtime executes): ``warmup`` forwards, then a forward and a backward per step, then
+      the backwards left; forward ``i`` on local stage (i // per_round) % v, backward ``j``
+      on local stage v - 1 - (j // per_round) % v.
+    (ZBV: not modelled.) Checked against torch's action lists (tests/test_pipeline.py)."""
     stages = rank_stages(p, rank)
+    m, pp, v = p.microbatches, p.degree, p.virtual
     if p.schedule is PipeSchedule.ZBV:
         raise ValueError("zbv's memory is not modelled (pipeline.problem)")
-    if p.schedule is not PipeSchedule.INTERLEAVED_1F1B:
-        return [{stages[0]: peak_in_flight(p, rank)}]
-    m, pp, v = p.microbatches, p.degree, p.virtual
+    s = stages[0]
+    if p.schedule is PipeSchedule.GPIPE:
+        return [("F", s)] * m + [("B", s)] * m
+    if p.schedule is PipeSchedule.ONE_F_ONE_B:
+        w = min(m, pp - rank)
+        return [("F", s)] * w + [("B", s), ("F", s)] * (m - w) + [("B", s)] * w
     rounds = max(1, m // pp)
     per_round = m // rounds
     total = m * v
     warmup = min((v - 1) * per_round + 2 * (pp - 1 - rank), total)
-    held = dict.fromkeys(stages, 0)
-    out = []
+
+    def back(j: int) -> tuple[str, int]:
+        return ("B", stages[v - 1 - (j // per_round) % v])
+
+    out: list[tuple[str, int]] = []
     for op in range(total):
-        held[stages[(op // per_round) % v]] += 1
-        out.append(dict(held))
+        out.append(("F", stages[(op // per_round) % v]))
         if op >= warmup:
-            held[stages[v - 1 - ((op - warmup) // per_round) % v]] -= 1
+            out.append(back(op - warmup))
+    out += [back(j) for j in range(total - warmup, total)]
     return out
-
-
-def steady(p: Pipeline, rank: int) -> bool:
-    """Whether a forward runs after a backward on this rank (a steady phase): then the peak of
-    held activations recurs while the rank's unsharded gradients exist. GPipe never does."""
-    return peak_in_flight(p, rank) < p.microbatches * p.virtual
 
 
 def bubble_ratio(p: Pipeline) -> float:

@@ -341,9 +341,10 @@ def pipeline_line(t) -> str:
             f"stage(s) per rank, {p.microbatches} micro-batches of {t.micro_batch} per step; "
             "torchtitan's layer split (embedding and head count as a layer each), FSDP2 "
             "inside each stage not resharded after forward or backward until the "
-            "schedule's gradient reduction; the fullest rank decides the fit; no public "
-            "pipeline-parallel run measured: the error band shown is FSDP's and the step time "
-            "*assumed* (docs/model.md §8.7)")
+            "stage's gradient reduction after its last backward; the fullest rank decides "
+            "the fit; the public pipeline-parallel runs (torchtitan's 405B tables) use what "
+            "fitcheck does not model and are not fitted: the error band shown is FSDP's and "
+            "the step time *assumed* (docs/model.md §8.7, docs/accuracy.md §2.1)")
 
 
 def cp_assumption(t: TrainingSpec) -> str:

@@ -987,7 +987,7 @@ def pipeline_step(model: ModelSpec, training: TrainingSpec, cluster: Cluster,
     Compute: each rank's own blocks (and the head on the last stage) for every micro-batch,
     the slowest rank setting the pace, stretched by the schedule's bubble
     (``planner.pipeline.bubble_ratio``). FSDP2 inside a stage (torchtitan: not resharded
-    under PP, gradients reduced once in the schedule's REDUCE_GRAD): one all-gather of the
+    under PP, each stage's gradients reduced once, after its last backward: REDUCE_GRAD): one all-gather of the
     rank's parameters, hidden behind the first micro-batch's forward but for its first unit,
     and one reduce-scatter after the last backward, exposed. Point-to-point: every
     micro-batch crosses each stage boundary forward (activations) and backward (their

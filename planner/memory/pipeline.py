@@ -48,6 +48,7 @@ from __future__ import annotations
 from typing import Any
 
 from planner import pipeline
+from planner.lazy_dataclass import dataclass
 from planner.memory.breakdown import PHASES, Breakdown, Overheads, Phase, largest
 from planner.memory.moments import Activations
 from planner.memory.states import dtypes, optimizer_state_bytes
@@ -119,16 +120,79 @@ def stage_sizes(model: ModelSpec, training: TrainingSpec, layers: list[int],
             + (acts.root - acts.root_before if s == last else 0) for s in stages}
 
 
-def held_bytes(training: TrainingSpec, rank: int, size: dict[int, Any], last: int
-               ) -> tuple[Any, Any]:
-    """(the most activation bytes the rank holds, the most while its last stage holds the
-    micro-batch whose loss runs): the heaviest mix of held micro-batches
-    (``pipeline.held_by_stage``)."""
-    moments = pipeline.held_by_stage(training.pipeline, rank)
-    most = max(sum(size[s] * k for s, k in held.items()) for held in moments)
-    at_loss = max((sum(size[s] * k for s, k in held.items()) for held in moments
-                   if held.get(last)), default=most)
-    return most, at_loss
+@dataclass(frozen=True, slots=True)
+class StageBytes:
+    """One stage of a rank: a held micro-batch's bytes, its unsharded parameters (held from
+    the step's start to its gradient reduction), its unsharded gradients (from its first
+    backward to that reduction) and its sharded gradients (the reduction's output, to the
+    optimizer step)."""
+
+    held: Any
+    gathered: Any
+    grads: Any
+    sharded_grads: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Moment:
+    """What a rank holds at one point of its op list (bytes), and the stage of the op."""
+
+    activations: Any
+    gradients: Any
+    gathered: Any
+    stage: int
+
+
+@dataclass(frozen=True, slots=True)
+class Walk:
+    """The moments of a rank's step (``pipeline.rank_ops``): after each forward, at the start
+    and at the end of each backward, and at each stage's gradient reduction (before its
+    gradients are reduced)."""
+
+    after_forward: list[Moment]
+    backward_start: list[Moment]
+    backward_end: list[Moment]
+    reduce: list[Moment]
+
+
+def walk(p: Any, rank: int, stage: dict[int, StageBytes]) -> Walk:
+    """Walk the rank's forwards and backwards in order. A micro-batch is held from its
+    forward to its backward; a stage's unsharded gradients exist from its first backward;
+    right after its last backward (the M-th) the stage's gradients are reduced and the stage
+    resharded: torch 2.13 schedules a REDUCE_GRAD per stage there (``schedules.py``
+    ``_add_reduce_grad``: "schedule it just after the last backward-like stage"; the
+    single-stage schedules call ``perform_reduce_grad`` after their last backward), which
+    runs FSDP2's ``post_backward`` with ``reshard_after_backward`` set: the unsharded
+    parameters and gradients go, the sharded gradients stay. (torch 1963fc8, 2024-12, did
+    the same in ``backward_maybe_with_nosync`` at the stage's ``last_backward``.) So under
+    interleaved 1F1B with M = pp a rank holds one stage's unsharded gradients at a time."""
+    held = dict.fromkeys(stage, 0)
+    done = dict.fromkeys(stage, 0)
+    started: set[int] = set()
+    reduced: set[int] = set()
+    out = Walk([], [], [], [])
+
+    def now(s: int) -> Moment:
+        return Moment(
+            activations=sum(stage[x].held * k for x, k in held.items()),
+            gradients=sum(stage[x].grads for x in started - reduced)
+            + sum(stage[x].sharded_grads for x in reduced),
+            gathered=sum(stage[x].gathered for x in stage if x not in reduced), stage=s)
+
+    for kind, s in pipeline.rank_ops(p, rank):
+        if kind == "F":
+            held[s] += 1
+            out.after_forward.append(now(s))
+            continue
+        out.backward_start.append(now(s))
+        held[s] -= 1
+        started.add(s)
+        done[s] += 1
+        out.backward_end.append(now(s))
+        if done[s] == p.microbatches:
+            out.reduce.append(now(s))
+            reduced.add(s)
+    return out
 
 
 def units(model: ModelSpec, first: bool, last: bool, blocks: int, tp: int = 1
@@ -156,26 +220,50 @@ def rank_phases(model: ModelSpec, training: TrainingSpec, rank: int, dp: int,
     groups = rank_groups(model, blocks, first, last, tp)
     fd = training.fsdp_dtypes
     d = dtypes(Strategy.FULL_SHARD, training.precision, fd)
-    elems = sum(k * numel(s) for _, s, k in groups)
     local = sum(k * ceil_div(numel(s), dp) for _, s, k in groups)  # dim-0 shards
     base = Breakdown(params=local * d.param,
                      optimizer_states=optimizer_state_bytes(model, training.optimizer, d.state,
                                                             dp, groups),
                      cublas_workspace=ov.cublas_workspace_bytes)
-    gathered = elems * fd.param
     whole = whole_table(model, first, tp)
-    unsharded_grads = (elems + whole) * fd.reduce
     size = stage_sizes(model, training, layers, stages, acts, d.compute, tp)
-    activations, at_loss = held_bytes(training, rank, size, n_stages - 1)
+
+    def stage_bytes(s: int) -> StageBytes:
+        g = rank_groups(model, layers[s], s == 0, s == n_stages - 1, tp)
+        el = sum(k * numel(sh) for _, sh, k in g)
+        shard = sum(k * ceil_div(numel(sh), dp) for _, sh, k in g)
+        # the first stage's embedding gradient is the whole table under TP (whole_table)
+        return StageBytes(held=size[s], gathered=el * fd.param,
+                          grads=(el + (whole if s == 0 else 0)) * fd.reduce,
+                          sharded_grads=shard * d.grad)
+
+    w = walk(p, rank, {s: stage_bytes(s) for s in stages})
     # a received activation / its gradient: seq / cp positions under context parallel,
     # / tp under sequence parallel
     boundary = training.micro_batch * training.local_seq * model.hidden // tp * d.compute
     p2p = sum(p.microbatches * boundary * ((s != 0) + (s != n_stages - 1)) for s in stages)
-    grads_at_peak = unsharded_grads if pipeline.steady(p, rank) else 0
-    rs_unit, last_unit = units(model, first, last, blocks, tp)
-    held = base.plus(gathered_params=gathered, activations=activations,
-                     gradients=grads_at_peak, comm_buffers=p2p)
-    loss = held.plus(activations=at_loss - activations)
+    embed_unit, _ = units(model, True, False, 0, tp)
+    block_unit = sum(numel(tp_local(n, sh, tp)) for n, sh in block_tensors(model))
+
+    def at(m: Moment, **more: Any) -> Breakdown:
+        return base.plus(gathered_params=m.gathered, activations=m.activations,
+                         gradients=m.gradients, comm_buffers=p2p).plus(**more)
+
+    def reduce_moments(m: Moment) -> list[Breakdown]:
+        # the stage's gradient reduction: each unit's post_backward reshards, then allocates
+        # its reduce-scatter input (``foreach_reduce``) while the stage's unsharded gradients
+        # still exist; under TP the embedding's unit first copies its rows out of its whole
+        # gradient (``unsharded_accumulated_grad_data``) and then drops the whole one
+        # (``FSDPParamGroup.post_backward``: ``unsharded_accumulated_grad = None``)
+        s = m.stage
+        rs_unit, _ = units(model, s == 0, s == n_stages - 1, layers[s], tp)
+        whole_s = whole if s == 0 else 0
+        return [at(m, gradients=-whole_s * fd.reduce, comm_buffers=rs_unit * fd.reduce),
+                at(m, transients=(whole_s and embed_unit) * fd.reduce)]
+
+    held = largest([at(m) for m in w.after_forward])[1]
+    # the loss runs right after a forward of the last stage
+    loss = largest([at(m) for m in w.after_forward if m.stage == n_stages - 1] or [held])[1]
     return {
         Phase.INIT: Breakdown(params=base.params),
         # context parallel: a block's ring attention in forward, its buffers on top of the
@@ -184,27 +272,17 @@ def rank_phases(model: ModelSpec, training: TrainingSpec, rank: int, dp: int,
         Phase.FORWARD: largest([held, loss.plus(transients=acts.loss_fwd if last else 0),
                                 held.plus(transients=acts.ring_fwd)])[1],
         Phase.LOSS_BWD: loss.plus(transients=acts.loss_bwd if last else 0),
-        Phase.BLOCK_BWD: largest([
-            # a backward starting with the most micro-batches held (and, in a steady phase,
-            # every unsharded gradient already there)
-            held.plus(transients=acts.block_bwd + acts.recompute),
-            # the end of the rank's first backward: that micro-batch's activations are gone,
-            # every unit's unsharded gradient exists (fp32 under -amp), and the last unit's
-            # new gradient in the param dtype is being converted into it (FSDP2
-            # ``to_accumulated_grad_if_needed``)
-            held.plus(activations=-max(size.values()),
-                      gradients=unsharded_grads - grads_at_peak,
-                      transients=(last_unit + whole) * fd.param)])[1],
-        # REDUCE_GRAD: each unit's post_backward reshards, then allocates its reduce-scatter
-        # input (``foreach_reduce``) while every unsharded gradient still exists; under TP
-        # the embedding's unit first copies its rows out of its whole gradient
-        # (``unsharded_accumulated_grad_data``) and then drops the whole one
-        # (``FSDPParamGroup.post_backward``: ``unsharded_accumulated_grad = None``)
-        Phase.BWD_END: largest([
-            base.plus(gathered_params=gathered, gradients=unsharded_grads - whole * fd.reduce,
-                      comm_buffers=p2p + rs_unit * fd.reduce),
-            base.plus(gathered_params=gathered, gradients=unsharded_grads,
-                      comm_buffers=p2p, transients=(whole and last_unit) * fd.reduce)])[1],
+        Phase.BLOCK_BWD: largest(
+            # a backward starting with what the rank holds then
+            [at(m, transients=acts.block_bwd + acts.recompute) for m in w.backward_start]
+            # the end of a backward: that micro-batch's activations are gone, its stage's
+            # unsharded gradients exist (fp32 under -amp), and the stage's last unit's new
+            # gradient in the param dtype is being converted or added into them (FSDP2
+            # ``to_accumulated_grad_if_needed`` / ``accumulate_unsharded_grad_if_needed``):
+            # the embedding (whole under TP) on the first stage, else a block
+            + [at(m, transients=(embed_unit + whole if m.stage == 0 else block_unit)
+                  * fd.param) for m in w.backward_end])[1],
+        Phase.BWD_END: largest([b for m in w.reduce for b in reduce_moments(m)])[1],
         Phase.OPTIMIZER: base.plus(gradients=local * d.grad, comm_buffers=p2p,
                                    optimizer_temporaries=optimizer_temp_bytes(
                                        max(numel(s) for _, s, _ in groups), local, training,
