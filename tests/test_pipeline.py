@@ -736,6 +736,7 @@ TRACED = [  # (extra values, rank): measured, docs/model.md §8.7
     ({"parallel.cp": 2, "checkpointing": "full"}, 0),
     ({"parallel.cp": 2, "checkpointing": "full"}, 1),
     ({"parallel.cp": 2, "parallel.pp_schedule": "interleaved-1f1b"}, 0),
+    ({"parallel.cp": 2, "parallel.pp_schedule": "interleaved-1f1b", "checkpointing": "full"}, 0),
     ({"parallel.cp": 2, "parallel.pp_schedule": "gpipe"}, 1),
     ({"hardware.n": 8, "parallel.cp": 4}, 0),
     ({"hardware.n": 8, "parallel.cp": 4, "parallel.cp_rotate": "alltoall",
