@@ -352,9 +352,11 @@ def test_every_benchmark_row_parses():
 
 
 def test_refused_rows_stay_refused():
-    """A row marked 'refused: ' (e.g. torchtitan's 405B FSDP x CP x TP x PP runs) is refused by the
-    planner with NOT MODELLED; once its feature is modelled the benchmark must stop and say so,
-    and a row refused without the mark stops it too (never silently dropped)."""
+    """A row marked 'refused: ' is refused by the planner with NOT MODELLED; once its feature
+    is modelled the benchmark must stop and say so, and a row refused without the mark stops
+    it too (never silently dropped). torchtitan's 405B FSDP x CP x TP x PP rows were such rows
+    until PP x CP was modelled: they are scored now, and the mark is checked on one of them
+    made unmodelled again (the ZBV schedule, which stays NOT MODELLED)."""
     import csv
 
     from benchmarks.memory_accuracy import REFUSED, refused_rows
@@ -364,22 +366,27 @@ def test_refused_rows_stay_refused():
         rows = list(csv.DictReader(f))
     marked = [r for r in rows if r["unmodelled"].startswith(REFUSED)]
     keep, refused = refused_rows(rows)
-    assert len(refused) == len(marked) >= 3 and len(keep) == len(rows) - len(marked)
+    assert len(refused) == len(marked) and len(keep) == len(rows) - len(marked)
     assert all("NOT MODELLED" in r["reason"] for r in refused), refused
-    # the same row with PP and compile taken out (CP x TP 8, eager) is planned: the mark must
-    # then fail
-    extra = {k: v for k, v in json.loads(marked[0]["extra"]).items()
-             if not k.startswith("parallel.pp") and k != "training.compile"}
+    row4d = next(r for r in rows if r["id"].startswith("tt-h100-llama3.1-405b-fsdp4-cp2"))
+    assert not row4d["unmodelled"].startswith(REFUSED)  # planned and scored
+    extra = json.loads(row4d["extra"])
+    zbv = {**row4d, "unmodelled": REFUSED + "zbv",
+           "extra": json.dumps({**extra, "parallel.pp_schedule": "zbv",
+                                "parallel.pp_microbatches": 16})}
+    keep, refused = refused_rows([zbv])
+    assert keep == [] and len(refused) == 1 and "zbv is NOT MODELLED" in refused[0]["reason"]
+    # the same row as it is (PP x CP planned) with the mark: the mark must fail
     with pytest.raises(RowError, match="planner plans it"):
-        refused_rows([{**marked[0], "extra": json.dumps(extra)}])
+        refused_rows([{**row4d, "unmodelled": REFUSED + "pp x cp"}])
     # refused for a bad input (a schedule without PP), not NOT MODELLED: stops too
-    extra["parallel.pp_schedule"] = "1f1b"
+    bad = {k: v for k, v in extra.items() if k != "parallel.pp"}
     with pytest.raises(RowError, match="needs parallel.pp"):
-        refused_rows([{**marked[0], "extra": json.dumps(extra)}])
+        refused_rows([{**zbv, "extra": json.dumps(bad)}])
     # a refused row without the mark is an error, not a skip
     from benchmarks.memory_accuracy import evaluate
 
-    unmarked = {**marked[0], "unmodelled": "pipeline x tensor parallel"}
+    unmarked = {**zbv, "unmodelled": "zbv"}
     keep, refused = refused_rows([unmarked])
     assert keep == [unmarked] and refused == []
     with pytest.raises(RowError, match="NOT MODELLED"):
