@@ -436,7 +436,7 @@ def pipeline_estimate(model: ModelSpec, training: TrainingSpec, candidate: Candi
     p = training.pipeline
     tp = candidate.tp
     dp = n_gpus // (p.degree * tp)
-    rank, phases = fullest_rank(model, training, dp, acts, ov, tp)
+    rank, phases = fullest_rank(model, training, dp, acts, ov, tp, candidate.checkpointing)
     stages = rank_stages(p, rank)
     note = (f"pipeline {p.schedule}, {p.degree} ranks x {p.virtual} stage(s), "
             f"{p.microbatches} micro-batches: rank {rank} (stages "
