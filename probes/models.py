@@ -230,13 +230,11 @@ class _Ckpt:
         self.preserve_rng = False  # True with dropout: recompute must draw the same masks
 
     def run(self, fn: Callable, *args: torch.Tensor) -> torch.Tensor:
-        return checkpoint(
-            fn,
-            *args,
-            use_reentrant=False,
-            preserve_rng_state=self.preserve_rng,
-            context_fn=self.context_fn,
-        )
+        # the default context function is left out, not passed: torch.compile traces a
+        # checkpoint only with none or one returning torch's dispatch modes
+        extra = {} if self.context_fn is _no_ctx else {"context_fn": self.context_fn}
+        return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=self.preserve_rng,
+                          **extra)
 
 
 class Attention(nn.Module):

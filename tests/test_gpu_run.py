@@ -300,3 +300,32 @@ def test_the_oom_artefacts_are_whole():
     assert "_multi_tensor_adam" in oom and "Tried to allocate 224.00 MiB" in oom
     snap = pickle.loads((data / "memory_snapshot-h200-small-step.pickle").read_bytes())
     assert {"segments", "device_traces"} <= set(snap) and len(snap["segments"]) > 0
+
+
+@pytest.mark.integration
+def test_cpu_run_frontier_parts(tmp_path):
+    """The parts added for float8, activation offloading and the float8 GEMMs run on the CPU:
+    torchao's Float8Linear replaces the blocks' 7 linears per layer (2 tiny layers; the output
+    head stays bf16), the reference has none, the tensorwise + float8 all-gather case runs
+    torchtitan's scale precompute; every GEMM shape gets three timings; offloading, which needs
+    CUDA streams and pinned memory, is refused per case with that reason (the run goes on)."""
+    ids = "f8-1b-fsdp-none-ref,f8-1b-fsdp-none-twag,f8-1b-fsdp-none-rw,off-1b-ddp-none"
+    p = _driver(tmp_path, "--parts", "gemm,float8,offload", "--only", ids)
+    out, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err[-3000:]
+    recs = _records(tmp_path)
+    cases = {r["id"]: r for r in recs if r["record"] == "case"}
+    assert cases["f8-1b-fsdp-none-ref"]["ok"] and cases["f8-1b-fsdp-none-ref"]["float8_linears"] == 0
+    assert cases["f8-1b-fsdp-none-twag"]["float8_linears"] == 2 * 7
+    assert cases["f8-1b-fsdp-none-rw"]["float8_linears"] == 2 * 7
+    assert cases["f8-1b-fsdp-none-twag"]["float8_precompute_scale"] is True
+    assert cases["f8-1b-fsdp-none-rw"]["float8_precompute_scale"] is False
+    assert cases["f8-1b-fsdp-none-twag"]["ok"] and cases["f8-1b-fsdp-none-rw"]["ok"]
+    off = cases["off-1b-ddp-none"]
+    assert not off["ok"] and "needs CUDA" in off["error"]
+    gemms = [r for r in recs if r["record"] == "gemm"]
+    from probes.gpu_cases import gemm_shapes
+
+    assert [g["shape"] for g in gemms] == [s[0] for s in gemm_shapes()]
+    assert all(g.get("error") is None and g["bf16_s"] > 0 and g["fp8_tensorwise_s"] > 0
+               and g["fp8_rowwise_s"] > 0 for g in gemms)
