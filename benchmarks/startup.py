@@ -48,8 +48,8 @@ def interpreter_of(script: str) -> str:
 
 def heaviest_imports(python: str, n: int = 10) -> list[tuple[int, str]]:
     """``-X importtime`` of the command in ``python``: the top-level imports by cumulative us."""
-    code = ("from planner.cli import cli\n"
-            f"try: cli.main({ARGS!r})\nexcept SystemExit: pass")
+    code = (f"import sys; sys.argv = ['fitcheck', *{ARGS!r}]\n"
+            "from planner.console import main\ntry: main()\nexcept SystemExit: pass")
     err = subprocess.run([python, "-X", "importtime", "-c", code], capture_output=True,
                          text=True, env=ENV, cwd=tempfile.gettempdir()).stderr
     rows = []
