@@ -329,3 +329,39 @@ def test_cpu_run_frontier_parts(tmp_path):
     assert [g["shape"] for g in gemms] == [s[0] for s in gemm_shapes()]
     assert all(g.get("error") is None and g["bf16_s"] > 0 and g["fp8_tensorwise_s"] > 0
                and g["fp8_rowwise_s"] > 0 for g in gemms)
+
+
+H100_B_RUNS = ROOT / "benchmarks" / "gpu_runs" / "2026-11-26-h100-b"
+FRONTIER_GAPS = {
+    # case id -> why the planner's allocated peak is off by more than the tolerance (measured,
+    # not yet modelled; docs/accuracy.md §6.1)
+    "cf8-1b-fsdp-none-twag": "float8 under compiled blocks saves less than eager (+8.3 %)",
+    "cf8-1b-fsdp-none-rw": "float8 under compiled blocks saves less than eager (+11.0 %)",
+    "cm-1b-ddp-none": "the whole model compiled: inductor's backward peak (+5.3 %)",
+    "cm-1b-ddp-none-ga2": "the whole model compiled: inductor's backward peak (+4.6 %)",
+    "off-1b-ddp-none": "offloading under autocast moves the cached bf16 weights (+10.5 %)",
+    "off-1b-ddp-none-bf16": "offloading without checkpointing: the backward's bring-back (+4.2 %)",
+    "off-1b-fsdp-none": "offloading without checkpointing: the backward's bring-back (+3.5 %)",
+}
+
+
+def _h100_b_cases() -> list:
+    """Each case of the second H100 lease once (its latest run: run3 re-measured some)."""
+    latest: dict[str, dict] = {}
+    for path in sorted(H100_B_RUNS.glob("run*-records.jsonl")):
+        for r in map(json.loads, path.read_text().splitlines()):
+            if r["record"] == "case" and r["ok"]:
+                latest[r["id"]] = r
+    return [pytest.param(r, id=cid, marks=[pytest.mark.xfail(strict=True,
+                                                             reason=FRONTIER_GAPS[cid])]
+                         if cid in FRONTIER_GAPS else [])
+            for cid, r in sorted(latest.items())]
+
+
+@pytest.mark.parametrize("rec", _h100_b_cases())
+def test_planner_allocated_peak_against_the_second_h100_lease(rec):
+    """float8 (eager: torchao saves the bf16 input and weight, as bf16 does), activation
+    offloading with full checkpointing, accumulation and the bf16 references: the measured
+    max_memory_allocated within the first leases' tolerances; the gaps the lease found are
+    strict xfails with their reason."""
+    _allocated_within_tolerance(rec, "h100-80")
