@@ -1,8 +1,9 @@
 """torchao float8 training (``--float8``): what it changes in memory and in step time.
 
 Read from torchao 0.18 (``torchao/float8/``) and torchtitan's float8 converter; measured with
-the fake-tensor referee (probes/trace.py, ``float8`` in the trace) where torch runs it, derived
-by hand where it cannot (the step time). docs/model.md "Float8 training" has the derivation.
+the fake-tensor referee (probes/trace.py, ``float8`` in the trace) where torch runs it; the step
+time counted from torchao's source at rates one H100 measured (the float8 / bf16 matmul ratio,
+the cast's bytes per element). docs/model.md "Float8 training" has the derivation and checks.
 
 * Which linears: torchtitan's converter swaps every ``nn.Linear`` for ``Float8Linear`` except
   the output head (``filter_fqns = ["output"]``) and a linear whose dims are not divisible by
