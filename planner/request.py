@@ -659,10 +659,14 @@ def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
                                f"{naming.name('model.preset')} or a shape for an exact "
                                "estimate", Kind.SHAPE_ASSUMED))
     if training.float8.value != "none":
+        rate = ("measured on one H100" if cluster.gpu.fp8_matmul_speedup else
+                "assumed: the datasheet peaks' ratio")
         warnings.append(Notice(
-            "float8 step time assumed: the linears' matmuls at the GPU's fp8 peak with the bf16 "
-            "efficiency; on published torchtitan runs (H100) it predicts 11-36 % more tokens/s "
-            "than measured for Llama3-8B, within 4 % for Llama3.1-70B and 405B "
+            f"float8 step time: the linears' matmuls at {cluster.gpu.id}'s float8 / bf16 "
+            f"matmul rate ({rate}), torchao's casts at HBM bandwidth as measured on one H100; "
+            "against one H100's steps the float8 / bf16 step-time ratio is 32 % low to 8 % high "
+            "(eager float8 casts cost more there than the cast measurement explains), on "
+            "published torchtitan runs (H100, compiled) 2-17 % fewer tokens/s than measured "
             "(docs/model.md \"Float8 training\")",
             Kind.FLOAT8))
     if runtime.calibration and runtime.calibration.get("stale") and \

@@ -785,6 +785,12 @@ class GpuProfile:
     """Dense peak rates, TFLOP/s (no structured sparsity)."""
     fp8_tflops: float | None = None
     """Dense float8 tensor-core peak (e4m3/e5m2 inputs); None: the GPU has none."""
+    fp8_matmul_speedup: float | None = None
+    """Measured float8 (``torch._scaled_mm``, tensorwise scales) matmul rate over the bf16
+    ``mm`` rate at training linears' shapes; None: not measured, fp8_tflops / bf16_tflops is
+    *assumed* (planner/float8.py)."""
+    fp8_rowwise_matmul_speedup: float | None = None
+    """The same for the rowwise-scaled kernel."""
     hbm_bandwidth_bytes_per_s: float
     intra_node_link: str
     intra_node_bandwidth_bytes_per_s: float

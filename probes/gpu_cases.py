@@ -992,6 +992,10 @@ def float8_layer_times(dev: Dev, out: str, tiny: bool = False) -> int:
                     if recipe != "bf16":
                         convert_to_float8_training(
                             lin, config=Float8LinearConfig.from_recipe_name(recipe))
+                    if compiled:  # a fresh dynamo cache per module: in one process the
+                        # ninth compile of Sequential.forward hit recompile_limit (8) and ran
+                        # eager (2026-11-26-h100-b run3.log: 1B down rowwise and every 8B one)
+                        torch._dynamo.reset()
                     fn = torch.compile(lin) if compiled else lin
 
                     def step(fn=fn):
