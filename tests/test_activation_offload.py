@@ -224,3 +224,17 @@ def test_job_keys_are_modelled(tmp_path):
     src.write_text(ax)
     j = read_job(str(src))
     assert any("activation offloading" in u and "legacy" in u for u in j.unmodelled)
+
+
+def test_autocast_block_casts_leave_the_gpu_with_the_region():
+    """DDP under autocast without checkpointing: each block's matmuls save their cached bf16
+    weight casts, which the hooks copy to the host, so after the region only the head's cast
+    (saved under NoOpManager) is held. Casts per block: (q 512x512 + k, v 512x128 + o 512x512
+    + gate, up, down 512x1536) x 2 B = 6,029,312; the head's 32000 x 512 x 2 = 32,768,000."""
+    ddp = Candidate(strategy=Strategy.DDP, checkpointing=Checkpointing.NONE)
+    a = estimate(MODEL, train(), cluster(1), ddp)
+    b = estimate(MODEL, train(activation_offload=True), cluster(1), ddp)
+    assert a.phases[Phase.LOSS_BWD].gathered_params == 4 * 6_029_312 + 32_768_000
+    assert b.phases[Phase.LOSS_BWD].gathered_params == 32_768_000
+    # at the loss itself (inside the region) the cache is whole either way
+    assert b.phases[Phase.FORWARD].gathered_params == a.phases[Phase.FORWARD].gathered_params
