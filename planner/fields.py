@@ -27,6 +27,7 @@ from planner.spec import (
     Dtype,
     FlatParams,
     Float8Recipe,
+    OffloadImpl,
     GradSync,
     InitMode,
     LINEAR_MODULES,
@@ -395,6 +396,12 @@ FIELDS: tuple[Field, ...] = (
           "backward (torchtune enable_activation_offloading, axolotl/TRL "
           "activation_offloading: OffloadActivations); the output layer and the loss stay "
           "on the GPU."),
+    Field(path="training.activation_offload_impl", flag="--activation-offload-impl",
+          check=_choice(OffloadImpl), choices=_names(OffloadImpl),
+          default=_train_default("activation_offload_impl"),
+          help="Whose OffloadActivations runs --activation-offload: torchtune's (its recipes) "
+          "or TRL's copy (TRL, axolotl), which keeps a tensor saved twice on the GPU and "
+          "never offloads a parameter's storage."),
     Field(path="training.compile", flag="--compile", check=_choice(CompileMode),
           choices=_names(CompileMode), default=_train_default("compile"),
           help="torch.compile: none, each transformer block (torchtitan), or the whole "

@@ -27,6 +27,7 @@ from planner.spec import (
     FineTune,
     FlatParams,
     Float8Recipe,
+    OffloadImpl,
     GpuProfile,
     MlpKind,
     ModelSpec,
@@ -617,6 +618,10 @@ def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
     problem = float8_problem(model, training, gpu)
     if problem:
         raise naming.fail(*problem)
+    if training.activation_offload_impl is not OffloadImpl.TORCHTUNE \
+            and not training.activation_offload:
+        raise naming.fail("training.activation_offload_impl",
+                          f"needs {naming.name('training.activation_offload')}")
     tp = v["parallel.tp"]
     p = training.pipeline
     pipeline_cluster_problem(p, cluster, tp, v["strategy"], v["offload"],

@@ -238,6 +238,16 @@ class MeshMode(enum.StrEnum):
     AUTO = "auto"  # every modelled (TP, PP, CP) layout of the GPUs, the fastest that fits
 
 
+class OffloadImpl(enum.StrEnum):
+    """Which ``OffloadActivations`` runs --activation-offload (docs/model.md §3.7): torchtune's
+    (``torchtune/training/_activation_offloading.py``; torchtune's recipes) or TRL's copy
+    (``trl/models/activation_offloading.py``; TRL and axolotl), which keeps a repeated save of
+    a storage on the GPU and skips parameters' storages."""
+
+    TORCHTUNE = "torchtune"
+    TRL = "trl"
+
+
 class Float8Recipe(enum.StrEnum):
     """torchao float8 training (``torchao.float8.Float8LinearRecipeName``): the linears of the
     blocks swapped for ``Float8Linear`` (torchtitan's float8 converter; the output head kept)."""
@@ -686,6 +696,8 @@ class TrainingSpec:
     activation_offload: bool = False
     """Saved activations offloaded to pinned host RAM (torchtune/TRL ``OffloadActivations``):
     the GPU keeps what is in flight, the host a copy of every offloaded tensor."""
+    activation_offload_impl: OffloadImpl = OffloadImpl.TORCHTUNE
+    """Whose ``OffloadActivations`` (torchtune's or TRL's copy) runs --activation-offload."""
     compile: CompileMode = CompileMode.NONE
     float8: Float8Recipe = Float8Recipe.NONE
     """torchao float8 training of the blocks' linears (docs/model.md "Float8 training")."""
