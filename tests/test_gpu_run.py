@@ -339,9 +339,6 @@ FRONTIER_GAPS = {
     "cf8-1b-fsdp-none-rw": "float8 under compiled blocks saves less than eager (+11.0 %)",
     "cm-1b-ddp-none": "the whole model compiled: inductor's backward peak (+5.3 %)",
     "cm-1b-ddp-none-ga2": "the whole model compiled: inductor's backward peak (+4.6 %)",
-    "off-1b-ddp-none": "offloading under autocast moves the cached bf16 weights (+10.5 %)",
-    "off-1b-ddp-none-bf16": "offloading without checkpointing: the backward's bring-back (+4.2 %)",
-    "off-1b-fsdp-none": "offloading without checkpointing: the backward's bring-back (+3.5 %)",
 }
 
 
