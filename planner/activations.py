@@ -246,7 +246,11 @@ def op_sac_kept(model: ModelSpec, t: int, batch: int, seq: int, attention: Atten
     (``torch.utils.checkpoint.create_selective_checkpoint_contexts`` with the policy in
     torchtitan's ``parallelize_llama.py``, the default ``selective_ac_option = "op"``): inside
     each checkpointed block, the outputs of every other ``mm`` (the 1st, 3rd, ...) and of the
-    flash/efficient SDPA kernel are saved, everything else is recomputed in backward. Kept:
+    SDPA kernel are saved, everything else is recomputed in backward. The SDPA kernel is saved
+    whichever backend runs it: flash, efficient, cuDNN (torchtitan b39377f9f, #2095, put
+    every SDPA backend in ``_op_sac_save_list``). Before that commit, a cuDNN-run SDPA was
+    recomputed; torch picks cuDNN on SM 9.x with cuDNN > 9.15 (``sdp_utils.cpp``
+    ``check_prefer_cudnn_attention``). Not modelled: docs/model.md §5.6. Kept:
     the block input (the checkpoint's input) plus those outputs. (Megatron's "selective",
     recompute the attention core only, is a different policy.)
     """

@@ -75,6 +75,7 @@ import torch.distributed as dist
 
 from planner.spec import (
     Candidate,
+    Checkpointing,
     CompileMode,
     Float8Recipe,
     GradSync,
@@ -402,6 +403,30 @@ class ActivationOffload:
 
 
 
+def sdpa_backend(dev: Dev, spec: ModelSpec, training: TrainingSpec) -> str | None:
+    """The SDPA backend torch picks for this case's attention (``torch._fused_sdp_choice``
+    on empty q, k, v of the case's shapes, in the dtype the kernel sees): which op the
+    selective policy is shown (flash, efficient, cuDNN...). None for eager attention or when
+    torch cannot say."""
+    from torch.nn.attention import SDPBackend
+
+    if training.attention.value != "sdpa":
+        return None
+    dt = {Precision.FP32: torch.float32, Precision.FP16_AMP: torch.float16}.get(
+        training.precision, torch.bfloat16)
+    b, t, d = training.micro_batch, training.seq, spec.d_head
+    try:
+        q = torch.empty(b, spec.n_heads, t, d, dtype=dt, device=dev.device)
+        kv = torch.empty(b, spec.n_kv_heads, t, d, dtype=dt, device=dev.device)
+        choice = torch._fused_sdp_choice(q, kv, kv, None, 0.0, not spec.encoder_head,
+                                         enable_gqa=spec.n_kv_heads < spec.n_heads)
+        del q, kv
+        return next((name for name in dir(SDPBackend) if not name.startswith("_")
+                     and int(getattr(SDPBackend, name)) == int(choice)), str(choice))
+    except (RuntimeError, TypeError, ValueError, AttributeError) as exc:
+        return f"unknown ({type(exc).__name__})"
+
+
 def run_case(dev: Dev, case: dict[str, Any], world: int, fake: bool) -> dict[str, Any]:
     from planner.throughput import training_flops_per_token
     from probes.runner import spec_from_dict, spec_to_dict
@@ -417,6 +442,12 @@ def run_case(dev: Dev, case: dict[str, Any], world: int, fake: bool) -> dict[str
         "steps": {"warmup": warm, "measured": steps}, "ok": False, "oom": False,
         "error": None, "allocator_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
     }
+    # before the baseline below (its empty q, k, v are freed and the cache emptied)
+    rec["sdpa_backend"] = sdpa_backend(dev, spec, training)
+    if cand.checkpointing is Checkpointing.SELECTIVE:
+        from probes.models import OP_SAC_SAVE_OPS
+
+        rec["sac_save_ops"] = list(OP_SAC_SAVE_OPS)
     gc.collect()
     if dev.cuda:
         torch.cuda.empty_cache()
