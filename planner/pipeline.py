@@ -254,10 +254,11 @@ def held_by_stage(p: Pipeline, rank: int) -> list[dict[int, int]]:
     rank's own action list as ``ScheduleInterleaved1F1B`` builds it
     (``_get_1f1b_rank_ops``): ``warmup`` forwards, then a forward and a backward per step,
     then the backwards left; op ``i``'s forward runs local stage (i // per_round) % v, its
-    backward local stage v - 1 - ((i - warmup) // per_round) % v. (ZBV: not modelled.)"""
+    backward local stage v - 1 - ((i - warmup) // per_round) % v. (ZBV and DualPipeV hold
+    micro-batches in two states: ``v_in_flight``, walked in bytes by memory/pipeline.py.)"""
     stages = rank_stages(p, rank)
-    if p.schedule is PipeSchedule.ZBV:
-        raise ValueError("zbv's memory is not modelled (pipeline.problem)")
+    if p.schedule in V_SHAPED:
+        raise ValueError(f"{p.schedule} holds micro-batches in two states: v_in_flight")
     if p.schedule is not PipeSchedule.INTERLEAVED_1F1B:
         return [{stages[0]: peak_in_flight(p, rank)}]
     m, pp, v = p.microbatches, p.degree, p.virtual

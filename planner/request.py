@@ -602,9 +602,10 @@ def v_schedule_problem(p: Pipeline, tp: Any, checkpointing: Checkpointing
       extra time. You are only allowed to backward once on any region computed under
       selective activation checkpoint");
     - full checkpointing runs one ``autograd.grad`` per parameter group in the weight
-      backward (``_backward.stage_backward_weight``), each recomputing the block and keeping
-      what it does not unpack until the weight backward ends: traced 834 MB on rank 1 of the
-      8-layer test model (pp 2, M 4) where the same rank holds 559 MB without checkpointing.
+      backward (``_backward.stage_backward_weight``), each recomputing the block (counted: 9
+      recomputes of a block per W) and keeping what it does not unpack until the weight
+      backward ends: traced 834 MB on rank 1 of the 8-layer test model (pp 2, M 4) where the
+      same rank holds 559 MB without checkpointing.
     """
     if p.schedule not in pipeline.V_SHAPED:
         return None
