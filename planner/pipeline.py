@@ -22,14 +22,18 @@ INPUT_WEIGHT = 1
 OUTPUT_WEIGHT = 1
 """The same for the final norm and the output head together."""
 
-MULTI_STAGE = (PipeSchedule.INTERLEAVED_1F1B, PipeSchedule.ZBV, PipeSchedule.DUALPIPEV)
+MULTI_STAGE = (PipeSchedule.INTERLEAVED_1F1B, PipeSchedule.INTERLEAVED_ZB, PipeSchedule.ZBV,
+               PipeSchedule.DUALPIPEV)
 """Schedules with several stages per rank (``PipelineScheduleMulti``); GPipe and 1F1B hold
 one (``PipelineScheduleSingle``)."""
 
 V_SHAPED = (PipeSchedule.ZBV, PipeSchedule.DUALPIPEV)
-"""Schedules with exactly 2 stages per rank in a V (stages ``rank`` and ``2 pp - 1 - rank``)
-whose backward may be split in two: ``I`` (the gradient of the stage's input) and, later,
-``W`` (its weights' gradients)."""
+"""Schedules with exactly 2 stages per rank in a V (stages ``rank`` and ``2 pp - 1 - rank``)."""
+
+SPLIT_BACKWARD = (PipeSchedule.INTERLEAVED_ZB, *V_SHAPED)
+"""Schedules whose backward may be split in two: ``I`` (the gradient of the stage's input)
+and, later, ``W`` (its weights' gradients); their memory and bubble are walked along their
+action lists (``split_actions``)."""
 
 
 class Op(NamedTuple):
@@ -185,13 +189,44 @@ def _dualpipev_order(pp: int, m: int, rank: int) -> list[Op]:
     return _numbered(kinds, m)
 
 
-def v_actions(p: Pipeline, rank: int) -> list[Op]:
-    """The compute actions of rank ``rank`` under a V-shaped schedule, in torch's order."""
+def _interleaved_zb_order(pp: int, m: int, v: int, rank: int) -> list[Op]:
+    """``ScheduleInterleavedZeroBubble._calculate_single_rank_operations`` (torch 2.13
+    schedules.py: ``_get_1f1b_rank_ops`` with ``enable_zero_bubble``; the empty slots
+    ``_add_bubbles_to_actions`` inserts change no order): with per_round = M // max(1, M // pp)
+    and warm-up = min((v - 1) per_round + pp - 1 - rank, M v) forwards, op ``i`` of the M v
+    runs its forward on local stage (i // per_round) % v; from the warm-up on each op adds an
+    input backward of local stage v - 1 - ((i - warm-up) // per_round) % v, and, once rank
+    of them have run, the weight backward of the oldest input backward not yet weighted;
+    after the last forward the input backwards left (warm-up of them) go on the same way,
+    then the weight backwards left."""
+    rounds = max(1, m // pp)
+    per_round = m // rounds
+    total = m * v
+    warmup = min((v - 1) * per_round + pp - 1 - rank, total)
+    kinds: list[tuple[str, int]] = []
+    inputs: list[int] = []  # stages of the input backwards, in order
+    for op in range(total + warmup):
+        if op < total:
+            kinds.append(("F", (op // per_round) % v * pp + rank))
+        if op >= warmup:
+            inputs.append((v - 1 - (op - warmup) // per_round % v) * pp + rank)
+            kinds.append(("I", inputs[-1]))
+            if op - warmup >= rank:
+                kinds.append(("W", inputs[len(inputs) - 1 - rank]))
+    kinds += [("W", s) for s in inputs[max(0, len(inputs) - rank):]]
+    return _numbered(kinds, m)
+
+
+def split_actions(p: Pipeline, rank: int) -> list[Op]:
+    """The compute actions of rank ``rank`` under a split-backward schedule, in torch's
+    order."""
+    if p.schedule is PipeSchedule.INTERLEAVED_ZB:
+        return _interleaved_zb_order(p.degree, p.microbatches, p.virtual, rank)
     order = _zbv_order if p.schedule is PipeSchedule.ZBV else _dualpipev_order
     return order(p.degree, p.microbatches, rank)
 
 
-def v_in_flight(ops: list[Op]) -> list[dict[tuple[int, bool], int]]:
+def split_in_flight(ops: list[Op]) -> list[dict[tuple[int, bool], int]]:
     """After each action of a V-shaped schedule: how many micro-batches each stage holds,
     keyed (stage, input backward done): forwarded and not yet through I (False), or through
     I and not yet through W (True). A full backward (B) or a weight backward (W) ends a
@@ -229,11 +264,12 @@ def peak_in_flight(p: Pipeline, rank: int) -> int:
       past M are not run: min(M, 2 pp - 1 - rank) + min(M, rank + 1). The input backward
       (``stage_backward_input``, ``retain_graph=True``) keeps the graph for the weight
       backward, so a micro-batch's activations live until its W.
-    - DualPipeV: counted along its action list (``v_actions``).
+    - DualPipeV and Interleaved Zero Bubble: counted along their action lists
+      (``split_actions``).
     """
     m, pp, v = p.microbatches, p.degree, p.virtual
-    if p.schedule is PipeSchedule.DUALPIPEV:
-        return max(sum(h.values()) for h in v_in_flight(v_actions(p, rank)))
+    if p.schedule in (PipeSchedule.DUALPIPEV, PipeSchedule.INTERLEAVED_ZB):
+        return max(sum(h.values()) for h in split_in_flight(split_actions(p, rank)))
     if p.schedule is PipeSchedule.GPIPE:
         return m
     if p.schedule is PipeSchedule.ONE_F_ONE_B:
@@ -254,11 +290,12 @@ def held_by_stage(p: Pipeline, rank: int) -> list[dict[int, int]]:
     rank's own action list as ``ScheduleInterleaved1F1B`` builds it
     (``_get_1f1b_rank_ops``): ``warmup`` forwards, then a forward and a backward per step,
     then the backwards left; op ``i``'s forward runs local stage (i // per_round) % v, its
-    backward local stage v - 1 - ((i - warmup) // per_round) % v. (ZBV and DualPipeV hold
-    micro-batches in two states: ``v_in_flight``, walked in bytes by memory/pipeline.py.)"""
+    backward local stage v - 1 - ((i - warmup) // per_round) % v. (The split-backward
+    schedules hold micro-batches in two states: ``split_in_flight``, walked in bytes by
+    memory/pipeline.py.)"""
     stages = rank_stages(p, rank)
-    if p.schedule in V_SHAPED:
-        raise ValueError(f"{p.schedule} holds micro-batches in two states: v_in_flight")
+    if p.schedule in SPLIT_BACKWARD:
+        raise ValueError(f"{p.schedule} holds micro-batches in two states: split_in_flight")
     if p.schedule is not PipeSchedule.INTERLEAVED_1F1B:
         return [{stages[0]: peak_in_flight(p, rank)}]
     m, pp, v = p.microbatches, p.degree, p.virtual
@@ -309,12 +346,12 @@ def _needs(op: Op, last: int) -> tuple[str, int, int] | None:
 
 
 @lru_cache(maxsize=64)
-def v_step(p: Pipeline) -> tuple[float, float]:
+def split_step(p: Pipeline) -> tuple[float, float]:
     """(the step's length, the busiest rank's own work), in forwards (``ASSUMED_COST``), of
-    a V-shaped schedule: every rank runs its action list (``v_actions``) in order, each action
+    a V-shaped schedule: every rank runs its action list (``split_actions``) in order, each action
     starting once its rank is free and what it needs (``_needs``) has finished; transfers
     take no time."""
-    orders = [v_actions(p, r) for r in range(p.degree)]
+    orders = [split_actions(p, r) for r in range(p.degree)]
     last = p.n_stages - 1
     done: dict[tuple[str, int, int], float] = {}
     clock = [0.0] * p.degree
@@ -343,14 +380,14 @@ def bubble_ratio(p: Pipeline) -> float:
 
     GPipe and 1F1B: (pp - 1) / M (Huang et al. 2019, GPipe §2.3: the bubble is
     (pp - 1) / (M + pp - 1) of the step); interleaved: (pp - 1) / (v M) (Narayanan et al.
-    2021, §2.2.2); ZBV and DualPipeV: the length of the step their action lists make
-    (``v_step``, *assumed* equal forward, input- and weight-backward times) over the busiest
-    rank's work, minus 1."""
+    2021, §2.2.2); the split-backward schedules (ZBV, DualPipeV, Interleaved Zero Bubble):
+    the length of the step their action lists make (``split_step``, *assumed* equal forward,
+    input- and weight-backward times) over the busiest rank's work, minus 1."""
     m, pp = p.microbatches, p.degree
     if p.schedule is PipeSchedule.INTERLEAVED_1F1B:
         return (pp - 1) / (p.virtual * m)
-    if p.schedule in V_SHAPED:
-        length, busy = v_step(p)
+    if p.schedule in SPLIT_BACKWARD:
+        length, busy = split_step(p)
         return length / busy - 1
     return (pp - 1) / m
 
@@ -382,10 +419,11 @@ def schedule_problem(p: Pipeline, n_layers: int) -> tuple[str, str] | None:
         # Schedule1F1B.__init__: "Number of microbatches ... must be greater than or equal to
         # the number of stages"
         return "parallel.pp_microbatches", f"1f1b needs at least {pp} micro-batches, got {m}"
-    if s is PipeSchedule.INTERLEAVED_1F1B and m % max(1, m // pp):
+    if s in (PipeSchedule.INTERLEAVED_1F1B, PipeSchedule.INTERLEAVED_ZB) and m % max(1, m // pp):
+        # ScheduleInterleaved1F1B / ScheduleInterleavedZeroBubble.__init__: "... a multiple
+        # of the number of rounds"
         return "parallel.pp_microbatches", (
-            f"interleaved-1f1b needs the micro-batches ({m}) to be a multiple of the rounds "
-            f"({m // pp})")
+            f"{s} needs the micro-batches ({m}) to be a multiple of the rounds ({m // pp})")
     try:
         stage_layers(n_layers, p.n_stages)
     except ValueError as exc:

@@ -591,11 +591,12 @@ def pipeline_cluster_problem(p: Pipeline, cluster: Cluster, tp: Any, strategies:
                           "accumulation around the schedule) is NOT MODELLED")
 
 
-def v_schedule_problem(p: Pipeline, tp: Any, checkpointing: Checkpointing
+def split_schedule_problem(p: Pipeline, tp: Any, checkpointing: Checkpointing
                        ) -> tuple[str, str] | None:
-    """(field, why) for what fitcheck does not model under ZBV and DualPipeV
-    (``pipeline.V_SHAPED``; docs/model.md §8.7): tensor parallel inside the stages (not
-    traced), and activation checkpointing, whose split backward torch 2.13 runs differently:
+    """(field, why) for what fitcheck does not model under ZBV, DualPipeV and Interleaved Zero
+    Bubble (``pipeline.SPLIT_BACKWARD``; docs/model.md §8.7): tensor parallel inside the
+    stages (not traced), and activation checkpointing, whose split backward torch 2.13 runs
+    differently:
 
     - op-level selective checkpointing raises in the weight backward
       (``torch/utils/checkpoint.py`` ``_CachedTorchDispatchMode``: "Trying to backward an
@@ -607,7 +608,7 @@ def v_schedule_problem(p: Pipeline, tp: Any, checkpointing: Checkpointing
       backward ends: traced 834 MB on rank 1 of the 8-layer test model (pp 2, M 4) where the
       same rank holds 559 MB without checkpointing.
     """
-    if p.schedule not in pipeline.V_SHAPED:
+    if p.schedule not in pipeline.SPLIT_BACKWARD:
         return None
     if tp not in ("auto", 1):
         return "parallel.tp", f"{p.schedule} with tensor parallel is NOT MODELLED (not traced)"
@@ -649,7 +650,7 @@ def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
     p = training.pipeline
     pipeline_cluster_problem(p, cluster, tp, v["strategy"], v["offload"],
                              v["training.global_batch"], naming, model, training.seq)
-    problem = v_schedule_problem(p, tp, v["checkpointing"])
+    problem = split_schedule_problem(p, tp, v["checkpointing"])
     if problem:
         raise naming.fail(*problem)
     if p.enabled and tp == "auto":
@@ -676,8 +677,8 @@ def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
     options = Options(
         strategies=(Strategy.FULL_SHARD,) if p.enabled and not v["strategy"] else strategies,
         offloads=(Offload.NONE,) if p.enabled else offloads,
-        # under ZBV / DualPipeV only no checkpointing is modelled (v_schedule_problem)
-        checkpointing=Checkpointing.NONE if p.schedule in pipeline.V_SHAPED and p.enabled
+        # under a split backward only no checkpointing is modelled (split_schedule_problem)
+        checkpointing=Checkpointing.NONE if p.schedule in pipeline.SPLIT_BACKWARD and p.enabled
         else v["checkpointing"], margin=v["margin"], at_risk=v["at_risk"],
         global_batch=v["training.global_batch"], tp=None if tp == "auto" else tp)
     if training.cp > 1:

@@ -57,6 +57,7 @@ from planner.spec import (
 
 SCHEDULES = {PipeSchedule.GPIPE: "ScheduleGPipe", PipeSchedule.ONE_F_ONE_B: "Schedule1F1B",
              PipeSchedule.INTERLEAVED_1F1B: "ScheduleInterleaved1F1B",
+             PipeSchedule.INTERLEAVED_ZB: "ScheduleInterleavedZeroBubble",
              PipeSchedule.ZBV: "ScheduleZBVZeroBubble",
              PipeSchedule.DUALPIPEV: "ScheduleDualPipeV"}
 

@@ -29,10 +29,10 @@ and, as sequence parallel leaves every block's output sharded on the sequence (t
 the stage's local output), its stage outputs and P2P buffers at seq / tp; the last stage's
 logits are vocab-sharded (``loss_parallel``).
 
-Under the V-shaped schedules (ZBV, DualPipeV: ``v_rank_phases``) a rank holds two stages,
-the first one's and the last one's on rank 0, and its moments are walked along its own
-action list (``pipeline.v_actions``), the backward split into an input step and a weight
-step (docs/model.md §8.7).
+Under the split-backward schedules (``split_rank_phases``: ZBV and DualPipeV, whose V puts
+the first and the last stage on rank 0, and Interleaved Zero Bubble) a rank's moments are
+walked along its own action list (``pipeline.split_actions``), the backward split into an
+input step and a weight step (docs/model.md §8.7).
 
 Every rank is evaluated; the fullest decides the fit. Scalars only (the report refuses
 ``--pp``).
@@ -144,8 +144,8 @@ def rank_phases(model: ModelSpec, training: TrainingSpec, rank: int, dp: int,
     """The moments of one step on pipeline rank ``rank`` (of ``dp`` data-parallel ranks, each
     stage tensor-parallel over ``tp``; ``acts`` counted for that tp)."""
     p = training.pipeline
-    if p.schedule in pipeline.V_SHAPED:
-        return v_rank_phases(model, training, rank, dp, acts, ov)
+    if p.schedule in pipeline.SPLIT_BACKWARD:
+        return split_rank_phases(model, training, rank, dp, acts, ov)
     n_stages = p.n_stages
     layers = pipeline.stage_layers(model.n_layers, n_stages)
     stages = pipeline.rank_stages(p, rank)
@@ -218,7 +218,7 @@ def fullest_rank(model: ModelSpec, training: TrainingSpec, dp: int, acts: Activa
     return best[1], best[2]
 
 
-# ---- the V-shaped schedules (ZBV, DualPipeV) ---------------------------------------------
+# ---- the split-backward schedules (ZBV, DualPipeV, Interleaved Zero Bubble) -------------
 
 def weight_op_width(names_shapes: Any) -> int:
     """Output features of the ops that multiply by a weight, summed: a linear's out
@@ -265,26 +265,27 @@ def _stage_groups(model: ModelSpec, layers: list[int], s: int
     return rank_groups(model, layers[s], s == 0, s == len(layers) - 1)
 
 
-def v_rank_phases(model: ModelSpec, training: TrainingSpec, rank: int, dp: int,
-                  acts: Activations, ov: Overheads) -> dict[Phase, Breakdown]:
-    """The moments of one step on rank ``rank`` under ZBV or DualPipeV (``_v_walk``)."""
-    return _v_walk(model, training, rank, dp, acts, ov)[0]
+def split_rank_phases(model: ModelSpec, training: TrainingSpec, rank: int, dp: int,
+                      acts: Activations, ov: Overheads) -> dict[Phase, Breakdown]:
+    """The moments of one step on rank ``rank`` under a split-backward schedule (ZBV,
+    DualPipeV, Interleaved Zero Bubble: ``_split_walk``)."""
+    return _split_walk(model, training, rank, dp, acts, ov)[0]
 
 
-def v_timeline(model: ModelSpec, training: TrainingSpec, rank: int, dp: int,
-               acts: Activations, ov: Overheads) -> list[tuple[pipeline.Op, Breakdown]]:
-    """What rank ``rank`` holds after each of its actions under ZBV or DualPipeV (after a
-    forward of the last stage: with its loss), as ``_v_walk`` counts it: the referee
-    compares it with a trace action by action."""
-    return _v_walk(model, training, rank, dp, acts, ov)[1]
+def split_timeline(model: ModelSpec, training: TrainingSpec, rank: int, dp: int,
+                   acts: Activations, ov: Overheads) -> list[tuple[pipeline.Op, Breakdown]]:
+    """What rank ``rank`` holds after each of its actions under a split-backward schedule
+    (after a forward of the last stage: with its loss), as ``_split_walk`` counts it: the
+    referee compares it with a trace action by action."""
+    return _split_walk(model, training, rank, dp, acts, ov)[1]
 
 
-def _v_walk(model: ModelSpec, training: TrainingSpec, rank: int, dp: int,
-            acts: Activations, ov: Overheads
-            ) -> tuple[dict[Phase, Breakdown], list[tuple[pipeline.Op, Breakdown]]]:
-    """The moments of one step on rank ``rank`` under ZBV or DualPipeV, walked along the
-    rank's action list (``pipeline.v_actions``; FSDP2 inside each stage, no TP), and what it
-    holds after each action.
+def _split_walk(model: ModelSpec, training: TrainingSpec, rank: int, dp: int,
+                acts: Activations, ov: Overheads
+                ) -> tuple[dict[Phase, Breakdown], list[tuple[pipeline.Op, Breakdown]]]:
+    """The moments of one step on rank ``rank`` under a split-backward schedule, walked along
+    the rank's action list (``pipeline.split_actions``; FSDP2 inside each stage, no TP), and
+    what it holds after each action.
 
     Held per micro-batch: ``stage_sizes`` from its forward to its input backward,
     ``split_sizes`` from there to its weight backward; a full backward (B, and the first
@@ -321,8 +322,9 @@ def _v_walk(model: ModelSpec, training: TrainingSpec, rank: int, dp: int,
     t = training.micro_batch * training.seq
     boundary = t * model.hidden * d.compute
     size = stage_sizes(model, training, layers, stages, acts, d.compute)
-    if p.degree - 1 in stages:  # the lower stage of the pair: its output is the upper's buffer
-        size[p.degree - 1] -= boundary
+    for s in stages:  # the V's pair: the lower stage's output is the upper one's buffer
+        if s + 1 in stages:
+            size[s] -= boundary
     held_i = split_sizes(model, training, layers, stages, acts, d.compute, size)
     p2p = sum(p.microbatches * boundary * ((s != 0) + (s != last)) for s in stages)
     groups_of = {s: _stage_groups(model, layers, s) for s in stages}
@@ -371,7 +373,7 @@ def _v_walk(model: ModelSpec, training: TrainingSpec, rank: int, dp: int,
     ends: list[Breakdown] = []
     after: list[tuple[pipeline.Op, Breakdown]] = []
 
-    def _v_backward(op: pipeline.Op, full: bool, held: Any) -> Any:
+    def _split_backward(op: pipeline.Op, full: bool, held: Any) -> Any:
         """The moments of one backward action (I, W or B); what is held after it."""
         nonlocal input_grads
         s = op.stage
@@ -380,7 +382,7 @@ def _v_walk(model: ModelSpec, training: TrainingSpec, rank: int, dp: int,
         if op.kind == "B" or full:
             # a full backward frees each block's saved tensors as it goes: its start
             bwd.append(moment(held, acts.block_bwd + acts.recompute))
-        if op.kind in ("I", "B") and s != 0 and s != p.degree:
+        if op.kind in ("I", "B") and s != 0 and s - 1 not in stages:
             input_grads += boundary
         if op.kind == "I":
             # an input backward frees nothing and keeps each op's output gradient; its
@@ -390,7 +392,8 @@ def _v_walk(model: ModelSpec, training: TrainingSpec, rank: int, dp: int,
             fold(s)
             bwd.append(moment(held, acts.block_bwd + acts.recompute))
         elif op.kind == "W" and not full:
-            bwd.append(moment(held, rs_unit * fd.param))  # dW of a unit before it is added
+            # dW of one of the stage's units before it is added to param.grad
+            bwd.append(moment(held, units(model, s == 0, s == last, layers[s])[0] * fd.param))
             held -= held_i[s]
             new.add(s)
         else:
@@ -400,7 +403,7 @@ def _v_walk(model: ModelSpec, training: TrainingSpec, rank: int, dp: int,
             bwd.append(moment(held, last_unit * fd.param))
         return held
 
-    for op in pipeline.v_actions(p, rank):
+    for op in pipeline.split_actions(p, rank):
         s = op.stage
         full = op.kind == "B" or op.kind == "W" and s == 0
         if op.kind == "F":
@@ -411,7 +414,7 @@ def _v_walk(model: ModelSpec, training: TrainingSpec, rank: int, dp: int,
         elif op.kind == "I" and s == 0:
             pass  # torch skips the first stage's input backward
         else:
-            held = _v_backward(op, full, held)
+            held = _split_backward(op, full, held)
         after.append((op, moment(held)))
         finished[s] += op.kind in ("W", "B")
         if finished[s] == p.microbatches:
