@@ -29,9 +29,15 @@ What the fake process group cannot do, emulated:
   STATIC) is answered with that result (``PipelineStage._warmup_backward_result``);
 - nothing else: the P2P sends and receives run on the fake group with their real buffers.
 
+The tracker's own module hooks on gradients are left out (``_no_backward_module_hooks``):
+under a split backward (ZBV, DualPipeV, Interleaved Zero Bubble) they would keep graph nodes
+alive that no real run keeps, and torch refuses one of their questions inside the input
+backward.
+
 Only this process's rank is measured; the other ranks of the pipeline are not run (their
 sends to this rank are the fake group's no-ops). ``python -m probes.pipeline_trace`` runs one
-configuration given as JSON and prints the result (``tests/test_pipeline.py`` runs it in a
+configuration given as JSON and prints the result (with ``"timeline": true`` also what the
+rank holds after each compute action) (``tests/test_pipeline.py`` runs it in a
 subprocess: a process holds one process group).
 """
 
