@@ -201,13 +201,14 @@ class GradSync(enum.StrEnum):
 class PipeSchedule(enum.StrEnum):
     """A ``torch.distributed.pipelining`` schedule (torchtitan's
     ``pipeline_parallel_schedule``): those whose micro-batch counts planner/pipeline.py
-    derives. ZBV's memory is not modelled (refused by ``pipeline.problem``); DualPipeV, Looped
-    BFS and Interleaved Zero Bubble are refused by name when parsed."""
+    derives. Looped BFS is refused by name when parsed."""
 
     GPIPE = "gpipe"  # ScheduleGPipe: every forward, then every backward
     ONE_F_ONE_B = "1f1b"  # Schedule1F1B
     INTERLEAVED_1F1B = "interleaved-1f1b"  # ScheduleInterleaved1F1B (v stages per rank)
     ZBV = "zbv"  # ScheduleZBVZeroBubble (2 stages per rank in a V, split backward)
+    DUALPIPEV = "dualpipev"  # ScheduleDualPipeV (the same V; full and split backwards)
+    INTERLEAVED_ZB = "interleaved-zb"  # ScheduleInterleavedZeroBubble (looped, split backward)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
