@@ -191,6 +191,22 @@ def runtime_table(records: list[dict[str, Any]], gpu: GpuProfile, ov: Overheads,
     return "\n".join(lines), facts
 
 
+OLD_SAC_NOTE = (
+    "¹ Measured with the probe's op-level save list from before torchtitan #2095, which has "
+    "no `_scaled_dot_product_cudnn_attention`. torch ran SDPA as cuDNN's kernel on these GPUs, "
+    "so every block recomputed its attention. The planner keeps the attention output and "
+    "logsumexp, as torchtitan's list has since #2095 (docs/accuracy.md §6).")
+
+
+def old_sac_list(rec: dict[str, Any]) -> bool:
+    """A selective SDPA case measured before the probe's save list held cuDNN's SDPA op
+    (records without ``sac_save_ops``, probes/gpu_cases.py)."""
+    return (rec["candidate"]["checkpointing"] == "selective"
+            and rec["training"].get("attention", "sdpa") == "sdpa"
+            and "aten._scaled_dot_product_cudnn_attention.default"
+            not in rec.get("sac_save_ops", ()))
+
+
 def case_table(rows: list[Row], ov: Overheads) -> tuple[str, dict[str, list[float]]]:
     lines = ["| case | world | measured peak allocated GiB | planner | err | forward | "
              "backward | optimizer | max reserved GiB | planner | err |",
@@ -199,12 +215,16 @@ def case_table(rows: list[Row], ov: Overheads) -> tuple[str, dict[str, list[floa
     errs: dict[str, list[float]] = {k: [] for k in keys}
     moe: dict[str, list[float]] = {k: [] for k in keys}
     seen: dict[str, int] = {}
+    marked = False
     for r in rows:
         seen[r.id] = seen.get(r.id, 0) + 1
     for r in sorted(rows, key=lambda x: (x.rec["_run"], x.rec["part"], x.id)):
         e = r.est(ov)
         rec = r.rec
         name = f"{r.id} ({rec['_run']})" if seen[r.id] > 1 else r.id
+        if old_sac_list(rec):
+            name += " ¹"
+            marked = True
         w = f"{r.cluster.n_gpus}{' (fake)' if rec.get('fake_group') else ''}"
         if not rec["ok"]:
             verdict = ("does not fit" if needed(e) + r.cluster.gpu.cuda_context_bytes
@@ -229,6 +249,8 @@ def case_table(rows: list[Row], ov: Overheads) -> tuple[str, dict[str, list[floa
                      f"{res / GiB:.2f} | {e.peak_reserved_bytes / GiB:.2f} | "
                      f"{pct(e.peak_reserved_bytes, res)} |")
     lines.append("")
+    if marked:
+        lines += [OLD_SAC_NOTE, ""]
     for label, d in (("dense", errs), ("MoE", moe)):
         lines.append(f"Median |error| (p90) over the {len(d['peak'])} {label} cases that ran: "
                      + "; ".join(f"{k} {median_abs(v) * 100:.1f}% ({p90_abs(v) * 100:.1f}%)"

@@ -28,6 +28,16 @@ expandable        matrix cases again under ``expandable_segments:True`` (and lea
 snapshot          ``torch.cuda.memory._dump_snapshot`` of a small step
                   (DIR/memory_snapshot.pickle)
 compile           compiled blocks (``torch.compile`` per block, inductor), DDP and FSDP2
+gemm              achieved TFLOP/s of bf16 and float8 matmuls at Llama 8B/70B linear shapes
+float8_layer      one linear's forward + backward, bf16 vs torchao float8, eager and
+                  compiled, and the dynamic cast alone (1B and 8B shapes)
+float8            torchao float8 training (tensorwise, with float8 all-gather, rowwise) beside
+                  bf16, Llama-3.2-1B/3B; float8_fake8: Llama-3.1-8B on 8 fake ranks;
+                  float8_compile: with compiled blocks; float8_compile8: 8B compiled
+                  on 8 fake ranks (torchtitan's float8 recipe)
+offload           activation offloading (torchtune's OffloadActivations and TRL's copy, loaded
+                  from the folder ``FITCHECK_OFFLOAD_DIR`` names) beside the same case
+compile_model     the whole model compiled, with gradient accumulation, DDP
 ================  ============================================================================
 
 A default run takes the parts in the order of ``PARTS`` (value first); ``--parts`` picks and
@@ -182,6 +192,112 @@ def compile_cases() -> list[dict[str, Any]]:
     ]
 
 
+def float8_cases() -> list[dict[str, Any]]:
+    """torchao float8 training (``convert_to_float8_training``, torchtitan's filter: every
+    linear but the output layer) beside its bf16 reference on the same machine."""
+    one, three = "llama3.2-1b", "llama3.2-3b"
+    t3 = dict(seq=4096, micro_batch=2)
+    tw = dict(float8="tensorwise")
+    ag = dict(float8="tensorwise", float8_all_gather=True)
+    rw = dict(float8="rowwise")
+    return [
+        _case("f8-1b-fsdp-none-ref", one, _t(), _c("full_shard")),
+        _case("f8-1b-fsdp-none-tw", one, _t(**tw), _c("full_shard")),
+        _case("f8-1b-fsdp-none-twag", one, _t(**ag), _c("full_shard")),
+        _case("f8-1b-fsdp-none-rw", one, _t(**rw), _c("full_shard")),
+        _case("f8-1b-fsdp-full-twag", one, _t(**ag), _c("full_shard", "full")),
+        _case("f8-1b-fsdp-sel-twag", one, _t(**ag), _c("full_shard", "selective")),
+        _case("f8-1b-ddp-none-tw", one, _t(**tw), _c("ddp")),
+        _case("f8-3b-fsdp-full-ref", three, _t(**t3), _c("full_shard", "full")),
+        _case("f8-3b-fsdp-full-twag", three, _t(**ag, **t3), _c("full_shard", "full")),
+        _case("f8-3b-fsdp-full-rw", three, _t(**rw, **t3), _c("full_shard", "full")),
+    ]
+
+
+def float8_fake8_cases() -> list[dict[str, Any]]:
+    """torchtitan's Llama-3.1-8B recipe (seq 8192, local batch 1, selective checkpointing)
+    with float8, one rank of 8 on the fake process group: the compute of the public 8-GPU
+    float8 runs without their communication."""
+    eight = "llama3.1-8b"
+    tt = dict(seq=8192, micro_batch=1)
+    return [
+        _case("f8w8-8b-fsdp-sel-ref", eight, _t(**tt), _c("full_shard", "selective")),
+        _case("f8w8-8b-fsdp-sel-twag", eight, _t(float8="tensorwise", float8_all_gather=True,
+                                                 **tt), _c("full_shard", "selective")),
+        _case("f8w8-8b-fsdp-sel-rw", eight, _t(float8="rowwise", **tt),
+              _c("full_shard", "selective")),
+        _case("f8w8-8b-fsdp-full-twag", eight, _t(float8="tensorwise", float8_all_gather=True,
+                                                  **tt), _c("full_shard", "full")),
+    ]
+
+
+def float8_compile_cases() -> list[dict[str, Any]]:
+    """Compiled blocks with and without float8 (torchtitan compiles the float8 casts into the
+    blocks' graphs)."""
+    one = "llama3.2-1b"
+    return [
+        _case("cf8-1b-fsdp-none-ref", one, _t(compile="blocks"), _c("full_shard"), warmup=3),
+        _case("cf8-1b-fsdp-none-twag", one, _t(compile="blocks", float8="tensorwise",
+                                               float8_all_gather=True), _c("full_shard"),
+              warmup=3),
+        _case("cf8-1b-fsdp-none-rw", one, _t(compile="blocks", float8="rowwise"),
+              _c("full_shard"), warmup=3),
+    ]
+
+
+def float8_compile8_cases() -> list[dict[str, Any]]:
+    """torchtitan's Llama-3.1-8B float8 recipe as its public runs ran it (compiled blocks, seq
+    8192, local batch 1; full checkpointing here), one rank of 8 on the fake group."""
+    eight = "llama3.1-8b"
+    tt = dict(seq=8192, micro_batch=1, compile="blocks")  # full checkpointing: the
+    # probe's selective policy does not compile (its context_fn), and 8B without any OOMs
+    return [
+        _case("cf8w8-8b-fsdp-full-ref", eight, _t(**tt), _c("full_shard", "full"),
+              warmup=3),
+        _case("cf8w8-8b-fsdp-full-twag", eight, _t(float8="tensorwise", float8_all_gather=True,
+                                                  **tt), _c("full_shard", "full"),
+              warmup=3),
+        _case("cf8w8-8b-fsdp-full-rw", eight, _t(float8="rowwise", **tt),
+              _c("full_shard", "full"), warmup=3),
+    ]
+
+
+def offload_cases() -> list[dict[str, Any]]:
+    """Activation offloading (torchtune's OffloadActivations; two cases with TRL's copy) beside
+    the same case without it. Needs CUDA and ``FITCHECK_OFFLOAD_DIR`` (probes.gpu_cases)."""
+    one, three = "llama3.2-1b", "llama3.2-3b"
+    t3 = dict(seq=4096, micro_batch=2)
+    off = dict(activation_offload=True)
+    return [
+        _case("off-1b-ddp-none-ref", one, _t(), _c("ddp")),
+        _case("off-1b-ddp-none", one, _t(**off), _c("ddp")),
+        _case("off-1b-ddp-full", one, _t(**off), _c("ddp", "full")),
+        _case("off-1b-fsdp-none", one, _t(**off), _c("full_shard")),
+        _case("off-1b-fsdp-full-ref", one, _t(), _c("full_shard", "full")),
+        _case("off-1b-fsdp-full", one, _t(**off), _c("full_shard", "full")),
+        _case("off-3b-fsdp-full-ref", three, _t(**t3), _c("full_shard", "full")),
+        _case("off-3b-fsdp-full", three, _t(**off, **t3), _c("full_shard", "full")),
+        _case("off-1b-ddp-none-trl", one, _t(**off), _c("ddp"), offload_impl="trl"),
+        # pure bf16: no autocast weight copies among the saved tensors
+        _case("off-1b-ddp-none-bf16", one, _t(precision="bf16", **off), _c("ddp")),
+        _case("off-1b-ddp-none-bf16-ref", one, _t(precision="bf16"), _c("ddp")),
+        _case("off-1b-fsdp-full-trl", one, _t(**off), _c("full_shard", "full"),
+              offload_impl="trl"),
+    ]
+
+
+def compile_model_cases() -> list[dict[str, Any]]:
+    """The whole model compiled (``model.compile()``) with gradient accumulation, DDP at world
+    size 1 (planner.memory.compiled_model), beside eager."""
+    one = "llama3.2-1b"
+    return [
+        _case("cm-1b-ddp-none-ga2-ref", one, _t(grad_accum=2), _c("ddp")),
+        _case("cm-1b-ddp-none-ga2", one, _t(compile="model", grad_accum=2), _c("ddp"),
+              warmup=3),
+        _case("cm-1b-ddp-none", one, _t(compile="model"), _c("ddp"), warmup=3),
+    ]
+
+
 def least_cases() -> list[dict[str, Any]]:
     """The least allocator limit under which each step runs (probes.gpu_cases.least_memory):
     what the fit verdict compares with the device, between the allocated and reserved peaks."""
@@ -262,6 +378,15 @@ PARTS: dict[str, dict[str, Any]] = {
     "least8_more": {"cap_s": 95, "cases": least8_more_cases, "world": 8, "fake": True},
     "least64": {"cap_s": 50, "cases": least64_cases, "world": 64, "fake": True},
     "compile": {"cap_s": 90, "cases": compile_cases, "world": 1},
+    "gemm": {"cap_s": 45, "mode": "gemm"},
+    "float8_layer": {"cap_s": 150, "mode": "float8-layer"},
+    "float8": {"cap_s": 100, "cases": float8_cases, "world": 1},
+    "float8_fake8": {"cap_s": 90, "cases": float8_fake8_cases, "world": 8, "fake": True},
+    "offload": {"cap_s": 100, "cases": offload_cases, "world": 1},
+    "float8_compile": {"cap_s": 110, "cases": float8_compile_cases, "world": 1},
+    "compile_model": {"cap_s": 110, "cases": compile_model_cases, "world": 1},
+    "float8_compile8": {"cap_s": 240, "cases": float8_compile8_cases, "world": 8,
+                        "fake": True},
 }
 """Every part, in the order of value a default run takes them (the budget cuts the tail)."""
 
@@ -339,6 +464,8 @@ def run_part(name: str, part: dict[str, Any], out_dir: Path, records: Path, log:
         argv.append("--runtime-terms")
     elif part.get("mode") == "snapshot":
         argv += ["--snapshot", str(out_dir)]
+    elif part.get("mode") in ("gemm", "float8-layer"):
+        argv += [f"--{part['mode']}"] + (["--tiny"] if tiny_mode else [])
     else:
         cases = part["cases"]()
         if only:

@@ -10,6 +10,36 @@ same virtual environment, the same site-packages and .pth files). The two run al
 per-pair ratios (target: <= 50 ms, <= 5x; goal 3x) and ``-X importtime``'s heaviest imports
 of the command under that interpreter. Quote it from an idle machine: on a loaded one every
 figure grows, the ratio too.
+
+Where the time goes (2026-11-26: CPython 3.11.7, click 8.5.1, a fresh ``pip install .`` venv;
+each row a fresh interpreter with the collector off as planner/console.py runs it, median of 21
+alternated runs, and what it adds to the row above):
+
+    python -c pass                                                      11.5 ms
+    + the standard library the planner imports itself (typing, enum,   +22.3
+      re, json, tomllib, dataclasses and its inspect, textwrap, signal)
+    + what only click imports (uuid and platform, datetime, gettext     +4.3
+      and locale, threading)
+    + click's own modules                                               +6.0
+    + planner.cli (fields, spec's enums, error_bands; 95 options built) +8.1
+    + the command's other modules (plan, memory, request, render,      +11.4
+      hardware, calibration, ...)
+    + running it: parse, request, plan (16 memory and 11 step          +15.8
+      estimates), table, exit
+    = the command                                                       79.6 ms (6.9x)
+
+Its imports alone are 5.5x. What was tried:
+
+* kept: the cyclic garbage collector off for a plan and frozen at exit (planner/console.py):
+  92 -> 78 ms.
+* not kept: deferring click's unused standard-library modules with
+  ``importlib.util.LazyLoader``. click 8.5.1 reads them while it is imported (click/types.py:
+  ``ParamType[uuid.UUID]``, ``from datetime import datetime``), every ``click.Option`` with a
+  help text calls ``inspect.cleandoc`` and ``dataclasses`` imports ``inspect`` too, and
+  CPython loads a lazy module whenever it is imported a second time (it reads ``__spec__``:
+  python/cpython#127036).
+* not changed: the plan's arithmetic. Its cost is spread over 27 estimates; its busiest
+  helpers (``vec._scalar``, ``Breakdown.plus``) cost under 0.5 ms each.
 """
 
 from __future__ import annotations
@@ -48,8 +78,8 @@ def interpreter_of(script: str) -> str:
 
 def heaviest_imports(python: str, n: int = 10) -> list[tuple[int, str]]:
     """``-X importtime`` of the command in ``python``: the top-level imports by cumulative us."""
-    code = ("from planner.cli import cli\n"
-            f"try: cli.main({ARGS!r})\nexcept SystemExit: pass")
+    code = (f"import sys; sys.argv = ['fitcheck', *{ARGS!r}]\n"
+            "from planner.console import main\ntry: main()\nexcept SystemExit: pass")
     err = subprocess.run([python, "-X", "importtime", "-c", code], capture_output=True,
                          text=True, env=ENV, cwd=tempfile.gettempdir()).stderr
     rows = []

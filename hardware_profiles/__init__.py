@@ -53,6 +53,8 @@ _RATE_RANGES: dict[str, tuple[float, float]] = {
     "tf32_tflops": (0.1, 1e5),
     "fp32_tflops": (0.1, 1e5),
     "fp8_tflops": (0.1, 1e5),
+    "fp8_matmul_speedup": (0.1, 10.0),
+    "fp8_rowwise_matmul_speedup": (0.1, 10.0),
     "hbm_bandwidth_bytes_per_s": (1e9, 1e14),
     "intra_node_bandwidth_bytes_per_s": (1e8, 1e14),
     "inter_node_bandwidth_bytes_per_s": (1e7, 1e14),
@@ -63,9 +65,10 @@ _RATE_RANGES: dict[str, tuple[float, float]] = {
 """Rates: finite numbers (TOML integer or float) in these closed ranges, stored as float."""
 _USER_OPTIONAL_FIELDS = frozenset({"compute_efficiency", "compiled_compute_efficiency"})
 """A user's file may omit these (GpuProfile's default applies); embedded files may not."""
-_OPTIONAL_FIELDS = frozenset({"fp8_tflops"})
+_OPTIONAL_FIELDS = frozenset({"fp8_tflops", "fp8_matmul_speedup", "fp8_rowwise_matmul_speedup"})
 """Any file may omit these: a GPU without float8 tensor cores (A100 and older, MI250X) has no
-fp8 peak, and float8 training is refused on it."""
+fp8 peak, and float8 training is refused on it; a GPU whose float8 matmuls were not measured
+has no ``fp8_*matmul_speedup`` (the datasheet peaks' ratio is assumed)."""
 
 NUMERIC_FIELDS: tuple[str, ...] = tuple(_INT_RANGES) + tuple(_RATE_RANGES)
 """Fields that must each carry a source in the embedded profiles."""

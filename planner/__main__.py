@@ -1,5 +1,5 @@
 """``python -m planner`` is ``fitcheck``."""
 
-from planner.cli import main
+from planner.console import main
 
 main()

@@ -45,9 +45,9 @@ from planner.spec import (
 )
 
 # Activation offloading (torchtune/training/_activation_offloading.py, ``OffloadActivations``;
-# TRL's trl/models/activation_offloading.py, which axolotl uses, is the same class): tensors
-# under ``min_offload_size`` bytes stay where they are, and with streams the forward keeps the
-# last ``max_fwd_stash_size`` offloaded tensors alive on the GPU until their copies are done.
+# docs/model.md §3.7): tensors under ``min_offload_size`` bytes stay where they are, and with
+# streams the forward keeps the last ``max_fwd_stash_size`` offloaded tensors alive on the GPU
+# until their copies are done.
 OFFLOAD_MIN_BYTES = 1024
 OFFLOAD_FWD_STASH = 5
 
@@ -101,6 +101,13 @@ class ActivationPlan:
     """Of root_saved, what is offloaded (everything but the output layer's and the loss's)."""
     offload_root_before: int = 0
     """Of that, what the root saves before the first block."""
+    offload_host: int = 0
+    """Pinned host bytes of one rank: one copy per save (``pack_tensor`` copies every save,
+    so a tensor several ops save is copied once per op), the matmuls' weights included."""
+    offload_back: int = 0
+    """In backward, the brought-back tensors alive at once: two consecutive autograd nodes'
+    offloaded saves (``bwd_tensor_stash`` is emptied of the previous node's in the current
+    node's post-hook)."""
     ring_forward: int = 0
     """Context parallel: the ring attention's forward peak above its inputs, in one block
     (planner/context_parallel.py; 0 without CP)."""
@@ -127,6 +134,8 @@ class ActivationPlan:
             offload_stash_root=int(self.offload_stash_root * k),
             offload_root=int(self.offload_root * k),
             offload_root_before=int(self.offload_root_before * k),
+            offload_host=int(self.offload_host * k),
+            offload_back=int(self.offload_back * k),
             ring_forward=int(self.ring_forward * k),
             ring_backward=int(self.ring_backward * k))
 
@@ -159,24 +168,36 @@ class ActivationPlan:
     @property
     def host_bytes(self) -> int:
         """Pinned host RAM of one rank under activation offloading: a copy of every offloaded
-        tensor (``torch.empty_like(..., pin_memory=True)`` per pack), all alive at the end of
+        save (``torch.empty_like(..., pin_memory=True)`` per pack), all alive at the end of
         forward."""
-        if not self.offload:
-            return 0
-        return max(0, self.blocks_kept - self.n_layers * self.offload_small_per_block) \
-            + self.offload_root
+        return self.offload_host if self.offload else 0
 
     @property
     def gpu_blocks_kept(self) -> int:
-        """What the blocks hold on the GPU at the moments: everything without offloading;
-        with it, the small tensors, plus the larger of the forward stash (alive from the end
-        of forward into the first backward node) and one block's offloaded tensors brought
-        back for its backward (a bound: the hooks hold two autograd nodes' worth at once)."""
+        """What the blocks hold on the GPU at the end of forward and through the loss's
+        backward: everything without offloading; with it, the small tensors and the forward
+        stash's blocks' share (emptied in the first offloaded node's post-hook)."""
         if not self.offload:
             return self.blocks_kept
-        back = max(0, self.block_kept - self.offload_small_per_block)
         return min(self.blocks_kept, self.n_layers * self.offload_small_per_block
-                   + max(back, self.offload_stash))
+                   + self.offload_stash)
+
+    @property
+    def gpu_block_kept(self) -> int:
+        """What one block holds on the GPU until its backward ends (freed then)."""
+        return self.offload_small_per_block if self.offload else self.block_kept
+
+    @property
+    def gpu_blocks_bwd(self) -> int:
+        """What the blocks hold on the GPU when their backward starts, beside ``gpu_back``."""
+        if not self.offload:
+            return self.blocks_kept
+        return min(self.blocks_kept, self.n_layers * self.offload_small_per_block)
+
+    @property
+    def gpu_back(self) -> int:
+        """Offloaded tensors brought back and alive at once during the blocks' backward."""
+        return self.offload_back if self.offload else 0
 
     @property
     def gpu_root(self) -> int:
@@ -225,7 +246,11 @@ def op_sac_kept(model: ModelSpec, t: int, batch: int, seq: int, attention: Atten
     (``torch.utils.checkpoint.create_selective_checkpoint_contexts`` with the policy in
     torchtitan's ``parallelize_llama.py``, the default ``selective_ac_option = "op"``): inside
     each checkpointed block, the outputs of every other ``mm`` (the 1st, 3rd, ...) and of the
-    flash/efficient SDPA kernel are saved, everything else is recomputed in backward. Kept:
+    SDPA kernel are saved, everything else is recomputed in backward. The SDPA kernel is saved
+    whichever backend runs it: flash, efficient, cuDNN (torchtitan b39377f9f, #2095, put
+    every SDPA backend in ``_op_sac_save_list``). Before that commit, a cuDNN-run SDPA was
+    recomputed; torch picks cuDNN on SM 9.x with cuDNN > 9.15 (``sdp_utils.cpp``
+    ``check_prefer_cudnn_attention``). Not modelled: docs/model.md §5.6. Kept:
     the block input (the checkpoint's input) plus those outputs. (Megatron's "selective",
     recompute the attention core only, is a different policy.)
     """
@@ -433,8 +458,11 @@ def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Preci
                      keep_logits: bool = False, compiled: bool = False,
                      finetune: FineTune | None = None, tp: int = 1,
                      adapter_bytes: int = 0, compiled_loss: bool = False,
-                     offload: bool = False, cp: int = 1) -> ActivationPlan:
-    """``seq`` is the sequence one GPU holds (under context parallel ``cp``: seq / cp)."""
+                     offload: bool = False, cp: int = 1, offload_trl: bool = False,
+                     offload_weights: bool = True) -> ActivationPlan:
+    """``seq`` is the sequence one GPU holds (under context parallel ``cp``: seq / cp).
+    ``offload_trl``: TRL's OffloadActivations instead of torchtune's; ``offload_weights``:
+    the weights the matmuls save are offloaded (False: TRL skipping a parameter's storage)."""
     t = batch * seq
     regime, c, r = regime_for(precision, uses_autocast)
     ft = finetune or FineTune()
@@ -522,7 +550,8 @@ def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Preci
         first_less = sum(x.nbytes for x in saved if x.name in ("norm1.input_fp32", "norm1.rstd"))
     off: dict = {}
     if offload:
-        off = _offload_terms(kept_list, root, model.n_layers)
+        off = _offload_inputs(model, kept_list, root, checkpointing, ft, t, c, tp,
+                              offload_trl, offload_weights)
         if checkpointing is Checkpointing.NONE:
             notes.append("activation offloading without checkpointing: every saved tensor of "
                          "every block crosses PCIe twice (torchtune's recipes refuse this "
@@ -546,11 +575,145 @@ def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Preci
     )
 
 
-def _offload_terms(kept_list: list[Saved], root: list[Saved], n_layers: int) -> dict:
+def _offload_inputs(model: ModelSpec, kept_list: list[Saved], root: list[Saved],
+                    checkpointing: Checkpointing, ft: FineTune, t: int, c: int, tp: int,
+                    trl: bool = False, offload_weights: bool = True) -> dict:
+    """``_offload_terms`` for this run: without checkpointing every op's saves (weights
+    included for full training); under full checkpointing the checkpoint's saved inputs,
+    the block input and, as the reference (Hugging Face) blocks take them as arguments, the
+    rotary tables (``torch.utils.checkpoint`` ``_NoopSaveInputs`` saves every tensor
+    argument); the embedding's indices (int64) when the embedding trains."""
+    tables = sum(x.nbytes for x in root if x.name == "rope.cos_sin")
+    halves = (tables // 2,) * 2 if tables else ()
+    root_packs = () if ft.embeddings_frozen else (8 * t,)
+    per_op = checkpointing is Checkpointing.NONE
+    if not per_op:
+        kept_list = kept_list + [Saved(f"rope.table{i}", n) for i, n in enumerate(halves)]
+    weights = matmul_weight_saves(model, c, tp) if per_op and ft.full and offload_weights \
+        else {}
+    return _offload_terms(kept_list, root, model.n_layers, per_op=per_op, weights=weights,
+                          rope_saves=halves * 2 if per_op else (), root_packs=root_packs,
+                          trl=trl)
+
+
+_NORM_SAVES = {".input_fp32": ("pow", "mul"), ".rstd": ("rsqrt", "mul"), ".normed": ("w",)}
+"""RMSNorm's saves per node (probes/models.py ``RMSNorm``, HF LlamaRMSNorm): ``pow`` and the
+normalizing ``mul`` both save the fp32 input, ``rsqrt`` saves its result and that ``mul``
+saves it again, the weight's ``mul`` saves the normalized cast (and the weight itself, a
+Parameter: never offloaded)."""
+
+
+def _saving_nodes(name: str, names: set[str]) -> tuple[str, ...]:
+    """The autograd nodes of the reference block that save tensor ``name``, in forward order.
+    A linear's input is saved by each linear reading it (``_LINEAR_INPUTS``: q, k and v each
+    save the normed input); SDPA's output is also the output projection's input (a view of
+    the same storage) unless the block lists a copy; SwiGLU's product saves both factors.
+    A name not listed here is one node saving one tensor."""
+    if name == "mlp.in0.input_cast":  # the first reader's cast: gate's, or up's (no gate)
+        return ("gate",) if "mlp.in1.input_cast" in names else ("up",)
+    users = _LINEAR_INPUTS.get(name)
+    if users:
+        return users
+    for suffix, nodes in _NORM_SAVES.items():
+        prefix = name.removesuffix(suffix)
+        if prefix != name and "norm" in prefix:
+            return tuple(f"{prefix}.{n}" for n in nodes)
+    if name == "sdpa.out":
+        return ("sdpa",) if {"attn.o.input", "attn.o.input_copy"} & names else ("sdpa", "o")
+    if name.startswith("sdpa."):
+        return ("sdpa",)
+    if name in ("mlp.act_out", "mlp.up_out"):
+        return ("mlp.mul",)
+    return (name,)
+
+
+def matmul_weight_saves(model: ModelSpec, c: int, tp: int = 1) -> dict[str, int]:
+    """Bytes of the weight each dense linear's ``mm`` saves for its input's gradient
+    (``weight.t()``, a view: a plain tensor, not the Parameter; under autocast the cached
+    bf16 cast), per node name. MoE experts run grouped matmuls: not listed."""
+    h, qd, kvd, f = model.hidden, model.q_dim, model.kv_dim, model.ffn_hidden
+    out = {"q": h * qd, "k": h * kvd, "v": h * kvd, "o": qd * h}
+    if not model.is_moe:
+        out.update(up=h * f, down=f * h)
+        if model.mlp.gated:
+            out["gate"] = h * f
+    return {k: -(-v * c // tp) for k, v in out.items()}
+
+
+def _block_packs(kept_list: list[Saved], per_op: bool, weights: dict[str, int],
+                 rope_saves: list[int]) -> list[tuple[str, str, int]]:
+    """(node, tensor, bytes) of every save one block hands to the pack hook, forward order.
+    ``per_op``: without checkpointing, each op's saves (``_saving_nodes``), the matmuls'
+    weights and the rotary tables each RoPE multiply saves (``rope_saves``, before SDPA);
+    under checkpointing the kept list as one node (full: the checkpoint's inputs, which its
+    first backward node unpacks to recompute; selective: a bound)."""
+    names = {x.name for x in kept_list}
+    packs: list[tuple[str, str, int]] = []
+    seen: set[str] = set()
+    for x in kept_list:
+        if per_op and x.name.startswith("sdpa.") and "rope" not in seen:
+            seen.add("rope")
+            packs += [(f"rope.{i}", "rope.table", n) for i, n in enumerate(rope_saves)]
+        for node in (_saving_nodes(x.name, names) if per_op else ("block",)):
+            if node in weights and node not in seen:
+                packs.append((node, f"{node}.weight", weights[node]))
+            seen.add(node)
+            packs.append((node, x.name, x.nbytes))
+    return packs
+
+
+def _pair_peak(packs: list[tuple[str, str, int]], n_layers: int) -> int:
+    """The most offloaded bytes two consecutive nodes hold at once in backward (each node's
+    saves brought back separately), the last block's first node beside the next's last."""
+    nodes: dict[str, int] = {}
+    for node, _, n in packs:
+        if n >= OFFLOAD_MIN_BYTES:
+            nodes[node] = nodes.get(node, 0) + n
+    seq = list(nodes.values())
+    if not seq:
+        return 0
+    pairs = list(zip(seq, seq[1:] + seq[:1])) if n_layers > 1 else list(zip(seq, seq[1:]))
+    return max([a + b for a, b in pairs] or [seq[0]])
+
+
+def _trl_repeats(packs: list[tuple[str, str, int]]) -> tuple[list, int]:
+    """TRL's deduplication (``_get_unique_tensor_key``, ``storage_to_tensor_id``): a save of a
+    storage already tracked stays on the GPU instead of being copied again, and its key stays
+    tracked until that save is unpacked; in the reference block every repeated save follows
+    its first within the forward stash's 5 ids (pow then mul, q then k then v, SDPA then
+    the output projection, gate then up). Returns the packs copied to the host and the bytes
+    of one block kept on the GPU by a repeat (each tensor once). The rotary tables are saved
+    by every block: tracked from the first, they are never copied again (kept in the root)."""
+    out, seen, kept = [], set(), {}
+    for p in packs:
+        if p[1].startswith("rope.table"):
+            continue
+        if p[1] in seen:
+            if p[2] >= OFFLOAD_MIN_BYTES:
+                kept[p[1]] = p[2]
+            continue
+        seen.add(p[1])
+        out.append(p)
+    return out, sum(kept.values())
+
+
+def _offload_terms(kept_list: list[Saved], root: list[Saved], n_layers: int, *,
+                   per_op: bool = False, weights: dict[str, int] | None = None,
+                   rope_saves: tuple[int, ...] = (), root_packs: tuple[int, ...] = (),
+                   trl: bool = False) -> dict:
     """What OffloadActivations moves, from the per-tensor lists. ``root`` is what the root
     saves before the loss (the loss runs outside the context in torchtune's recipes); the
     output layer runs under ``NoOpManager`` (``get_act_offloading_ctx_manager``), so its
-    saved input stays. Every other tensor of at least OFFLOAD_MIN_BYTES is offloaded."""
+    saved input stays. Every other save of at least OFFLOAD_MIN_BYTES is offloaded, one host
+    copy per save (torchtune's ``pack_tensor`` neither deduplicates nor skips a parameter's
+    view). ``root_packs``: saves of the root that are no activation of the lists (the
+    embedding's indices), before the blocks. The rotary tables are the blocks' saves
+    (``rope_saves``, or the checkpoint's inputs in ``kept_list``), not the root's; on the GPU
+    they are freed with the forward's last reference (``offload_root``).
+
+    ``trl``: TRL's copy of the class keeps a repeated save on the GPU (``_trl_repeats``) and
+    its ``__exit__`` synchronises and empties the forward stash, so nothing of it is left
+    at the loss's backward (the stash at the loss's forward is not counted)."""
     def big(x: Saved) -> bool:
         return x.nbytes >= OFFLOAD_MIN_BYTES
 
@@ -558,16 +721,32 @@ def _offload_terms(kept_list: list[Saved], root: list[Saved], n_layers: int) -> 
     before = [x for x in root if x.name.startswith(("embed_norm", "embed.", "rope.")) and big(x)]
     after = [x for x in root if not x.name.startswith(("embed_norm", "embed.", "rope.",
                                                        "lm_head.")) and big(x)]
+    block = _block_packs(kept_list, per_op, weights or {}, list(rope_saves))
+    final = _block_packs(after, True, {}, [])  # the final norm is never checkpointed
+    final_kept = tables = 0
+    if trl:
+        block, repeats = _trl_repeats(block)
+        small += repeats
+        final, final_kept = _trl_repeats(final)
+        # the first block's saves of the tables are copied once; they stay on the GPU
+        tables = sum(x.nbytes for x in before if x.name.startswith("rope."))
+        before = [x for x in before if not x.name.startswith("rope.")]
     # forward order: the root's first tensors, every block's, the final norm's
-    order = [(x.nbytes, True) for x in before] \
-        + [(x.nbytes, False) for x in kept_list if big(x)] * n_layers \
-        + [(x.nbytes, True) for x in after]
-    stash = order[-OFFLOAD_FWD_STASH:]
+    head = [("root", "root.input", n) for n in root_packs] + [
+        ("root", x.name, x.nbytes) for x in before if not x.name.startswith("rope.")]
+    order = [(p, True) for p in head] + [(p, False) for p in block] * n_layers \
+        + [(p, True) for p in final]
+    order = [(p, r) for p, r in order if p[2] >= OFFLOAD_MIN_BYTES]
+    stash = [] if trl else order[-OFFLOAD_FWD_STASH:]
+    # the stash holds GPU tensors: a tensor saved twice in it is one storage
+    held: dict[tuple[str, bool], int] = {(p[1], r): p[2] for p, r in stash}
     return {"offload_small_per_block": small,
-            "offload_stash": sum(n for n, in_root in stash if not in_root),
-            "offload_stash_root": sum(n for n, in_root in stash if in_root),
-            "offload_root": sum(x.nbytes for x in before + after),
-            "offload_root_before": sum(x.nbytes for x in before)}
+            "offload_stash": sum(n for (_, r), n in held.items() if not r),
+            "offload_stash_root": sum(n for (_, r), n in held.items() if r),
+            "offload_root": sum(x.nbytes for x in before + after) - final_kept,
+            "offload_root_before": sum(x.nbytes for x in before),
+            "offload_host": sum(p[2] for p, _ in order) + tables,
+            "offload_back": _pair_peak(block, n_layers)}
 
 
 __all__ = ["AmpRegime", "ActivationPlan", "Saved", "plan_activations", "regime_for"]

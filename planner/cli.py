@@ -85,6 +85,14 @@ LAZY_COMMANDS = {
 }
 
 
+def _collector_on() -> None:
+    """Before a command that runs long or allocates a lot (a server, a sweep, a trace): the
+    cyclic garbage collector on (the console script starts without it: planner/console.py)."""
+    import gc
+
+    gc.enable()
+
+
 def _module_exists(name: str) -> bool:
     import importlib.util
 
@@ -106,6 +114,8 @@ class FitcheckGroup(click.Group):
             return self.commands[name]
         if name in LAZY_COMMANDS and _module_exists(LAZY_COMMANDS[name][0]):
             import importlib
+
+            _collector_on()
 
             module, attr, _ = LAZY_COMMANDS[name]
             cmd = getattr(importlib.import_module(module), attr)
@@ -242,6 +252,7 @@ def plan_cmd(as_json: bool, wide: bool, find: str | None, job_paths: tuple[str, 
     config, job file), 1 crash.
     """
     if kw.pop("from_trace", False):  # memory from traces of the real module (probes/)
+        _collector_on()
         from planner.trace_cli import plan_command
 
         if job_paths:

@@ -27,6 +27,7 @@ from planner.spec import (
     Dtype,
     FlatParams,
     Float8Recipe,
+    OffloadImpl,
     GradSync,
     InitMode,
     LINEAR_MODULES,
@@ -187,22 +188,23 @@ def _pp_degree(raw: Any) -> int:
     return validate.count(raw, limit=1024)
 
 
-NOT_MODELLED_SCHEDULES = ("dualpipev", "loopedbfs", "interleavedzb", "interleavedzerobubble")
+NOT_MODELLED_SCHEDULES = ("loopedbfs",)
 """torch.distributed.pipelining schedules fitcheck refuses by name (planner/pipeline.py)."""
 
 
 def parse_pp_schedule(raw: Any) -> PipeSchedule:
     """A modelled pipeline schedule, spelled as fitcheck or as torchtitan writes it (1F1B,
-    Interleaved1F1B, GPipe, ZBVZeroBubble); the others are refused by name."""
+    Interleaved1F1B, GPipe, ZBVZeroBubble, DualPipeV, InterleavedZeroBubble); the others are
+    refused by name."""
     text = validate.text(raw, limit=40).strip().lower().replace("_", "").replace("-", "")
     aliases = {"gpipe": "gpipe", "1f1b": "1f1b", "interleaved1f1b": "interleaved-1f1b",
-               "zbv": "zbv", "zbvzerobubble": "zbv"}
+               "zbv": "zbv", "zbvzerobubble": "zbv", "dualpipev": "dualpipev",
+               "interleavedzb": "interleaved-zb", "interleavedzerobubble": "interleaved-zb"}
+    modelled = ", ".join(PipeSchedule)
     if text in NOT_MODELLED_SCHEDULES:
-        raise ValueError(f"{validate._show(raw)} is NOT MODELLED (modelled: "
-                         "gpipe, 1f1b, interleaved-1f1b)")
+        raise ValueError(f"{validate._show(raw)} is NOT MODELLED (modelled: {modelled})")
     if text not in aliases:
-        raise ValueError(f"must be one of gpipe, 1f1b, interleaved-1f1b, got "
-                         f"{validate._show(raw)}")
+        raise ValueError(f"must be one of {modelled}, got {validate._show(raw)}")
     return PipeSchedule(aliases[text])
 
 
@@ -395,6 +397,12 @@ FIELDS: tuple[Field, ...] = (
           "backward (torchtune enable_activation_offloading, axolotl/TRL "
           "activation_offloading: OffloadActivations); the output layer and the loss stay "
           "on the GPU."),
+    Field(path="training.activation_offload_impl", flag="--activation-offload-impl",
+          check=_choice(OffloadImpl), choices=_names(OffloadImpl),
+          default=_train_default("activation_offload_impl"),
+          help="Whose OffloadActivations runs --activation-offload: torchtune's (its recipes) "
+          "or TRL's copy (TRL, axolotl), which keeps a tensor saved twice on the GPU and "
+          "never offloads a parameter's storage."),
     Field(path="training.compile", flag="--compile", check=_choice(CompileMode),
           choices=_names(CompileMode), default=_train_default("compile"),
           help="torch.compile: none, each transformer block (torchtitan), or the whole "
@@ -479,9 +487,11 @@ FIELDS: tuple[Field, ...] = (
           "FSDP2 over the data-parallel ranks of each stage, with --tp N tensor parallel "
           "and --cp N context parallel inside it; 1: none."),
     Field(path="parallel.pp_schedule", flag="--pp-schedule", check=parse_pp_schedule,
-          metavar="gpipe|1f1b|interleaved-1f1b", shown_default="1f1b",
-          help="Pipeline schedule (torchtitan's pipeline_parallel_schedule). zbv, dualpipev, "
-          "loopedbfs and interleavedzb are not modelled."),
+          metavar="gpipe|1f1b|interleaved-1f1b|interleaved-zb|zbv|dualpipev",
+          shown_default="1f1b",
+          help="Pipeline schedule (torchtitan's pipeline_parallel_schedule; zbv and dualpipev "
+          "hold 2 stages per rank in a V; interleaved-zb, zbv and dualpipev split the "
+          "backward). loopedbfs is not modelled."),
     Field(path="parallel.pp_microbatches", flag="--pp-microbatches", metavar="M",
           check=lambda raw: validate.count(raw, limit=1 << 16), shown_default="stages",
           help="Micro-batches per step of the pipeline, each of --micro-batch samples "

@@ -12,6 +12,7 @@ from planner.error_bands import bands_json, bands_line
 from planner.loss_dtype import assumption as loss_assumption
 from planner.memory import DEFAULT_MARGIN, Estimate
 from planner.params import active_params, total_params, trainable
+from planner.pipeline import SPLIT_BACKWARD, V_SHAPED
 from planner.candidates import label
 from planner.plan import Answer, Found, interval
 from planner.spec import (Checkpointing, CompileMode, GradSync, LossKind, ModelSpec, Offload,
@@ -337,8 +338,14 @@ def assumptions(answer: Answer) -> list[str]:
 def pipeline_line(t) -> str:
     """The pipeline the plan assumed (``--pp``), or that there is none."""
     p = t.pipeline
+    v = ((" in a V (rank 0 holds the first and the last stage)" if p.schedule in V_SHAPED
+          else "")
+         + ("; the backward split into input and weight steps in the schedule's own order, "
+            "the bubble from its action lists at *assumed* equal forward, input- and "
+            "weight-backward times, no activation checkpointing"
+            if p.schedule in SPLIT_BACKWARD else ""))
     return (f"pipeline parallel: {p.degree} ranks, schedule {p.schedule}, {p.virtual} "
-            f"stage(s) per rank, {p.microbatches} micro-batches of {t.micro_batch} per step; "
+            f"stage(s) per rank{v}, {p.microbatches} micro-batches of {t.micro_batch} per step; "
             "torchtitan's layer split (embedding and head count as a layer each), FSDP2 "
             "inside each stage not resharded after forward or backward until the "
             "stage's gradient reduction after its last backward; the fullest rank decides "

@@ -201,13 +201,14 @@ class GradSync(enum.StrEnum):
 class PipeSchedule(enum.StrEnum):
     """A ``torch.distributed.pipelining`` schedule (torchtitan's
     ``pipeline_parallel_schedule``): those whose micro-batch counts planner/pipeline.py
-    derives. ZBV's memory is not modelled (refused by ``pipeline.problem``); DualPipeV, Looped
-    BFS and Interleaved Zero Bubble are refused by name when parsed."""
+    derives. Looped BFS is refused by name when parsed."""
 
     GPIPE = "gpipe"  # ScheduleGPipe: every forward, then every backward
     ONE_F_ONE_B = "1f1b"  # Schedule1F1B
     INTERLEAVED_1F1B = "interleaved-1f1b"  # ScheduleInterleaved1F1B (v stages per rank)
     ZBV = "zbv"  # ScheduleZBVZeroBubble (2 stages per rank in a V, split backward)
+    DUALPIPEV = "dualpipev"  # ScheduleDualPipeV (the same V; full and split backwards)
+    INTERLEAVED_ZB = "interleaved-zb"  # ScheduleInterleavedZeroBubble (looped, split backward)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -236,6 +237,16 @@ class MeshMode(enum.StrEnum):
 
     GIVEN = "given"  # --tp / --pp / --cp as given (the default)
     AUTO = "auto"  # every modelled (TP, PP, CP) layout of the GPUs, the fastest that fits
+
+
+class OffloadImpl(enum.StrEnum):
+    """Which ``OffloadActivations`` runs --activation-offload (docs/model.md §3.7): torchtune's
+    (``torchtune/training/_activation_offloading.py``; torchtune's recipes) or TRL's copy
+    (``trl/models/activation_offloading.py``; TRL and axolotl), which keeps a repeated save of
+    a storage on the GPU and skips parameters' storages."""
+
+    TORCHTUNE = "torchtune"
+    TRL = "trl"
 
 
 class Float8Recipe(enum.StrEnum):
@@ -686,6 +697,8 @@ class TrainingSpec:
     activation_offload: bool = False
     """Saved activations offloaded to pinned host RAM (torchtune/TRL ``OffloadActivations``):
     the GPU keeps what is in flight, the host a copy of every offloaded tensor."""
+    activation_offload_impl: OffloadImpl = OffloadImpl.TORCHTUNE
+    """Whose ``OffloadActivations`` (torchtune's or TRL's copy) runs --activation-offload."""
     compile: CompileMode = CompileMode.NONE
     float8: Float8Recipe = Float8Recipe.NONE
     """torchao float8 training of the blocks' linears (docs/model.md "Float8 training")."""
@@ -785,6 +798,12 @@ class GpuProfile:
     """Dense peak rates, TFLOP/s (no structured sparsity)."""
     fp8_tflops: float | None = None
     """Dense float8 tensor-core peak (e4m3/e5m2 inputs); None: the GPU has none."""
+    fp8_matmul_speedup: float | None = None
+    """Measured float8 (``torch._scaled_mm``, tensorwise scales) matmul rate over the bf16
+    ``mm`` rate at training linears' shapes; None: not measured, fp8_tflops / bf16_tflops is
+    *assumed* (planner/float8.py)."""
+    fp8_rowwise_matmul_speedup: float | None = None
+    """The same for the rowwise-scaled kernel."""
     hbm_bandwidth_bytes_per_s: float
     intra_node_link: str
     intra_node_bandwidth_bytes_per_s: float

@@ -484,7 +484,10 @@ class StepInputs:
     """... of the 1-D gradients (norms, biases) it leaves to a reduce-scatter each."""
     # ---- float8 (planner/float8.py; defaults: none) ----------------------------------------
     f8_discount: Any = 0.0
-    """Of each FLOP of a float8 matmul, the part saved: 1 - bf16 peak / fp8 peak."""
+    """Of each FLOP of a float8 forward matmul, the part of its time saved: 1 - 1 / (the
+    float8 matmul rate over the one ``peak`` stands for) (planner/float8.py ``step_terms``)."""
+    f8_discount_bwd: Any = None
+    """The same for the input- and weight-gradient matmuls; None: f8_discount."""
     f8_p_block: Any = 0.0
     """Of p_block, the float8 linears' weights (planner/float8.py ``linears``)."""
     f8_gw: Any = 1.0
@@ -544,9 +547,11 @@ def step_core(x: StepInputs) -> StepEstimate:
     # causal chunks: each rank an equal share of the attention too)
     rate = x.peak * x.eff * tp * x.cp
     # float8 (torchao Float8Linear on the blocks' linears): their forward, input-gradient and
-    # weight-gradient matmuls (and the recomputed forward ones) at the fp8 peak, at the same
-    # achieved fraction of it; the casts at HBM bandwidth (a recomputed forward casts again)
+    # weight-gradient matmuls (and the recomputed forward ones) at the measured float8 / bf16
+    # matmul rate (the datasheet peaks' ratio where not measured); the casts at HBM bandwidth
+    # (a recomputed forward casts again)
     f8 = 2.0 * L * x.f8_p_block * x.f8_discount
+    f8_bwd = f8 if x.f8_discount_bwd is None else 2.0 * L * x.f8_p_block * x.f8_discount_bwd
     # expert parallel's busiest GPU: its experts' surplus rows, forward (2), backward (4)
     # and a recomputed forward (2 x the matmul fraction) FLOPs per weight; time, not useful
     # FLOPs (MFU and FLOPs per step stay the balanced ones)
@@ -555,7 +560,7 @@ def step_core(x: StepInputs) -> StepEstimate:
     fwd_s = tokens_micro * (fwd_tok + ep_fwd - f8) / rate + 0.5 * x.dequant_s + x.f8_cast_fwd_s
     # (a recomputed forward dequantizes again)
     bwd_s = (tokens_micro * (bwd_tok + recompute_tok + ep_bwd
-                             - f8 * (1.0 + x.f8_gw + rc.matmul)) / rate
+                             - f8_bwd * (1.0 + x.f8_gw) - f8 * rc.matmul) / rate
              + 0.5 * x.dequant_s * (1.0 + rc.matmul)
              + x.f8_cast_bwd_s + rc.matmul * x.f8_cast_fwd_s)
     compute_s = ga * (fwd_s + bwd_s)
@@ -633,11 +638,17 @@ def step_core(x: StepInputs) -> StepEstimate:
                             + off.grads_down_step * x.grad_b
                             + off.params_up_step * x.gather_b
                             + off.params_up_micro * ga * x.master_b)
-    # activation offloading: every offloaded tensor goes down in forward and up in backward,
-    # each micro-batch; OffloadActivations runs the copies on a side stream meant to overlap
-    # compute, counted here as not hidden (the upper bound, as for the offload above)
-    pcie_bytes = pcie_bytes + 2.0 * ga * x.act_offload_bytes
-    offload_s = pcie_bytes / x.pcie + off.cpu_step * p_local / x.cpu_rate
+    # activation offloading: every offloaded save goes down in forward and up in backward,
+    # each micro-batch (OffloadActivations, torchtune/training/_activation_offloading.py).
+    # Down: copies on a side stream, the compute stream waiting only on the copy of a save
+    # max_fwd_stash_size saves back (pack_tensor's s0.wait_event): hidden behind the
+    # forward's compute, what exceeds it exposed. Up: each unpack issues its copy and makes
+    # the compute stream wait for it at once (unpack_tensor_with_streams: s0.wait_stream(s1),
+    # no prefetch): exposed. GPU run 2026-11-26-h100-b, Llama-3.2-1B x 8192 tokens, no
+    # checkpointing: 0.93 s a step with 21.8 / 20.7 GB offloaded, 0.19-0.23 s without
+    down_s = x.act_offload_bytes / x.pcie
+    act_s = ga * (vec.maximum(0.0, down_s - fwd_s) + down_s)
+    offload_s = pcie_bytes / x.pcie + off.cpu_step * p_local / x.cpu_rate + act_s
 
     step_s = compute_s + exposed_s + offload_s
     # per GPU: a TP group shares its micro-batches, a CP group its sequences
@@ -842,9 +853,14 @@ class Rates:
     """Host <-> device bytes/s."""
     hbm: Any
     """Device memory bytes/s (dequantizing a quantized base)."""
-    peak_fp8: Any = 0.0
-    """Dense float8 peak FLOP/s (the bf16 peak where the GPU has none: float8 is refused
-    there before any step time is asked)."""
+    peak_bf16: Any = 0.0
+    """Dense bf16 peak FLOP/s (float8's matmul rates are given over bf16's)."""
+    fp8_speedup: Any = 1.0
+    fp8_speedup_rowwise: Any = 1.0
+    """Float8 matmul rate over the bf16 one, tensorwise / rowwise kernel: the profile's
+    measured ``fp8_matmul_speedup`` / ``fp8_rowwise_matmul_speedup``, else its datasheet
+    ``fp8_tflops / bf16_tflops`` (*assumed*; 1 where the GPU has no fp8 peak: float8 is
+    refused there before any step time is asked)."""
 
     @classmethod
     def of(cls, gpu: GpuProfile, training: TrainingSpec,
@@ -857,8 +873,16 @@ class Rates:
                    bw_intra=gpu.intra_node_bandwidth_bytes_per_s * a.intra_node_comm_efficiency,
                    bw_inter=gpu.inter_node_bandwidth_bytes_per_s * a.inter_node_comm_efficiency,
                    pcie=gpu.pcie_bandwidth_bytes_per_s * a.pcie_efficiency,
-                   hbm=gpu.hbm_bandwidth_bytes_per_s,
-                   peak_fp8=(gpu.fp8_tflops or gpu.bf16_tflops) * 1e12)
+                   hbm=gpu.hbm_bandwidth_bytes_per_s, peak_bf16=gpu.bf16_tflops * 1e12,
+                   **fp8_speedups(gpu))
+
+
+def fp8_speedups(gpu: GpuProfile) -> dict[str, float]:
+    """Rates' float8 matmul rates over bf16: measured where the profile has them (h100-80:
+    benchmarks/gpu_runs/2026-11-26-h100-b ``record: gemm``), the datasheet ratio otherwise."""
+    datasheet = (gpu.fp8_tflops or gpu.bf16_tflops) / gpu.bf16_tflops
+    return {"fp8_speedup": gpu.fp8_matmul_speedup or datasheet,
+            "fp8_speedup_rowwise": gpu.fp8_rowwise_matmul_speedup or datasheet}
 
 
 def step_inputs_at(model: ModelSpec, training: TrainingSpec, candidate: Candidate,
@@ -928,7 +952,8 @@ def float8_inputs(model: ModelSpec, training: TrainingSpec, candidate: Candidate
     if not float8.enabled(training):
         return {}
     return float8.step_terms(model, training, candidate, tokens=tokens, n=n, peak=peak,
-                             peak_fp8=rates.peak_fp8, hbm=rates.hbm)
+                             peak_bf16=rates.peak_bf16, speedup=rates.fp8_speedup,
+                             speedup_rowwise=rates.fp8_speedup_rowwise, hbm=rates.hbm)
 
 
 def cp_inputs(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, mb: Any,

@@ -40,6 +40,10 @@ keeps every case measured before.
 
 ``--runtime-terms``: the CUDA context, lazily loaded kernels, cuBLAS / cuBLASLt workspaces, a
 1-rank NCCL communicator's buffers, each as device-used and allocator deltas (one record).
+``--gemm``: achieved TFLOP/s of bf16 and float8 (``torch._scaled_mm``, tensorwise and rowwise
+scales) matmuls at the shapes of Llama-3.1-8B's and -70B's linears (one record per shape).
+``--float8-layer``: one linear's forward + backward, bf16 against torchao float8, eager and
+compiled, and the dynamic cast alone (one record per shape and mode).
 ``--snapshot DIR``: a memory-history snapshot of one small training step
 (``torch.cuda.memory._dump_snapshot``) written to DIR, one record.
 
@@ -63,7 +67,7 @@ import sys
 import time
 import traceback
 import warnings
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -71,7 +75,9 @@ import torch.distributed as dist
 
 from planner.spec import (
     Candidate,
+    Checkpointing,
     CompileMode,
+    Float8Recipe,
     GradSync,
     ModelSpec,
     Offload,
@@ -211,6 +217,11 @@ def build(dev: Dev, spec: ModelSpec, training: TrainingSpec, cand: Candidate, wo
                   loss_chunks=training.loss_chunks, keep_logits=training.keep_logits)
     if training.precision is Precision.BF16:
         net = net.to(torch.bfloat16)
+    if training.float8 is not Float8Recipe.NONE:
+        # torchtitan's order: the float8 converter, then compile, then FSDP (train.py)
+        from probes.trace import float8_convert
+
+        float8_convert(net, training)
     if training.compile is CompileMode.BLOCKS:
         # torchtitan: each transformer block compiled on its own, before FSDP wraps it
         for blk in net.blocks:
@@ -252,6 +263,169 @@ def build(dev: Dev, spec: ModelSpec, training: TrainingSpec, cand: Candidate, wo
 
 _MOMENTS = ("forward", "backward", "optimizer")
 
+def _float8_precompute(training: TrainingSpec, fsdp: bool):
+    """torchtitan's ``precompute_float8_dynamic_scale_for_fsdp`` after each optimizer step
+    (float8 tensorwise with float8 all-gather under FSDP2: one amax all-reduce for all
+    weights instead of one per weight); None where it does not apply."""
+    if not (fsdp and training.float8 is Float8Recipe.TENSORWISE and training.float8_all_gather):
+        return None
+    from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+    return precompute_float8_dynamic_scale_for_fsdp
+
+
+OFFLOAD_DIR_ENV = "FITCHECK_OFFLOAD_DIR"
+"""A folder holding the activation-offloading files as their wheels ship them (the device run
+carries them; fitcheck does not ship them): ``torchtune_<version>_activation_offloading.py``
+(torchtune/training/_activation_offloading.py, the class the planner reads) and
+``trl_<version>_activation_offloading.py`` (trl/models/activation_offloading.py, TRL's copy,
+which axolotl uses)."""
+
+
+def _load_offload_module(impl: str):
+    """The named implementation's module, loaded from its file. torchtune's imports
+    ``torchtune.modules.TiedLinear`` (an isinstance check on the output layer) and
+    ``torchtune.utils.get_logger``: stood in for by a stub class and ``logging.getLogger``
+    when torchtune itself is not installed, so the rest of torchtune is not needed."""
+    import glob
+    import importlib.util
+    import logging
+    import types
+
+    folder = os.environ.get(OFFLOAD_DIR_ENV) or ""
+    found = sorted(glob.glob(os.path.join(folder, f"{impl}_*_activation_offloading.py")))
+    if not found:
+        raise RuntimeError(f"{OFFLOAD_DIR_ENV}={folder!r} holds no {impl} offloading file")
+    if impl == "torchtune":
+        if importlib.util.find_spec("torchtune") is None:
+            tt = types.ModuleType("torchtune")
+            mods = types.ModuleType("torchtune.modules")
+            utils = types.ModuleType("torchtune.utils")
+            mods.TiedLinear = type("TiedLinear", (), {})
+            utils.get_logger = lambda level=None: logging.getLogger("torchtune-offload")
+            tt.modules, tt.utils = mods, utils
+            sys.modules.update({"torchtune": tt, "torchtune.modules": mods,
+                                "torchtune.utils": utils})
+        try:  # torchao moved NF4Tensor (0.18: torchao.quantization...nf4); the file checks
+            found_nf4 = importlib.util.find_spec("torchao.dtypes.nf4tensor") is not None
+        except ImportError:  # torchao.dtypes itself missing
+            found_nf4 = False
+        if not found_nf4:
+            nf4 = types.ModuleType("torchao.dtypes.nf4tensor")
+            try:
+                from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import NF4Tensor
+            except ImportError:
+                NF4Tensor = type("NF4Tensor", (), {})
+            nf4.NF4Tensor = NF4Tensor
+            sys.modules["torchao.dtypes.nf4tensor"] = nf4
+    spec = importlib.util.spec_from_file_location(f"{impl}_activation_offloading", found[-1])
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod, os.path.basename(found[-1])
+
+
+class ActivationOffload:
+    """Activation offloading as torchtune's recipes apply it: ``OffloadActivations()`` with its
+    defaults (pinned memory, a second stream, 1,024 B minimum, 5 tensors of forward stash)
+    around the model's forward, the output layer and the loss under ``NoOpManager`` (torchtune
+    hooks the output layer; its loss runs outside the context). The reference model computes
+    the loss inside ``forward``, so the no-op manager is entered after the final norm and left
+    when ``forward`` returns: the final norm's own saved tensors are offloaded, the output
+    layer's input and the loss's are not (planner.activations._offload_terms). ``impl``:
+    ``torchtune`` (the class the planner reads) or ``trl`` (TRL's later copy: its
+    ``__exit__`` synchronises both streams and clears the forward stash)."""
+
+    def __init__(self, net, dev: Dev, impl: str = "torchtune") -> None:
+        if not dev.cuda:
+            raise RuntimeError("activation offloading needs CUDA (streams, pinned memory)")
+        mod, self.source = _load_offload_module(impl)
+        self.ctx = mod.OffloadActivations()
+        if hasattr(self.ctx, "update_model_params"):
+            self.ctx.update_model_params(net)  # TRL: parameters are never offloaded
+        self.noop = mod.NoOpManager()
+        self.inside = False
+        net.final_norm.register_forward_hook(self._enter_noop)
+
+    def _enter_noop(self, *_: Any) -> None:
+        if self.active and not self.inside:
+            self.noop.__enter__()
+            self.inside = True
+
+    active = False
+
+    def describe(self) -> dict[str, Any]:
+        c = self.ctx
+        return {"source": self.source, "use_pin_memory": c.use_pin_memory,
+                "use_streams": c.use_streams, "min_offload_size": c.min_tensor_size_bytes,
+                "max_fwd_stash_size": getattr(c, "max_fwd_stash_size", None),
+                "no_op": "output layer and loss"}
+
+    @contextmanager
+    def forward(self):
+        with self.ctx:
+            self.active = True
+            try:
+                yield
+            finally:
+                if self.inside:
+                    self.noop.__exit__(None, None, None)
+                    self.inside = False
+                self.active = False
+                self.tally()
+
+    last: dict[str, int] | None = None
+
+    def tally(self) -> None:
+        """What the forward handed to the hooks, read from the class's own ``tracker``
+        (tensor id -> (tensor, modified, ...)): bytes copied to the host, and bytes left on
+        the device (small, parameters, no-op region, repeated storages), each storage once."""
+        host = device = 0
+        seen: set[tuple[int, int]] = set()
+        for entry in getattr(self.ctx, "tracker", {}).values():
+            t, moved = entry[0], bool(entry[1])
+            if not isinstance(t, torch.Tensor):
+                continue
+            try:
+                key = (t.untyped_storage().data_ptr(), int(t.device.type == "cuda"))
+                n = t.untyped_storage().nbytes()
+            except (RuntimeError, NotImplementedError):
+                key, n = (id(t), 2), t.numel() * t.element_size()
+            if key in seen:
+                continue
+            seen.add(key)
+            if moved:
+                host += n
+            elif t.device.type == "cuda":
+                device += n
+        self.last = {"host_bytes": host, "kept_on_device_bytes": device,
+                     "tensors": len(getattr(self.ctx, "tracker", {}))}
+
+
+
+
+def sdpa_backend(dev: Dev, spec: ModelSpec, training: TrainingSpec) -> str | None:
+    """The SDPA backend torch picks for this case's attention (``torch._fused_sdp_choice``
+    on empty q, k, v of the case's shapes, in the dtype the kernel sees): which op the
+    selective policy is shown (flash, efficient, cuDNN...). None for eager attention or when
+    torch cannot say."""
+    from torch.nn.attention import SDPBackend
+
+    if training.attention.value != "sdpa":
+        return None
+    dt = {Precision.FP32: torch.float32, Precision.FP16_AMP: torch.float16}.get(
+        training.precision, torch.bfloat16)
+    b, t, d = training.micro_batch, training.seq, spec.d_head
+    try:
+        q = torch.empty(b, spec.n_heads, t, d, dtype=dt, device=dev.device)
+        kv = torch.empty(b, spec.n_kv_heads, t, d, dtype=dt, device=dev.device)
+        choice = torch._fused_sdp_choice(q, kv, kv, None, 0.0, not spec.encoder_head,
+                                         enable_gqa=spec.n_kv_heads < spec.n_heads)
+        del q, kv
+        return next((name for name in dir(SDPBackend) if not name.startswith("_")
+                     and int(getattr(SDPBackend, name)) == int(choice)), str(choice))
+    except (RuntimeError, TypeError, ValueError, AttributeError) as exc:
+        return f"unknown ({type(exc).__name__})"
+
 
 def run_case(dev: Dev, case: dict[str, Any], world: int, fake: bool) -> dict[str, Any]:
     from planner.throughput import training_flops_per_token
@@ -268,6 +442,12 @@ def run_case(dev: Dev, case: dict[str, Any], world: int, fake: bool) -> dict[str
         "steps": {"warmup": warm, "measured": steps}, "ok": False, "oom": False,
         "error": None, "allocator_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
     }
+    # before the baseline below (its empty q, k, v are freed and the cache emptied)
+    rec["sdpa_backend"] = sdpa_backend(dev, spec, training)
+    if cand.checkpointing is Checkpointing.SELECTIVE:
+        from probes.models import OP_SAC_SAVE_OPS
+
+        rec["sac_save_ops"] = list(OP_SAC_SAVE_OPS)
     gc.collect()
     if dev.cuda:
         torch.cuda.empty_cache()
@@ -285,6 +465,7 @@ def run_case(dev: Dev, case: dict[str, Any], world: int, fake: bool) -> dict[str
     try:
         net, opt, fsdp, low, mesh_shape = build(dev, spec, training, cand, world)
         dev.sync()
+        rec["float8_linears"] = sum(type(m).__name__ == "Float8Linear" for m in net.modules())
         rec.update(build_s=round(time.perf_counter() - t0, 3), mesh_shape=mesh_shape,
                    wrapper="fully_shard" if fsdp else "none (world size 1)")
         rec["after_build"] = {"allocated": dev.allocated(), "reserved": dev.reserved(),
@@ -294,6 +475,12 @@ def run_case(dev: Dev, case: dict[str, Any], world: int, fake: bool) -> dict[str
                             generator=g).to(dev.device)
         ga = training.grad_accum
         sync_last = fsdp and training.grad_sync is GradSync.LAST
+        offload = (ActivationOffload(net, dev, case.get("offload_impl", "torchtune"))
+                   if training.activation_offload else None)
+        precompute = _float8_precompute(training, fsdp)
+        rec["float8_precompute_scale"] = precompute is not None
+        if offload:
+            rec["activation_offload"] = offload.describe()
 
         def peak(m: str) -> None:
             a, r = dev.max_allocated(), dev.max_reserved()
@@ -315,7 +502,7 @@ def run_case(dev: Dev, case: dict[str, Any], world: int, fake: bool) -> dict[str
                 dev.reset_peak()
                 amp = (torch.autocast(dev.device.type, dtype=low) if low is not None
                        else nullcontext())
-                with amp:
+                with (offload.forward() if offload else nullcontext()), amp:
                     loss = net(ids, ids)
                 peak("forward")
                 if measuring and micro == 0:
@@ -332,12 +519,16 @@ def run_case(dev: Dev, case: dict[str, Any], world: int, fake: bool) -> dict[str
             moment = "optimizer"
             dev.reset_peak()
             opt.step()
+            if precompute:
+                precompute(net)
             peak("optimizer")
             opt.zero_grad(set_to_none=True)
             net.held = []
             moment = "idle"
             if measuring:
                 after["step_end"] = dev.allocated()
+                if offload is not None and offload.last is not None:
+                    rec["activation_offload"]["last_forward"] = offload.last
             if dev.cuda:
                 ev1.record()
                 ev1.synchronize()
@@ -375,6 +566,14 @@ def run_case(dev: Dev, case: dict[str, Any], world: int, fake: bool) -> dict[str
         rec.update(max_allocated_bytes=None, max_reserved_bytes=None, device_used_bytes=None,
                    reserved_bytes=None, runtime_overhead_bytes=None)
     rec["host_max_rss_bytes"] = _rss()
+    if dev.cuda and hasattr(torch.cuda, "host_memory_stats"):
+        try:  # the pinned host memory torch's CachingHostAllocator holds (activation offload)
+            hs = torch.cuda.host_memory_stats()
+            rec["host_pinned"] = {k: hs.get(k) for k in (
+                "allocated_bytes.current", "allocated_bytes.peak", "reserved_bytes.current",
+                "reserved_bytes.peak", "num_host_alloc")}
+        except Exception as exc:  # noqa: BLE001 - a record without it is still a record
+            rec["host_pinned"] = {"error": _first(exc)}
     rec["step_times_s"] = [round(t, 6) for t in times]
     rec["step_time_s"] = statistics.median(times) if times else None
     rec["loss_last"] = losses[-1] if losses else None
@@ -715,6 +914,142 @@ def _tiny_llama_dict() -> dict[str, Any]:
     return d
 
 
+
+# --------------------------------------------------------------------------- GEMM rates
+
+
+def gemm_shapes() -> list[tuple[str, int, int, int]]:
+    """(name, M, K, N) of one linear's three GEMMs at 8,192 tokens: the forward (M x K @ K x N),
+    the input gradient (M x N @ N x K) and the weight gradient (N x M @ M x K), for the
+    linears of Llama-3.1-8B and -70B (q|k|v fused as torchtitan's float8 sees them separately:
+    q, kv, o, gate, down) and a small square control."""
+    out = []
+    t = 8192
+    for model, h, kv, f in (("8b", 4096, 1024, 14336), ("70b", 8192, 1024, 28672)):
+        for lin, k, n in (("q", h, h), ("kv", h, kv), ("o", h, h), ("gate", h, f),
+                          ("down", f, h)):
+            out += [(f"{model}.{lin}.fwd", t, k, n), (f"{model}.{lin}.dgrad", t, n, k),
+                    (f"{model}.{lin}.wgrad", n, t, k)]
+    out.append(("square2048", 2048, 2048, 2048))
+    return out
+
+
+def _time_op(dev: Dev, fn, reps: int = 10, warm: int = 3) -> float:
+    for _ in range(warm):
+        fn()
+    dev.sync()
+    times = []
+    for _ in range(reps):
+        if dev.cuda:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def gemm_rates(dev: Dev, out: str, tiny: bool = False) -> int:
+    """Achieved TFLOP/s of bf16 ``mm`` and of ``torch._scaled_mm`` in float8 (e4m3 x e4m3
+    tensorwise and rowwise scales; e5m2 x e4m3 for the gradients, as torchao's tensorwise
+    recipe casts ``grad_output`` to e5m2) at each shape of ``gemm_shapes`` (one record per
+    shape): what a linear's matmuls reach on this GPU, beside the datasheet peaks the
+    profiles hold."""
+    e4, e5 = torch.float8_e4m3fn, torch.float8_e5m2
+    for name, m, k, n in gemm_shapes():
+        if tiny:
+            m, k, n = 64, 32, 48
+        rec: dict[str, Any] = {"record": "gemm", "shape": name, "m": m, "k": k, "n": n,
+                               "flops": 2 * m * k * n, "date": _now(), "device": dev.device.type}
+        try:
+            a = torch.randn(m, k, device=dev.device, dtype=torch.bfloat16)
+            w = torch.randn(n, k, device=dev.device, dtype=torch.bfloat16)
+            rec["bf16_s"] = _time_op(dev, lambda: torch.mm(a, w.t()))
+            one = torch.ones((), device=dev.device, dtype=torch.float32)
+            grad = name.endswith(("dgrad", "wgrad"))
+            a8 = a.to(e5 if grad else e4)
+            w8 = w.to(e4)
+            rec["fp8_tensorwise_dtypes"] = f"{a8.dtype} x {w8.dtype}"
+            rec["fp8_tensorwise_s"] = _time_op(dev, lambda: torch._scaled_mm(
+                a8, w8.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16))
+            a8r = a.to(e4)
+            sa = torch.ones(m, 1, device=dev.device, dtype=torch.float32)
+            sb = torch.ones(1, n, device=dev.device, dtype=torch.float32)
+            rec["fp8_rowwise_s"] = _time_op(dev, lambda: torch._scaled_mm(
+                a8r, w8.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16))
+        except Exception as exc:  # noqa: BLE001 - a shape's failure is a result
+            rec["error"] = f"{type(exc).__name__}: {_first(exc)}"
+        for key in ("bf16", "fp8_tensorwise", "fp8_rowwise"):
+            t = rec.get(f"{key}_s")
+            rec[f"{key}_tflops"] = rec["flops"] / t / 1e12 if t else None
+        append_record(out, rec)
+    log("gemm rates recorded")
+    return 0
+
+
+
+def float8_layer_times(dev: Dev, out: str, tiny: bool = False) -> int:
+    """One linear's forward + backward at 8,192 tokens, bf16 ``nn.Linear`` against torchao's
+    ``Float8Linear`` (tensorwise, rowwise), eager and under ``torch.compile``, and torchao's
+    dynamic cast of one bf16 activation alone (``hp_tensor_to_float8_dynamic``): what the
+    casts cost on this GPU beside the float8 GEMMs' saving (one record per shape and mode)."""
+    import torch.nn as nn
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    from torchao.float8.float8_scaling_utils import hp_tensor_to_float8_dynamic
+    from torchao.float8.float8_training_tensor import LinearMMConfig
+
+    t = 64 if tiny else 8192
+    shapes = (("1b.o", 2048, 2048), ("1b.up", 2048, 8192), ("1b.down", 8192, 2048),
+              ("8b.o", 4096, 4096), ("8b.up", 4096, 14336), ("8b.down", 14336, 4096))
+    for name, k, n in shapes:
+        if tiny:
+            k, n = 32, 48
+        for compiled in (False, True):
+            rec: dict[str, Any] = {"record": "float8_layer", "shape": name, "tokens": t,
+                                   "k": k, "n": n, "compiled": compiled, "date": _now(),
+                                   "device": dev.device.type}
+            try:
+                x = torch.randn(t, k, device=dev.device, dtype=torch.bfloat16,
+                                requires_grad=True)
+                g = torch.randn(t, n, device=dev.device, dtype=torch.bfloat16)
+                for recipe in ("bf16", "tensorwise", "rowwise"):
+                    lin = nn.Sequential(nn.Linear(k, n, bias=False)).to(dev.device,
+                                                                           torch.bfloat16)
+                    if recipe != "bf16":
+                        convert_to_float8_training(
+                            lin, config=Float8LinearConfig.from_recipe_name(recipe))
+                    if compiled:  # a fresh dynamo cache per module: in one process the
+                        # ninth compile of Sequential.forward hit recompile_limit (8) and ran
+                        # eager (2026-11-26-h100-b run3.log: 1B down rowwise and every 8B one)
+                        torch._dynamo.reset()
+                    fn = torch.compile(lin) if compiled else lin
+
+                    def step(fn=fn):
+                        y = fn(x)
+                        y.backward(g)
+                    rec[f"{recipe}_s"] = _time_op(dev, step, reps=10, warm=3)
+                for key in ("tensorwise", "rowwise"):
+                    rec[f"{key}_over_bf16"] = rec[f"{key}_s"] / rec["bf16_s"]
+                cfg = LinearMMConfig()
+                a = x.detach()
+
+                def cast(a=a):
+                    return hp_tensor_to_float8_dynamic(a, torch.float8_e4m3fn, cfg)
+                castf = torch.compile(cast) if compiled else cast
+                rec["cast_s"] = _time_op(dev, castf, reps=10, warm=3)
+                rec["cast_elements"] = t * k
+            except Exception as exc:  # noqa: BLE001 - a shape's failure is a result
+                rec["error"] = f"{type(exc).__name__}: {_first(exc)}"
+            append_record(out, rec)
+    log("float8 layer times recorded")
+    return 0
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -726,6 +1061,9 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--cases")
     g.add_argument("--runtime-terms", action="store_true")
     g.add_argument("--snapshot")
+    g.add_argument("--gemm", action="store_true")
+    g.add_argument("--float8-layer", action="store_true")
+    ap.add_argument("--tiny", action="store_true", help="with --gemm: tiny shapes")
     args = ap.parse_args(argv)
     dev = Dev(args.device)
     if args.device == "cuda" and not dev.cuda:
@@ -734,6 +1072,10 @@ def main(argv: list[str] | None = None) -> int:
         return runtime_terms(dev, args.out)
     if args.snapshot:
         return snapshot(dev, args.snapshot, args.out)
+    if args.gemm:
+        return gemm_rates(dev, args.out, args.tiny)
+    if args.float8_layer:
+        return float8_layer_times(dev, args.out, args.tiny)
     with open(args.cases, encoding="utf-8") as f:
         cases = json.load(f)
     return run_cases(dev, cases, args.out)

@@ -16,7 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from planner.memory import Estimate, Overheads, estimate
-from planner.spec import Candidate, Cluster, GpuProfile, ModelSpec, TrainingSpec
+from planner.spec import (
+    Candidate,
+    Cluster,
+    GpuProfile,
+    ModelSpec,
+    OffloadImpl,
+    TrainingSpec,
+)
 from probes.models import reference_spec
 from probes.runner import spec_from_dict
 
@@ -55,8 +62,13 @@ def row_of(rec: dict[str, Any], gpu: GpuProfile) -> Row:
     """The planner's inputs for one record: the reference module's spec, the record's
     training loop and candidate, its world size on nodes of the profile's size."""
     w = int(rec["world_size"])
+    training = spec_from_dict(TrainingSpec, rec["training"])
+    source = (rec.get("activation_offload") or {}).get("source", "")
+    if training.activation_offload and source.startswith("trl"):
+        # the case ran TRL's copy of OffloadActivations (probes/gpu_cases.py offload_impl)
+        training = dataclasses.replace(training, activation_offload_impl=OffloadImpl.TRL)
     return Row(rec, reference_spec(spec_from_dict(ModelSpec, rec["model"])),
-               spec_from_dict(TrainingSpec, rec["training"]),
+               training,
                spec_from_dict(Candidate, rec["candidate"]),
                Cluster(gpu=gpu, n_gpus=w, gpus_per_node=min(w, gpu.gpus_per_node),
                        host_ram_bytes_per_node=gpu.host_ram_bytes_per_node))

@@ -183,28 +183,59 @@ class _BothContexts:
         return False
 
 
+# torchtitan's op-level SAC save list (``_op_sac_save_list``, torchtitan/models/llama3/infra/
+# parallelize.py), as of torchtitan b39377f9f (#2095, 2025-12-01: "add all SDPA backends to
+# op_sac_save_list"): every SDPA backend's op, not only flash / efficient. Before that commit a
+# cuDNN-dispatched SDPA was recomputed in backward, and torch prefers cuDNN's kernel on SM 9.x /
+# 10.x with cuDNN > 9.15 (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp,
+# ``check_prefer_cudnn_attention``): the H100 / H200 runs of 2026-11-26 (torch 2.11, cuDNN 9.19)
+# took this list without cuDNN's op and kept no attention output (docs/accuracy.md, GPU
+# section). The math and "overrideable" ops are CompositeImplicit / PrivateUse1 ops that a CPU
+# or CUDA trace never shows the policy; they are listed because torchtitan lists them.
+# ``_scaled_dot_product_flash_attention_for_cpu`` is what the CPU trace dispatches to.
+OP_SAC_SAVE_OPS = (
+    "aten.mm.default",
+    "aten._scaled_dot_product_efficient_attention.default",
+    "aten._scaled_dot_product_flash_attention.default",
+    "aten._scaled_dot_product_cudnn_attention.default",
+    "aten._scaled_dot_product_attention_math.default",
+    "aten._scaled_dot_product_fused_attention_overrideable.default",
+    "aten._scaled_dot_product_flash_attention_for_cpu.default",
+    "_c10d_functional.reduce_scatter_tensor.default",
+    "aten.max.default",
+)
+
+
+def _resolve_ops(names) -> set:
+    """The ``torch.ops`` overloads named (``namespace.op.overload``); one this torch build
+    lacks is left out (as torchtitan resolves its conditional ops)."""
+    out = set()
+    for name in names:
+        obj = torch.ops
+        try:
+            for part in name.split("."):
+                obj = getattr(obj, part)
+        except (AttributeError, RuntimeError):
+            continue
+        out.add(obj)
+    return out
+
+
 def _op_sac_policy(meta: dict[str, int]):
     """torchtitan's op-level selective AC policy (``parallelize_llama.py``,
     ``_get_custom_policy``): save the outputs of every other ``aten.mm`` (1st, 3rd, ...), of the
-    flash / efficient SDPA kernels (plus the CPU flash kernel the trace dispatches to), of
-    ``reduce_scatter_tensor`` and ``aten.max``; recompute everything else."""
+    SDPA kernel whichever backend runs it, of ``reduce_scatter_tensor`` and ``aten.max``
+    (``OP_SAC_SAVE_OPS``); recompute everything else."""
     from torch.utils.checkpoint import CheckpointPolicy
 
-    aten = torch.ops.aten
-    save = {
-        aten.mm.default,
-        aten._scaled_dot_product_efficient_attention.default,
-        aten._scaled_dot_product_flash_attention.default,
-        aten._scaled_dot_product_flash_attention_for_cpu.default,
-        torch.ops._c10d_functional.reduce_scatter_tensor.default,
-        aten.max.default,
-    }
+    mm = torch.ops.aten.mm.default
+    save = _resolve_ops(OP_SAC_SAVE_OPS)
 
     def policy(ctx, func, *args, **kwargs):
         key = "recompute_mm_count" if ctx.is_recompute else "forward_mm_count"
-        if func == aten.mm.default:
+        if func == mm:
             meta[key] += 1
-        to_save = func in save and not (func == aten.mm.default and meta[key] % 2 == 0)
+        to_save = func in save and not (func == mm and meta[key] % 2 == 0)
         return CheckpointPolicy.MUST_SAVE if to_save else CheckpointPolicy.PREFER_RECOMPUTE
 
     return policy
@@ -230,13 +261,11 @@ class _Ckpt:
         self.preserve_rng = False  # True with dropout: recompute must draw the same masks
 
     def run(self, fn: Callable, *args: torch.Tensor) -> torch.Tensor:
-        return checkpoint(
-            fn,
-            *args,
-            use_reentrant=False,
-            preserve_rng_state=self.preserve_rng,
-            context_fn=self.context_fn,
-        )
+        # the default context function is left out, not passed: torch.compile traces a
+        # checkpoint only with none or one returning torch's dispatch modes
+        extra = {} if self.context_fn is _no_ctx else {"context_fn": self.context_fn}
+        return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=self.preserve_rng,
+                          **extra)
 
 
 class Attention(nn.Module):

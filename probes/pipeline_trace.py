@@ -38,9 +38,15 @@ What the fake process group cannot do, emulated:
   STATIC) is answered with that result (``PipelineStage._warmup_backward_result``);
 - nothing else: the P2P sends and receives run on the fake group with their real buffers.
 
+The tracker's own module hooks on gradients are left out (``_no_backward_module_hooks``):
+under a split backward (ZBV, DualPipeV, Interleaved Zero Bubble) they would keep graph nodes
+alive that no real run keeps, and torch refuses one of their questions inside the input
+backward.
+
 Only this process's rank is measured; the other ranks of the pipeline are not run (their
 sends to this rank are the fake group's no-ops). ``python -m probes.pipeline_trace`` runs one
-configuration given as JSON and prints the result (``tests/test_pipeline.py`` runs it in a
+configuration given as JSON and prints the result (with ``"timeline": true`` also what the
+rank holds after each compute action) (``tests/test_pipeline.py`` runs it in a
 subprocess: a process holds one process group).
 """
 
@@ -66,7 +72,40 @@ from planner.spec import (
 
 SCHEDULES = {PipeSchedule.GPIPE: "ScheduleGPipe", PipeSchedule.ONE_F_ONE_B: "Schedule1F1B",
              PipeSchedule.INTERLEAVED_1F1B: "ScheduleInterleaved1F1B",
-             PipeSchedule.ZBV: "ScheduleZBVZeroBubble"}
+             PipeSchedule.INTERLEAVED_ZB: "ScheduleInterleavedZeroBubble",
+             PipeSchedule.ZBV: "ScheduleZBVZeroBubble",
+             PipeSchedule.DUALPIPEV: "ScheduleDualPipeV"}
+
+
+@contextlib.contextmanager
+def _no_backward_module_hooks() -> Any:
+    """The tracker's module bookkeeping (``ModTracker._fw_pre_hook`` / ``_fw_post_hook``)
+    puts a multi-grad hook on each module's inputs and outputs to learn when the module's
+    backward starts and ends; the probe reads only the global counters, which the hooks do
+    not feed. Under a split backward (ZBV, DualPipeV) these hooks cost what no real run
+    pays, so they are left out (for every schedule: the 1F1B, GPipe and interleaved traces
+    are byte-identical either way):
+
+    - an input hook's closure holds its tensor's ``grad_fn`` (``register_multi_grad_hook``:
+      ``grad_fns``) and is stored on that node: a cycle that the garbage collector does not
+      break, so the nodes the weight backward does not run keep their saved tensors to the
+      end of the step (+21 MB per micro-batch on the last stage of the 8-layer model);
+    - its first call asks ``torch._C._will_engine_execute_node`` about the stage's received
+      input, a leaf, inside the input backward's ``autograd.grad``, which torch 2.13 refuses:
+      "A leaf node was passed to _will_engine_execute_node but we are currently running
+      autograd.grad()"."""
+    from torch.distributed._tools import mod_tracker
+
+    class _Nothing:
+        def remove(self) -> None:
+            pass
+
+    original = mod_tracker.register_multi_grad_hook
+    mod_tracker.register_multi_grad_hook = lambda *args, **kwargs: _Nothing()
+    try:
+        yield
+    finally:
+        mod_tracker.register_multi_grad_hook = original
 
 
 def _each_micro_batch(base: type) -> type:
@@ -138,10 +177,50 @@ def _loss(spec: ModelSpec):
     return loss_fn
 
 
+def _record_actions(schedule: Any, stages: list, tracker: Any, out: list) -> None:
+    """Append [kind, stage, micro-batch, bytes held] after each compute action of the step:
+    F once its loss (last stage) has run (``_maybe_compute_loss`` follows every forward), I
+    or B after ``backward_one_chunk`` (``full_backward``), W after
+    ``backward_weight_one_chunk``."""
+
+    def held() -> int:
+        snap = tracker.get_tracker_snapshot("current")
+        return sum(int(v) for dev in snap.values() for k, v in dev.items()
+                   if str(k).endswith("Total"))
+
+    loss = schedule._maybe_compute_loss
+
+    def after_loss(stage: Any, output: Any, target_mbs: Any, mb_index: int, *rest: Any) -> Any:
+        result = loss(stage, output, target_mbs, mb_index, *rest)
+        out.append(["F", stage.stage_index, mb_index, held()])
+        return result
+
+    schedule._maybe_compute_loss = after_loss
+    for stage in stages:
+        backward, weight = stage.backward_one_chunk, stage.backward_weight_one_chunk
+
+        def after_backward(mb: int, *args: Any, _s: Any = stage, _b: Any = backward,
+                           **kwargs: Any) -> Any:
+            result = _b(mb, *args, **kwargs)
+            out.append(["B" if kwargs.get("full_backward", True) else "I", _s.stage_index,
+                        mb, held()])
+            return result
+
+        def after_weight(mb: int, *args: Any, _s: Any = stage, _w: Any = weight,
+                         **kwargs: Any) -> Any:
+            result = _w(mb, *args, **kwargs)
+            out.append(["W", _s.stage_index, mb, held()])
+            return result
+
+        stage.backward_one_chunk = after_backward
+        stage.backward_weight_one_chunk = after_weight
+
+
 def trace_rank(spec: ModelSpec, training: TrainingSpec, checkpointing: Checkpointing,
-               pp_rank: int, dp: int, tp: int = 1) -> dict[str, Any]:
+               pp_rank: int, dp: int, tp: int = 1, timeline: bool = False) -> dict[str, Any]:
     """Peak bytes (and the categories at the peak) of pipeline rank ``pp_rank`` over one step:
-    the schedule's step and the optimizer step."""
+    the schedule's step and the optimizer step; with ``timeline``, also the bytes held after
+    each compute action (``_record_actions``)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
     from torch.distributed.device_mesh import init_device_mesh
@@ -234,6 +313,9 @@ def trace_rank(spec: ModelSpec, training: TrainingSpec, checkpointing: Checkpoin
         has_last = any(s == p.n_stages - 1 for s, _ in mods)
         tracker = _each_micro_batch(MemTracker)()
         tracker.track_external(*[mod for _, mod in mods], optimizer)
+        actions: list[list[Any]] = []
+        if timeline:
+            _record_actions(schedule, stages, tracker, actions)
         # torchtitan runs the whole schedule step inside its train context, which holds
         # ``loss_parallel()`` under tensor parallel (``dist_utils.get_train_context``): the
         # loss's backward runs in it too
@@ -248,7 +330,7 @@ def trace_rank(spec: ModelSpec, training: TrainingSpec, checkpointing: Checkpoin
             from probes.context_parallel import ring_sdpa
 
             ring = ring_sdpa(cp, training.cp_rotate.value)
-        with ring, untracked, tracker, parallel_loss:
+        with ring, untracked, tracker, parallel_loss, _no_backward_module_hooks():
             args = (x,) if has_first else ()
             # as torchtitan's train step calls it: the losses collected, the last stage's
             # outputs not kept for the caller
@@ -268,12 +350,13 @@ def trace_rank(spec: ModelSpec, training: TrainingSpec, checkpointing: Checkpoin
     scalar = sum(v.numel() * v.element_size() for st in optimizer.state.values()
                  for v in st.values() if isinstance(v, torch.Tensor) and v.dim() == 0)
     return {"peak_bytes": cats.get("Total", 0), "at_peak": cats,
-            "optimizer_scalar_bytes": int(scalar)}
+            "optimizer_scalar_bytes": int(scalar), "actions": actions}
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m probes.pipeline_trace '<json>'``: {"values": {spec path: value, as
-    ``planner.request.build_request`` takes them}, "pp_rank": r} -> the trace of that rank
+    ``planner.request.build_request`` takes them}, "pp_rank": r, optionally "timeline":
+    true} -> the trace of that rank
     of the request's pipeline (its ``--n``, ``--pp`` and ``--tp`` give dp = n / (pp x tp)), as
     JSON on stdout."""
     from planner.fields import SPEC
@@ -284,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     tp = job["values"].get("parallel.tp") or 1
     dp = r.cluster.n_gpus // (r.training.pipeline.degree * tp)
     out = trace_rank(r.model, r.training, Checkpointing(job["values"]["checkpointing"]),
-                     job["pp_rank"], dp, tp)
+                     job["pp_rank"], dp, tp, timeline=bool(job.get("timeline")))
     print(json.dumps(out))
     return 0
 

@@ -65,6 +65,8 @@ def test_cpu_run_end_to_end(tmp_path):
     assert (ddp["world_size"], ddp["fake_group"], ddp["wrapper"]) == (
         1, False, "none (world size 1)")
     assert ddp["max_allocated_bytes"] is None and len(ddp["step_times_s"]) == 1  # CPU, tiny
+    # the SDPA backend torch picks for the case's shapes: CPU's flash kernel here
+    assert ddp["sdpa_backend"] == "FLASH_ATTENTION" and "sac_save_ops" not in ddp
     ga = cases["w1-1b-fsdp-none-ga2-last"]
     assert (ga["training"]["grad_accum"], ga["training"]["grad_sync"]) == (2, "last")
     assert ga["wrapper"] == "fully_shard" and ga["mesh_shape"] == [1]
@@ -221,14 +223,64 @@ def _planner_allocated(rec: dict, profile: str = "h200") -> tuple[int, dict]:
 DENSE = [r for r in _gpu_cases() if not r["model"]["n_experts"] > 1]
 
 
-def _allocated_within_tolerance(rec: dict, profile: str) -> None:
-    """Within 1.4 %, compiled blocks within 2 %, except op-level selective checkpointing,
-    which the planner over-counts by up to 7 % (the 8B runs at 8 and 64 ranks;
-    docs/accuracy.md, GPU section)."""
-    pred, _ = _planner_allocated(rec, profile)
+def _env(folder: Path) -> dict:
+    """The env record of the folder's first run (torch, cuDNN, the GPU's name)."""
+    path = sorted(folder.glob("run*-records.jsonl"))[0]
+    return next(r for r in map(json.loads, path.read_text().splitlines())
+                if r["record"] == "env")
+
+
+def _attention_not_kept(rec: dict, env: dict) -> int:
+    """Bytes per block the planner keeps under selective checkpointing that the run's policy
+    recomputed: the SDPA kernel's output (bf16: 2 * B * T * q_dim) and fp32 logsumexp
+    (4 * B * heads * T), where torch ran cuDNN's kernel (SM 9.x with cuDNN > 9.15:
+    sdp_utils.cpp ``check_prefer_cudnn_attention``; H100 / H200, cuDNN 9.19 here) and the
+    probe's save list lacked its op (records without ``sac_save_ops``: the probe before
+    torchtitan #2095's list was taken over). 0 otherwise."""
+    if rec["candidate"]["checkpointing"] != "selective" or rec["training"]["attention"] != "sdpa":
+        return 0
+    cudnn_op = "aten._scaled_dot_product_cudnn_attention.default"
+    if cudnn_op in rec.get("sac_save_ops", ()):
+        return 0
+    sm9 = any(g in env["nvidia_smi"]["gpus"][0]["name"] for g in ("H100", "H200"))
+    if not (sm9 and env["cudnn"] > 91500):
+        return 0
+    m, t = rec["model"], rec["training"]
+    q_dim = m["n_heads"] * (m["head_dim"] or m["hidden"] // m["n_heads"])
+    b, seq = t["micro_batch"], t["seq"]
+    return 2 * b * seq * q_dim + 4 * b * m["n_heads"] * seq
+
+
+def _planner_for_the_run(rec: dict, profile: str, env: dict) -> tuple[int, dict]:
+    """The planner's peak and moments, less what the run's policy did not keep (above): every
+    block's at forward and loss_bwd, every block but the one in backward (whose recompute
+    makes them) at block_bwd, none after the blocks' backward."""
+    from planner.hardware import load_gpu
+    from planner.memory import Phase as P
+    from probes.gpu_records import row_of
+
+    e = row_of(rec, load_gpu(profile)).est()
+    a, n = _attention_not_kept(rec, env), rec["model"]["n_layers"]
+    ph = {p: e.phases[p].total for p in e.phases}
+    moments = {"forward": ph[P.FORWARD] - n * a,
+               "backward": max(ph[P.LOSS_BWD] - n * a, ph[P.BLOCK_BWD] - (n - 1) * a,
+                               ph[P.BWD_END]),
+               "optimizer": ph[P.OPTIMIZER]}
+    peak = e.peak_allocated_bytes if a == 0 else max(moments.values())
+    return peak, moments
+
+
+def _allocated_within_tolerance(rec: dict, profile: str, folder: Path = RUNS) -> None:
+    """Within 1.4 %, compiled blocks within 2 %; op-level selective checkpointing against
+    what the run's policy kept (``_planner_for_the_run``), peak and moments within 0.5 %."""
+    env = _env(folder)
+    pred, moments = _planner_for_the_run(rec, profile, env)
     err = (pred - rec["max_allocated_bytes"]) / rec["max_allocated_bytes"]
     if rec["candidate"]["checkpointing"] == "selective":
-        assert -0.014 < err < 0.07, err
+        assert abs(err) < 0.005, err
+        for m in ("forward", "backward"):
+            meas = rec["moments"][m]["allocated"]
+            assert abs(moments[m] - meas) / meas < 0.005, (m, moments[m] / GiB, meas / GiB)
     elif rec["training"]["compile"] != "none":
         assert abs(err) < 0.02, err
     else:
@@ -261,7 +313,55 @@ DENSE_H100 = _h100_dense()
 def test_planner_allocated_peak_against_the_h100(rec):
     """The measured max_memory_allocated of every dense case that ran on the H100, with the
     h100-80 profile, within the H200's tolerances."""
-    _allocated_within_tolerance(rec, "h100-80")
+    _allocated_within_tolerance(rec, "h100-80", H100_RUNS)
+
+
+H100_B_RUNS = ROOT / "benchmarks" / "gpu_runs" / "2026-11-26-h100-b"
+
+
+def test_the_selective_gap_is_the_attention_the_runs_recomputed():
+    """Before the run's policy is accounted for, the planner is above every selective record
+    by 1.6-6.8 % (docs/accuracy.md); the records carry no save list (taken before this fix),
+    their GPUs are SM 9.0 with cuDNN 9.19, so each block's SDPA output and logsumexp count."""
+    recs = [(r, folder) for folder in (RUNS, H100_RUNS, H100_B_RUNS) for r in _gpu_cases(folder)
+            if r["candidate"]["checkpointing"] == "selective"]
+    assert len(recs) == 15
+    for rec, folder in recs:
+        assert "sac_save_ops" not in rec
+        assert _attention_not_kept(rec, _env(folder)) > 0, rec["id"]
+        pred, _ = _planner_allocated(rec, "h200" if folder == RUNS else "h100-80")
+        err = (pred - rec["max_allocated_bytes"]) / rec["max_allocated_bytes"]
+        # the 8B step at seq 4096 peaks in the optimizer step, after the blocks' backward
+        assert (-0.002 < err < 0.0) if rec["id"] == "w1-8b-ddp-sel-bf16" else (0.015 < err < 0.07)
+
+
+@pytest.mark.parametrize("path", [
+    H100_RUNS / "memory_snapshot.pickle",
+    ROOT / "tests" / "data" / "gpu" / "memory_snapshot-h200-small-step.pickle"],
+    ids=["h100", "h200"])
+def test_the_snapshots_show_cudnn_attention(path):
+    """Each run's memory snapshot (probes/gpu_cases.py ``snapshot``: the tiny Llama, h 512,
+    8 heads of 64, 2 kv heads, 2 x 512 tokens, autocast bf16) has, in each SDPA call, two
+    8-byte device allocations: cuDNN's philox seed and offset (``at::zeros({1}, kLong)`` on the
+    query's device, attention.cu ``_scaled_dot_product_cudnn_attention_cuda``); flash without
+    dropout makes them host tensors. Beside them the output 2 * 2 * 512 * 512 = 1,048,576 and
+    the fp32 logsumexp 4 * 2 * 8 * 512 = 32,768 bytes. So this torch (2.11, cuDNN 9.19) ran
+    SDPA as cuDNN's op on SM 9.0, the op the probe's old save list lacked."""
+    snap = pickle.loads(path.read_bytes())
+    calls: dict[int, list[int]] = {}
+    call = -1
+    last_core = False
+    for ev in snap["device_traces"][0]:
+        in_core = bool(ev.get("frames")) and ev["frames"][0]["name"] == "core"
+        if in_core and not last_core:
+            call += 1
+        last_core = in_core
+        if in_core and ev["action"] == "alloc":
+            calls.setdefault(call, []).append(ev["size"])
+    assert calls
+    for sizes in calls.values():
+        assert sizes.count(8) == 2, sizes
+        assert 1_048_576 in sizes and 32_768 in sizes, sizes
 
 
 def test_the_two_gpus_allocate_the_same_bytes():
@@ -300,3 +400,65 @@ def test_the_oom_artefacts_are_whole():
     assert "_multi_tensor_adam" in oom and "Tried to allocate 224.00 MiB" in oom
     snap = pickle.loads((data / "memory_snapshot-h200-small-step.pickle").read_bytes())
     assert {"segments", "device_traces"} <= set(snap) and len(snap["segments"]) > 0
+
+
+@pytest.mark.integration
+def test_cpu_run_frontier_parts(tmp_path):
+    """The parts added for float8, activation offloading and the float8 GEMMs run on the CPU:
+    torchao's Float8Linear replaces the blocks' 7 linears per layer (2 tiny layers; the output
+    head stays bf16), the reference has none, the tensorwise + float8 all-gather case runs
+    torchtitan's scale precompute; every GEMM shape gets three timings; offloading, which needs
+    CUDA streams and pinned memory, is refused per case with that reason (the run goes on)."""
+    ids = "f8-1b-fsdp-none-ref,f8-1b-fsdp-none-twag,f8-1b-fsdp-none-rw,off-1b-ddp-none"
+    p = _driver(tmp_path, "--parts", "gemm,float8,offload", "--only", ids)
+    out, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err[-3000:]
+    recs = _records(tmp_path)
+    cases = {r["id"]: r for r in recs if r["record"] == "case"}
+    assert cases["f8-1b-fsdp-none-ref"]["ok"] and cases["f8-1b-fsdp-none-ref"]["float8_linears"] == 0
+    assert cases["f8-1b-fsdp-none-twag"]["float8_linears"] == 2 * 7
+    assert cases["f8-1b-fsdp-none-rw"]["float8_linears"] == 2 * 7
+    assert cases["f8-1b-fsdp-none-twag"]["float8_precompute_scale"] is True
+    assert cases["f8-1b-fsdp-none-rw"]["float8_precompute_scale"] is False
+    assert cases["f8-1b-fsdp-none-twag"]["ok"] and cases["f8-1b-fsdp-none-rw"]["ok"]
+    off = cases["off-1b-ddp-none"]
+    assert not off["ok"] and "needs CUDA" in off["error"]
+    gemms = [r for r in recs if r["record"] == "gemm"]
+    from probes.gpu_cases import gemm_shapes
+
+    assert [g["shape"] for g in gemms] == [s[0] for s in gemm_shapes()]
+    assert all(g.get("error") is None and g["bf16_s"] > 0 and g["fp8_tensorwise_s"] > 0
+               and g["fp8_rowwise_s"] > 0 for g in gemms)
+
+
+FRONTIER_GAPS = {
+    # case id -> why the planner's allocated peak is off by more than the tolerance (measured,
+    # not yet modelled; docs/accuracy.md §6.1)
+    "cf8-1b-fsdp-none-twag": "float8 under compiled blocks saves less than eager (+8.3 %)",
+    "cf8-1b-fsdp-none-rw": "float8 under compiled blocks saves less than eager (+11.0 %)",
+    "cm-1b-ddp-none": "the whole model compiled: inductor's backward peak (+5.3 %)",
+    "cm-1b-ddp-none-ga2": "the whole model compiled: inductor's backward peak (+4.6 %)",
+}
+
+
+def _h100_b_cases() -> list:
+    """Each case of the second H100 lease once (its latest run: run3 re-measured some)."""
+    latest: dict[str, dict] = {}
+    for path in sorted(H100_B_RUNS.glob("run*-records.jsonl")):
+        for r in map(json.loads, path.read_text().splitlines()):
+            if r["record"] == "case" and r["ok"]:
+                latest[r["id"]] = r
+    return [pytest.param(r, id=cid, marks=[pytest.mark.xfail(strict=True,
+                                                             reason=FRONTIER_GAPS[cid])]
+                         if cid in FRONTIER_GAPS else [])
+            for cid, r in sorted(latest.items())]
+
+
+@pytest.mark.parametrize("rec", _h100_b_cases())
+def test_planner_allocated_peak_against_the_second_h100_lease(rec):
+    """float8 (eager: torchao saves the bf16 input and weight, as bf16 does), activation
+    offloading with full checkpointing, accumulation and the bf16 references: the measured
+    max_memory_allocated within the first leases' tolerances; the gaps the lease found are
+    strict xfails with their reason; the selective cases against what their policy kept
+    (``_planner_for_the_run``: the runs' probe recomputed cuDNN's attention)."""
+    _allocated_within_tolerance(rec, "h100-80", H100_B_RUNS)

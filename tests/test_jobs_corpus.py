@@ -244,7 +244,8 @@ CASES: dict[str, dict] = {
                     "lora_qkv_kernel", "lora_o_kernel"], model="qwen3-30b-a3b", n=4),
     "axolotl_gpt-oss_gpt-oss-20b-fft-fsdp2-offload.yaml": dict(
         values={"offload": "params_and_optimizer", "training.fsdp_version": 2,
-                "training.activation_offload": True},  # modelled since issue 26
+                "training.activation_offload": True,  # modelled since issue 26
+                "training.activation_offload_impl": "trl"},
         unmodelled=["kernels hub", "model_quantization_config:",
                     "model_quantization_config_kwargs"], model="qwen3-30b-a3b", n=8),
     "axolotl_llama-3_instruct-dpo-lora-8b.yml": dict(  # LoRA: no reference copy
@@ -418,7 +419,8 @@ CASES: dict[str, dict] = {
         values={"training.seq": 4096, "training.grad_accum": 2,
                 "training.optimizer": "adamw-8bit", "training.fsdp_version": 2,
                 "strategy": "full_shard", "training.loss": "fused",  # CutCrossEntropyPlugin
-                "checkpointing": "full", "training.activation_offload": True},
+                "checkpointing": "full", "training.activation_offload": True,
+                "training.activation_offload_impl": "trl"},
         unmodelled=["Mxfp4Config", "dequantize"],
         model="qwen3-30b-a3b", n=8),
     "axolotl_llama-3_3b-qat-nvfp4.yaml": dict(

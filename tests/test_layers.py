@@ -19,9 +19,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("planner", "probes", "hardware_profiles")
-FRONTENDS = ("planner.__main__", "planner.cli", "planner.cli_options", "planner.trace_cli",
-             "planner.probe_cli", "planner.gate", "planner.gate_cli", "planner.webhook",
-             "planner.slurm", "planner.specfile", "planner.jobs", "planner.report",
+FRONTENDS = ("planner.__main__", "planner.console", "planner.cli", "planner.cli_options",
+             "planner.trace_cli", "planner.probe_cli", "planner.gate", "planner.gate_cli",
+             "planner.webhook", "planner.slurm", "planner.specfile", "planner.jobs", "planner.report",
              "planner.explain_cli", "planner.explain_plot")
 """Modules (and packages: every module under them) that are front ends."""
 

@@ -162,6 +162,7 @@ WORDS: dict[str, str] = {
     "training.teacher_model": "a teacher model (distillation)",
     "training.reward_model": "a reward model",
     "training.activation_offload": "activation offloading to host RAM",
+    "training.activation_offload_impl": "whose activation offloading class",
     "finetune.lora_head": "LoRA on the output head",
     "training.precision": "precision",
     "training.optimizer": "optimizer",

@@ -48,6 +48,7 @@ from planner.spec import (
     InitMode,
     ModelSpec,
     Offload,
+    OffloadImpl,
     Precision,
     Strategy,
     TrainingSpec,
@@ -74,6 +75,9 @@ def activation_plan(model: ModelSpec, training: TrainingSpec, candidate: Candida
         # reference module) has already run on param_dtype logits (traced: no change)
         precision = Precision.FP32 if training.fsdp_dtypes.param == FP32 else Precision.BF16
     autocast = uses_autocast_amp(candidate.strategy) and not ft.lora
+    # TRL's class skips a saved weight whose storage is a parameter's: the module regime's
+    # own weights (not autocast's casts, not FSDP's unsharded copies)
+    trl = training.activation_offload_impl is OffloadImpl.TRL
     # the model's own loss upcasts or not as its transformers release does (loss_dtype.py)
     plan = plan_activations(with_loss_dtype(model, training), batch=training.micro_batch,
                             seq=training.local_seq,
@@ -86,7 +90,9 @@ def activation_plan(model: ModelSpec, training: TrainingSpec, candidate: Candida
                             finetune=ft, tp=candidate.tp,
                             adapter_bytes=adapter_input_bytes(training, candidate),
                             compiled_loss=training.compile.loss_compiled,
-                            offload=training.activation_offload, cp=training.cp)
+                            offload=training.activation_offload, cp=training.cp,
+                            offload_trl=trl, offload_weights=not trl or autocast and
+                            precision.amp or candidate.strategy.is_fsdp)
     if training.cp > 1:
         plan = with_ring(plan, model, training, candidate, precision, autocast)
     if training.ep > 1:
@@ -204,7 +210,8 @@ def working(model: ModelSpec, training: TrainingSpec, candidate: Candidate, degr
                             gpus_per_node=gpus_per_node)
     return autocast_working(model, counts, candidate, training.precision, d, ov, ft,
                             float8_weights=float8.weights_per_block(model)
-                            if float8.enabled(training) else 0)
+                            if float8.enabled(training) else 0,
+                            offloaded_acts=training.activation_offload and ft.full)
 
 
 def load_bytes(training: TrainingSpec, strategy: Strategy | None = None) -> int:

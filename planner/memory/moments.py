@@ -46,12 +46,29 @@ class Activations:
     """Pinned host RAM of one rank for offloaded activations (--activation-offload)."""
     ring_fwd: Any = 0
     """Context parallel: the ring attention's forward peak above its inputs (0 without)."""
+    gpu_per_block: Any = None
+    """What one block holds on the GPU until its backward ends (``kept_per_block``; with
+    activation offloading its tensors too small to offload)."""
+    bwd_blocks: Any = None
+    """What the blocks hold on the GPU when their backward starts (``kept_blocks``; with
+    activation offloading their small tensors: the forward stash is gone by then)."""
+    back: Any = 0
+    """Activation offloading: the tensors brought back and alive at once in a block's
+    backward (ActivationPlan.gpu_back; 0 without)."""
+
+    def __post_init__(self) -> None:
+        if self.gpu_per_block is None:
+            object.__setattr__(self, "gpu_per_block", self.kept_per_block)
+        if self.bwd_blocks is None:
+            object.__setattr__(self, "bwd_blocks", self.kept_blocks)
 
     @classmethod
     def of(cls, plan: ActivationPlan) -> Activations:
         # context parallel: a block's backward transient is the larger of its MLP's and its
         # ring attention's (ActivationPlan.ring_backward; 0 without CP)
         return cls(kept_per_block=plan.block_kept, kept_blocks=plan.gpu_blocks_kept,
+                   gpu_per_block=plan.gpu_block_kept, bwd_blocks=plan.gpu_blocks_bwd,
+                   back=plan.gpu_back,
                    root=plan.gpu_root, root_before=plan.gpu_root_before,
                    host=plan.host_bytes,
                    loss_out=plan.root_saved[-1].nbytes,
@@ -175,7 +192,7 @@ def forward(s: Step) -> Breakdown:
     if not (s.fsdp and s.fsdp_version == 2):
         return at_loss
     # the last block's input (the residual stream) and what the blocks before it kept
-    acts = (s.acts.kept_blocks - s.acts.kept_per_block + s.acts.root_before
+    acts = (s.acts.kept_blocks - s.acts.gpu_per_block + s.acts.root_before
             + s.acts.residual_bytes * s.tokens_x_hidden)
     at_gather = s.base.plus(gathered_params=s.work.fwd_gather, activations=acts,
                             gradients=s.accumulated, comm_buffers=s.work.buckets)
@@ -211,7 +228,7 @@ def _last_block(s: Step) -> Breakdown:
         grads = vec.where(s.grad_shards > 1, s.accumulated + s.work.root_grad_bwd,
                           vec.maximum(s.accumulated, s.work.root_grad_bwd))
     return s.base.plus(gathered_params=s.work.gathered_bwd,
-                       activations=s.acts.kept_blocks + s.acts.root_before,
+                       activations=s.acts.bwd_blocks + s.acts.back + s.acts.root_before,
                        gradients=grads, transients=s.acts.block_bwd + s.acts.recompute
                        + s.acts.kept_logits, comm_buffers=s.work.buckets + s.work.bwd_buffers)
 
@@ -243,10 +260,10 @@ def block_backward(s: Step) -> Breakdown:
     """
     last = _last_block(s)
     g = _block_grad(s)
-    kept = s.acts.kept_per_block
+    kept = s.acts.gpu_per_block
     prev = last.plus(activations=-kept, gradients=g, gathered_params=-s.work.freed_per_block,
                      comm_buffers=s.work.rs_unit)
-    first = last.plus(activations=kept - s.acts.kept_blocks,
+    first = last.plus(activations=kept - s.acts.bwd_blocks,
                       gradients=(vec.maximum(s.train_blocks, 1) - 1) * g,
                       gathered_params=s.work.gathered_bwd_first - s.work.gathered_bwd,
                       comm_buffers=s.work.rs_unit)
@@ -260,7 +277,7 @@ def block_backward(s: Step) -> Breakdown:
                  (vec.ceil_div(s.train_block_params, s.grad_shards) + s.block_grad_pad)
                  * s.grad_bytes) - s.unsynced_block
             prev = last.plus(activations=-kept, gradients=g, comm_buffers=s.work.rs_unit)
-            first = last.plus(activations=kept - s.acts.kept_blocks,
+            first = last.plus(activations=kept - s.acts.bwd_blocks,
                               gradients=(vec.maximum(s.train_blocks, 1) - 1) * g,
                               gathered_params=s.work.gathered_bwd_first - s.work.gathered_bwd,
                               comm_buffers=s.work.rs_unit)
@@ -298,7 +315,7 @@ def block_backward(s: Step) -> Breakdown:
         return largest(subs)[1]
     if s.fsdp:
         for b, lingering in ((last, 0), (first, s.work.lingering_first)):
-            subs.append(b.plus(activations=-s.acts.kept_per_block,
+            subs.append(b.plus(activations=-s.acts.gpu_per_block,
                                transients=s.acts.kept_logits - b.transients,
                                gradients=s.work.unsharded_block_grads,
                                gathered_params=lingering,

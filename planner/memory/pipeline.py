@@ -39,12 +39,18 @@ block's attention (planner/context_parallel.py): one micro-batch's at a time, on
 held micro-batches' saved sets (``Activations.ring_fwd`` in forward, ``block_bwd`` in
 backward).
 
+Under the split-backward schedules (``split_rank_phases``: ZBV and DualPipeV, whose V puts
+the first and the last stage on rank 0, and Interleaved Zero Bubble) a rank's moments are
+walked along its own action list (``pipeline.split_actions``), the backward split into an
+input step and a weight step (docs/model.md §8.7).
+
 Every rank is evaluated; the fullest decides the fit. Scalars only (the report refuses
 ``--pp``).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from planner import pipeline
@@ -220,6 +226,8 @@ def rank_phases(model: ModelSpec, training: TrainingSpec, rank: int, dp: int,
     """The moments of one step on pipeline rank ``rank`` (of ``dp`` data-parallel ranks, each
     stage tensor-parallel over ``tp``; ``acts`` counted for that tp and checkpointing)."""
     p = training.pipeline
+    if p.schedule in pipeline.SPLIT_BACKWARD:
+        return split_rank_phases(model, training, rank, dp, acts, ov)
     n_stages = p.n_stages
     layers = pipeline.stage_layers(model.n_layers, n_stages)
     stages = pipeline.rank_stages(p, rank)
@@ -310,3 +318,217 @@ def fullest_rank(model: ModelSpec, training: TrainingSpec, dp: int, acts: Activa
             best = (peak, rank, phases)
     assert best is not None
     return best[1], best[2]
+
+
+# ---- the split-backward schedules (ZBV, DualPipeV, Interleaved Zero Bubble) -------------
+
+def weight_op_width(names_shapes: Any) -> int:
+    """Output features of the ops that multiply by a weight, summed: a linear's out
+    features, a norm's hidden size (its bias, if any, belongs to the same op)."""
+    return sum(shape[0] for name, shape in names_shapes if name.endswith(".weight"))
+
+
+def split_sizes(model: ModelSpec, training: TrainingSpec, layers: list[int],
+                stages: tuple[int, ...], acts: Activations, c: int, size: dict[int, Any]
+                ) -> dict[int, Any]:
+    """Bytes one micro-batch holds on each stage between its input backward (I) and its
+    weight backward (W) (torch 2.13 ``_backward.stage_backward_input``):
+
+    - the graph is kept (``retain_graph=True``) from each weight-consuming op down: every
+      saved tensor of the stage stays;
+    - the gradient reaching each such op's output is kept for W (the ``intermediate
+      .register_prehook`` hooks fill ``param_group["grads"]``): ``t x c`` per output
+      feature of every linear and norm (``weight_op_width``), the head's ``t x V x c``
+      (the logits' gradient) on the last stage;
+    - what lies above the last such op is freed once the output is detached
+      (``t.detach_()``): on the last stage the loss's saved log-softmax and the logits;
+    - the first stage runs no I at all (``backward_one_chunk``: "Skip the backward for the
+      first stage"; its W is a full backward): it holds what its forward left.
+    """
+    t = training.micro_batch * training.seq
+    last = len(layers) - 1
+    head = [(n, s) for n, s in root_tensors(model) if not n.startswith(INPUT_MODULES)]
+    block = weight_op_width(block_tensors(model))
+    out = {}
+    for s in stages:
+        if s == 0:
+            out[s] = size[s]
+            continue
+        kept = t * c * (layers[s] * block + (weight_op_width(head) if s == last else 0))
+        freed = t * model.vocab * c + acts.loss_out if s == last else 0
+        out[s] = size[s] + kept - freed
+    return out
+
+
+def _stage_groups(model: ModelSpec, layers: list[int], s: int
+                  ) -> list[tuple[str, tuple[int, ...], int]]:
+    """(name, shape, how many) of stage ``s``'s parameters (its blocks, the embedding on the
+    first, the norm and head on the last)."""
+    return rank_groups(model, layers[s], s == 0, s == len(layers) - 1)
+
+
+def split_rank_phases(model: ModelSpec, training: TrainingSpec, rank: int, dp: int,
+                      acts: Activations, ov: Overheads) -> dict[Phase, Breakdown]:
+    """The moments of one step on rank ``rank`` under a split-backward schedule (ZBV,
+    DualPipeV, Interleaved Zero Bubble: ``_split_walk``)."""
+    return _split_walk(model, training, rank, dp, acts, ov)[0]
+
+
+def split_timeline(model: ModelSpec, training: TrainingSpec, rank: int, dp: int,
+                   acts: Activations, ov: Overheads) -> list[tuple[pipeline.Op, Breakdown]]:
+    """What rank ``rank`` holds after each of its actions under a split-backward schedule
+    (after a forward of the last stage: with its loss), as ``_split_walk`` counts it: the
+    referee compares it with a trace action by action."""
+    return _split_walk(model, training, rank, dp, acts, ov)[1]
+
+
+def _split_walk(model: ModelSpec, training: TrainingSpec, rank: int, dp: int,
+                acts: Activations, ov: Overheads
+                ) -> tuple[dict[Phase, Breakdown], list[tuple[pipeline.Op, Breakdown]]]:
+    """The moments of one step on rank ``rank`` under a split-backward schedule, walked along
+    the rank's action list (``pipeline.split_actions``; FSDP2 inside each stage, no TP), and
+    what it holds after each action.
+
+    Held per micro-batch: ``stage_sizes`` from its forward to its input backward,
+    ``split_sizes`` from there to its weight backward; a full backward (B, and the first
+    stage's W) frees it at once. The rank's two stages stay unsharded all step. Their
+    gradients, as FSDP2 keeps them under pipelining (``set_requires_gradient_sync(False)``):
+
+    - a full backward runs FSDP2's post-backward hooks: the stage's gradients accumulate in
+      the reduce dtype (``to_accumulated_grad_if_needed``), the last unit's new one in the
+      param dtype while it is converted;
+    - a weight backward writes ``param.grad`` in the param dtype
+      (``stage_backward_weight``: ``weight.grad = dw``) and runs no hook: it is folded into
+      the reduce-dtype gradient by the stage's next input or full backward (whose hooks run),
+      or by REDUCE_GRAD at the end of the step;
+    - a stage's received input keeps its gradient as ``.grad`` until the next step
+      (``stage_backward_input``: ``inp.grad = dinput``; ``clear_runtime_states``), but for
+      the second stage of the pair on rank pp - 1, whose input gradient is handed to the
+      first stage of the pair as its output gradient (``set_local_bwd_input``).
+
+    P2P buffers as ``rank_phases`` counts them; the V's two adjacent stages on rank pp - 1
+    pass tensors by reference (``set_local_fwd_input``: the lower stage's output becomes the
+    upper one's input buffer), so that output is not counted twice."""
+    p = training.pipeline
+    n_stages, last = p.n_stages, p.n_stages - 1
+    layers = pipeline.stage_layers(model.n_layers, n_stages)
+    stages = pipeline.rank_stages(p, rank)
+    fd = training.fsdp_dtypes
+    d = dtypes(Strategy.FULL_SHARD, training.precision, fd)
+    groups = rank_groups(model, sum(layers[s] for s in stages), 0 in stages, last in stages)
+    local = sum(k * ceil_div(numel(s), dp) for _, s, k in groups)
+    base = Breakdown(params=local * d.param,
+                     optimizer_states=optimizer_state_bytes(model, training.optimizer, d.state,
+                                                            dp, groups),
+                     cublas_workspace=ov.cublas_workspace_bytes)
+    t = training.micro_batch * training.seq
+    boundary = t * model.hidden * d.compute
+    size = stage_sizes(model, training, layers, stages, acts, d.compute)
+    for s in stages:  # the V's pair: the lower stage's output is the upper one's buffer
+        if s + 1 in stages:
+            size[s] -= boundary
+    held_i = split_sizes(model, training, layers, stages, acts, d.compute, size)
+    p2p = sum(p.microbatches * boundary * ((s != 0) + (s != last)) for s in stages)
+    groups_of = {s: _stage_groups(model, layers, s) for s in stages}
+    stage_elems = {s: sum(k * numel(sh) for _, sh, k in groups_of[s]) for s in stages}
+    rs_unit, last_unit = units(model, 0 in stages, last in stages,
+                               sum(layers[s] for s in stages))
+    same = fd.reduce == fd.param  # no conversion: param.grad accumulates in place
+    acc: set[int] = set()  # stages with a reduce-dtype accumulated gradient
+    new: set[int] = set()  # stages with a param-dtype param.grad not yet folded in
+    reduced: set[int] = set()  # stages past their REDUCE_GRAD: sharded and resharded
+    finished: Counter[int] = Counter()  # each stage's W and B actions so far
+    held = 0
+    input_grads = 0
+
+    def moment(activations: Any, transients: Any = 0) -> Breakdown:
+        grads = sum(stage_elems[s] * (fd.reduce * (s in acc) + fd.param * (s in new))
+                    for s in stages if s not in reduced)
+        shards = sum(k * ceil_div(numel(sh), dp) * d.grad for s in reduced
+                     for _, sh, k in groups_of[s])
+        gathered = sum(stage_elems[s] for s in stages if s not in reduced) * fd.param
+        return base.plus(gathered_params=gathered, activations=activations,
+                         gradients=grads + shards, comm_buffers=p2p + input_grads,
+                         transients=transients)
+
+    def reduce_grad(s: int) -> None:
+        """REDUCE_GRAD right after the stage's M-th W or B (``_add_reduce_grad``): each unit's
+        post-backward folds its param.grad in and allocates its reduce-scatter input
+        (``foreach_reduce``); then the stage holds its gradient shard, and RESHARD frees its
+        unsharded parameters before the next action (``_add_unshard_reshard``: a stage no
+        later action uses is evicted)."""
+        unit = units(model, s == 0, s == last, layers[s])[0]
+        ends.append(moment(held, unit * fd.reduce - (unit * fd.param if s in new and not same
+                                                     else 0)))
+        reduced.add(s)
+
+    def fold(s: int) -> None:
+        """FSDP2's post-backward hooks of stage s ran: param.grad goes into the
+        reduce-dtype gradient (in place when the dtypes are the same)."""
+        if s in new and not same:
+            new.discard(s)
+            acc.add(s)
+
+    fwd: list[Breakdown] = []
+    loss: list[Breakdown] = []
+    bwd: list[Breakdown] = []
+    ends: list[Breakdown] = []
+    after: list[tuple[pipeline.Op, Breakdown]] = []
+
+    def _split_backward(op: pipeline.Op, full: bool, held: Any) -> Any:
+        """The moments of one backward action (I, W or B); what is held after it."""
+        nonlocal input_grads
+        s = op.stage
+        if op.kind in ("I", "B") and s == last:
+            loss.append(moment(held, acts.loss_bwd))
+        if op.kind == "B" or full:
+            # a full backward frees each block's saved tensors as it goes: its start
+            bwd.append(moment(held, acts.block_bwd + acts.recompute))
+        if op.kind in ("I", "B") and s != 0 and s - 1 not in stages:
+            input_grads += boundary
+        if op.kind == "I":
+            # an input backward frees nothing and keeps each op's output gradient; its
+            # FSDP2 hooks fold the stage's param.grad in as it goes: its end, with the first
+            # block's backward temporaries
+            held += held_i[s] - size[s]
+            fold(s)
+            bwd.append(moment(held, acts.block_bwd + acts.recompute))
+        elif op.kind == "W" and not full:
+            # dW of one of the stage's units before it is added to param.grad
+            bwd.append(moment(held, units(model, s == 0, s == last, layers[s])[0] * fd.param))
+            held -= held_i[s]
+            new.add(s)
+        else:
+            held -= held_i[s] if op.kind == "W" else size[s]
+            new.add(s)
+            fold(s)
+            bwd.append(moment(held, last_unit * fd.param))
+        return held
+
+    for op in pipeline.split_actions(p, rank):
+        s = op.stage
+        full = op.kind == "B" or op.kind == "W" and s == 0
+        if op.kind == "F":
+            held += size[s]
+            fwd.append(moment(held))
+            if s == last:
+                fwd.append(moment(held, acts.loss_fwd))
+        elif op.kind == "I" and s == 0:
+            pass  # torch skips the first stage's input backward
+        else:
+            held = _split_backward(op, full, held)
+        after.append((op, moment(held)))
+        finished[s] += op.kind in ("W", "B")
+        if finished[s] == p.microbatches:
+            reduce_grad(s)
+    return {
+        Phase.INIT: Breakdown(params=base.params),
+        Phase.FORWARD: largest(fwd)[1],
+        Phase.LOSS_BWD: largest(loss or fwd)[1],
+        Phase.BLOCK_BWD: largest(bwd)[1],
+        Phase.BWD_END: largest(ends)[1],
+        Phase.OPTIMIZER: base.plus(gradients=local * d.grad, comm_buffers=p2p + input_grads,
+                                   optimizer_temporaries=optimizer_temp_bytes(
+                                       max(numel(s) for _, s, _ in groups), local, training,
+                                       d.state, False, dp)),
+    }, after

@@ -138,7 +138,8 @@ def dequantized_linear(model: ModelSpec, ft: FineTune, c: int) -> int:
 
 def autocast_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate,
                      precision: Precision, d: Dtypes, ov: Overheads,
-                     ft: FineTune = FineTune(), float8_weights: int = 0) -> Working:
+                     ft: FineTune = FineTune(), float8_weights: int = 0,
+                     offloaded_acts: bool = False) -> Working:
     """torch.autocast over fp32 params (DDP, one GPU).
 
     autocast caches the bf16 cast of every matmul weight for the autocast region (forward +
@@ -153,6 +154,11 @@ def autocast_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate
     an autocast op on their weight (``matmul_with_hp_or_float8_args`` casts the fp32 weight
     straight to float8 and saves the parameter itself): no cached copy (derived from the
     source; the CPU autocast emulation of the trace does not reach them).
+    ``offloaded_acts`` (activation offloading without checkpointing): the blocks' matmuls
+    hand their cached casts to the offload hooks, which copy them to the host and keep no
+    reference (``OffloadActivations.pack_tensor``), so once the region exits only the head's
+    cast (saved under ``NoOpManager``) is still held; each block's casts come back with its
+    other saved tensors in backward (ActivationPlan.offload_back), not here.
     """
     c = d.compute
     T = trainable(model, ft)
@@ -165,6 +171,9 @@ def autocast_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate
         recompute = block_cast
         first = cache_bwd + recompute
         freed = 0
+    elif cache and offloaded_acts:
+        cache_bwd, recompute, freed = cache - model.n_layers * block_cast, 0, 0
+        first = cache_bwd
     else:
         cache_bwd, recompute = cache, 0
         # without checkpointing each block's casts are freed once its backward ends

@@ -149,9 +149,10 @@ class Setup:
         r = self.request
         training = r.training
         # what the count depends on beyond (mb, seq): the checkpointing, the AMP regime, the
-        # adapters' input copies (strategy family) and the TP degree
+        # adapters' input copies (strategy family), the TP degree and whether the weights are
+        # FSDP's unsharded copies (TRL's activation offloading skips parameters' storages)
         key = (c.checkpointing, uses_autocast_amp(c.strategy), adapter_input_bytes(training, c),
-               c.tp)
+               c.tp, c.strategy.is_fsdp)
         if key not in self._acts:
             scale = r.runtime.overheads.activation_scale
             acts = []

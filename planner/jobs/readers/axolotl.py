@@ -7,7 +7,7 @@ gradient_accumulation_steps (1; or batch_size / micro_batch_size); bf16 (default
 a bf16-capable GPU; axolotl then loads the model in bf16) / fp16 -> amp precision,
 bfloat16/float16 -> pure 16-bit, float32; fp8 -> training.float8; optimizer (default
 adamw_torch_fused); gradient_checkpointing (true -> full; offload/offload_disk not modelled),
-activation_offloading true -> training.activation_offload (legacy / disk: not modelled);
+activation_offloading true -> training.activation_offload, impl trl (legacy / disk: not modelled);
 flash_attention / sdp_attention / flex_attention / sage_attention / attn_implementation ->
 attention; torch_compile;
 liger_fused_linear_cross_entropy / cut_cross_entropy -> fused loss, chunked_cross_entropy
@@ -172,9 +172,11 @@ def checkpointing(r: Reader, doc: dict) -> None:
         r.set("training.activation_offload", Vocab(ao.lower()), "activation_offloading")
     elif ao not in (None, False, "false"):
         # true: TRL's OffloadActivations around the training step (axolotl's
-        # ActivationOffloadingMixin), the class torchtune's recipes use
-        r.set("training.activation_offload", r.boolean(ao, "activation_offloading"),
-              "activation_offloading")
+        # ActivationOffloadingMixin): TRL's copy of torchtune's class
+        on = r.boolean(ao, "activation_offloading")
+        r.set("training.activation_offload", on, "activation_offloading")
+        if on:
+            r.set("training.activation_offload_impl", "trl", "activation_offloading")
 
 
 def attention(r: Reader, doc: dict) -> None:

@@ -10,7 +10,9 @@ local_batch_size -> micro-batch, global_batch_size (-1: local x DP) -> the accum
 seq_len; data_parallel_shard_degree (-1 or > 1) -> FSDP2 full_shard, with replicate > 1 ->
 hybrid_shard, shard 1 and replicate > 1 -> ddp; fsdp_reshard_after_forward "never" ->
 shard_grad_op; tensor/pipeline/context/expert degrees > 1 -> parallel.* (pipeline: the
-schedule, and local_batch_size // pipeline_parallel_microbatch_size micro-batches);
+schedule, the split-backward ones (ZBVZeroBubble, DualPipeV, InterleavedZeroBubble) not
+beside activation checkpointing, and local_batch_size // pipeline_parallel_microbatch_size
+micro-batches);
 [activation_checkpoint] mode none/selective/full (+ selective_ac_option: 'op' selective,
 1 = full, k > 1 full on every
 k-th block: not modelled; 0.3: SelectiveAC (per-op) / FullAC / MemoryBudgetAC); enable_cpu_offload
@@ -88,6 +90,7 @@ def read(r: Reader) -> None:
                f"{r.name}: allocator expandable: torchtitan's run_train.sh sets "
                "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
     checkpointing(r, r.mapping(doc.get("activation_checkpoint"), "[activation_checkpoint]"))
+    split_schedule_with_checkpointing(r)
     precision_and_offload(r, doc)
     compile_mode(r, doc, training)
     optimizer(r, r.mapping(doc.get("optimizer"), "[optimizer]"))
@@ -237,6 +240,33 @@ def pipeline(r: Reader, sec: dict, where: str, reshard: Any) -> None:
             reshard, f"FSDP resharded after forward under pipeline parallel ({where} "
             "fsdp_reshard_after_forward always) is not modelled yet"),
               f"[{where}] fsdp_reshard_after_forward")
+
+
+def split_schedule_with_checkpointing(r: Reader) -> None:
+    """ZBVZeroBubble, DualPipeV and InterleavedZeroBubble are modelled without activation
+    checkpointing only (``planner.request.split_schedule_problem``: torch 2.13 refuses
+    op-level selective checkpointing in their split backward and recomputes a block once per
+    parameter group under full): beside any checkpointing the schedule is a NOT MODELLED
+    line."""
+    from planner.fields import parse_pp_schedule
+    from planner.jobs.record import Unmodelled
+    from planner.pipeline import SPLIT_BACKWARD
+
+    schedule, mode = r.raw.get("parallel.pp_schedule"), r.raw.get("checkpointing")
+    if not isinstance(schedule, Vocab) or mode in (None, "none"):
+        return
+    try:
+        modelled = parse_pp_schedule(schedule.value)
+    except ValueError:
+        return  # refused by name on its own
+    if modelled in SPLIT_BACKWARD:
+        key = r.sources["parallel.pp_schedule"].key
+        mode = mode.value if isinstance(mode, Vocab) else mode
+        r.replace("parallel.pp_schedule", Unmodelled(
+            schedule.value, f"pipeline_parallel_schedule {schedule.value} with {mode} "
+            "activation checkpointing is not modelled (its split backward: torch 2.13 "
+            "refuses op-level selective checkpointing and recomputes a block once per "
+            "parameter group under full)"), key)
 
 
 def checkpointing(r: Reader, ac: dict) -> None:

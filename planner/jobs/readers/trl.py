@@ -77,7 +77,9 @@ def read(r: Reader) -> None:
     if r.boolean(doc.get("use_flash_attention_2"), "use_flash_attention_2"):
         r.set("training.attention", "sdpa", "use_flash_attention_2")
     if r.boolean(doc.get("activation_offloading"), "activation_offloading"):
+        # TRL's own copy of OffloadActivations (trl/models/activation_offloading.py)
         r.set("training.activation_offload", True, "activation_offloading")
+        r.set("training.activation_offload_impl", "trl", "activation_offloading")
     if r.boolean(doc.get("use_liger"), "use_liger") or r.boolean(doc.get("use_liger_loss"),
                                                                   "use_liger_loss"):
         r.set("training.loss", "fused", "use_liger" if "use_liger" in doc else "use_liger_loss")
