@@ -93,9 +93,11 @@ def state_bytes(groups: Any, training: TrainingSpec, n: Any) -> Any:
     - 1-bit LAMB: ``exp_avg_flat`` replaces the moments' storage by one padded flat copy
       (l. 275-284), so its momentum holds the padding too.
 
-    The errors are made at the first step and kept (the first step's "Pop out errors"
-    frees only the last tensor's: ``state`` is the loop's last), so they are there at every
-    step, warm-up included."""
+    The first step (the initialization step; ``FP16_Optimizer`` runs it at
+    ``deepspeed.initialize``) makes them and then frees only the loop's last tensor's
+    ("Pop out errors": ``state`` is the last one), which the first compressed step makes
+    again: from the end of the warm-up every tensor holds them (under ``FP16_Optimizer``'s
+    one flat tensor, none does during the warm-up; measured, tests/data/onebit_cpu.json)."""
     elems = compressed_elems(groups, training, n)
     errors = FP32 * (elems + elems // n)
     if training.optimizer is OptimizerKind.ONEBIT_LAMB:
@@ -105,24 +107,28 @@ def state_bytes(groups: Any, training: TrainingSpec, n: Any) -> Any:
 
 
 def temp_bytes(groups: Any, training: TrainingSpec, n: Any) -> Any:
-    """The step's temporaries, *assumed* from reading the source (no CUDA run): inside
+    """The step's temporaries at a communicating step, from the source and measured on the CPU
+    referee (probes/onebit_cpu.py, tests/data/onebit_cpu.json: to within 400 B). Inside
     ``compressed_allreduce`` the new worker error is made as ``buffer_m - worker_scale *
     sign(buffer_m)...float()``: two fp32 tensors of the padded size alive at once (the scaled
     signs and the difference) before ``set_`` frees the old error; a tensor not already
     padded is first concatenated with its padding (``torch.cat``: one more fp32 copy). The
     Adam update (``exp_avg / (exp_avg_sq.sqrt() + eps)``) holds two fp32 tensors of the
-    unpadded size, no more than the former. 1-bit LAMB also clones every momentum at each
+    unpadded size, no more than the former. 0/1 Adam computes its ``update`` (fp32, the
+    tensor's size) before the compressed all-reduce of its accumulated momentum and holds it
+    through it (``zoadam.py`` l. 240-255). 1-bit LAMB clones every momentum at each
     compressed step (``exp_avg_last_step``, fp32, the tensors' size) and keeps them through
-    its update."""
+    its update. The sign bits (uint8, cupy's pool on a GPU) are left out: M/8 and less."""
     m = largest_compressed(groups, training, n)
     temps = 2 * FP32 * m
-    if training.optimizer is OptimizerKind.ONEBIT_LAMB:
-        raw = sum(k * _numel(s) for _, s, k in groups)
-        return temps + FP32 * raw  # exp_avg_flat is already padded: no cat
     if flat(training):
         raw = sum(k * _numel(s) for _, s, k in groups)
     else:
         raw = max((_numel(s) for _, s, _ in groups), default=0)
+    if training.optimizer is OptimizerKind.ONEBIT_LAMB:
+        return temps + FP32 * raw  # exp_avg_flat is already padded: no cat
+    if training.optimizer is OptimizerKind.ZERO_ONE_ADAM:
+        temps = temps + FP32 * raw
     return temps + vec.where(m != raw, FP32 * m, 0)
 
 
@@ -167,5 +173,6 @@ def notice(training: TrainingSpec) -> str:
     return (f"{o.value}: DeepSpeed's stage-0 engine planned as torch DDP; step time after "
             f"{warm}: the momentum's compressed all-reduce (1 sign bit per element, all-to-all "
             "then all-gather, and a scale per rank) in the optimizer step, not overlapped, "
-            "*assumed* (no GPU run); its error buffers and step temporaries from DeepSpeed "
-            "v0.19.6's source (DeepSpeed 0.19.7 removed these optimizers: PR #8490)")
+            "*assumed* (no GPU run); its error buffers and step temporaries as DeepSpeed "
+            "v0.19.6 holds them, measured on its CPU accelerator (DeepSpeed 0.19.7 removed "
+            "these optimizers: PR #8490)")

@@ -233,3 +233,109 @@ def test_reader_refuses_zero_by_name(tmp_path, kind, who):
         _read(tmp_path, kind, stage=2)
     assert "optimizer.type" in str(e.value) and f"{who} is not compatible with ZeRO" in \
         str(e.value)
+
+
+def test_zero_one_adam_holds_its_update_through_the_all_reduce():
+    # zoadam.py: update (fp32, the flat's 115,008) is alive through the compressed all-reduce
+    # of the momentum: 12 x 115,056 + 4 x 115,008 = 1,380,672 + 460,032 at N = 3
+    assert onebit.temp_bytes(groups(), t(ZOADAM), 3) == 1_840_704
+
+
+# ---- the CPU referee: DeepSpeed v0.19.6's own optimizers (probes/onebit_cpu.py) --------------
+
+REFEREE = __import__("pathlib").Path(__file__).parent / "data" / "onebit_cpu.json"
+RECORDS = json.loads(REFEREE.read_text())
+KINDS = {"OneBitAdam": ADAM, "ZeroOneAdam": ZOADAM, "OneBitLamb": LAMB}
+
+
+def _case(name):
+    rec = RECORDS[name]
+    tr = t(KINDS[rec["config"]["optimizer"]["type"]],
+           Precision.BF16_AMP if "bf16" in rec["config"] else Precision.FP32)
+    return rec, tr, rec["world"]
+
+
+def _steady(rec, skip_first=False):
+    """The steps from the first compressed one after the warm-up (freeze_step /
+    var_freeze_step 2; in fp32 the engine's first step is the optimizer's initialization
+    step, which compresses too), and the allocations in them; ``skip_first``: after it (the
+    first compressed step makes again the errors the initialization step dropped)."""
+    first = next(i for i, s in enumerate(rec["steps"]) if i and "all_to_all_single" in s)
+    first += 1 if skip_first else 0
+    return rec["steps"][first:], rec["step_allocations"][first:]
+
+
+@pytest.mark.parametrize("name", sorted(RECORDS))
+def test_state_is_the_referees_to_the_byte(name):
+    rec, tr, n = _case(name)
+    st = rec["state"]
+    if tr.optimizer is LAMB:
+        # exp_avg is a view into the padded exp_avg_flat: count the flat, not the views
+        held = (rec["exp_avg_flat"] + st["exp_avg_sq"] + st["exp_avg_sq_fresh"]
+                + rec["worker_errors"] + rec["server_errors"])
+    else:
+        held = sum(v for k, v in st.items() if not k.endswith("_dtype"))
+        assert {v for k, v in st.items() if k.endswith("_dtype")} == {"torch.float32"}
+    moments = {ADAM: 2, ZOADAM: 3, LAMB: 3}[tr.optimizer]
+    assert held == moments * 4 * PSI + onebit.state_bytes(groups(), tr, n), name
+
+
+@pytest.mark.parametrize("name", sorted(RECORDS))
+def test_wrapper_and_tensors_compressed(name):
+    rec, tr, _ = _case(name)
+    # bf16 at stage 0: FP16_Optimizer's one flat master for 1-bit Adam and 0/1 Adam,
+    # FP16_UnfusedOptimizer for 1-bit LAMB; fp32: the optimizer on the parameters
+    assert rec["wrapper"] == ("FP16_UnfusedOptimizer" if tr.optimizer is LAMB else
+                              "FP16_Optimizer" if tr.precision is Precision.BF16_AMP
+                              else "OnebitAdam")
+    calls = onebit.compressed_calls(groups(), tr)
+    for s in _steady(rec)[0]:
+        if "all_to_all_single" in s:
+            assert s["all_to_all_single_calls"] == calls
+
+
+@pytest.mark.parametrize("name", sorted(RECORDS))
+def test_compressed_bytes_are_the_referees(name):
+    rec, tr, n = _case(name)
+    m = onebit.compressed_elems(groups(), tr, n)
+    calls = onebit.compressed_calls(groups(), tr)
+    steps, _ = _steady(rec)
+    talking = [s for s in steps if "all_to_all_single" in s]
+    # phase 1: the packed signs, M/8 B handed to the all-to-all; the scale and phase 2's
+    # server chunk of signs (M/8N) and scale to the all-gathers: (M/8N + 8) per call
+    for s in talking:
+        assert s["all_to_all_single"] == m // 8
+        assert s["all_gather"] == m // (8 * n) + 8 * calls
+        # no gradient all-reduce after the warm-up: the 1-byte (bf16) or 4-byte (fp32)
+        # overflow / grad-norm flag only
+        assert s["all_reduce"] <= 4
+    # the warm-up's first step all-reduces the bf16 (2 B) or fp32 (4 B) gradients
+    assert rec["steps"][0]["all_reduce"] >= (2 if "bf16" in rec["config"] else 4) * PSI
+    # the fraction of steady steps that communicate: 1, or 1 / local_step_clipper
+    clip = rec["config"]["optimizer"]["params"].get("local_step_clipper")
+    tr = dataclasses.replace(tr, deepspeed=DeepSpeedConfig(local_step_clipper=clip or 16))
+    assert len(talking) / len(steps) == onebit.step_fraction(tr)
+
+
+@pytest.mark.parametrize("name", sorted(RECORDS))
+def test_step_temporaries_are_the_referees(name):
+    rec, tr, n = _case(name)
+    steps, allocs = _steady(rec, skip_first=True)
+    # the most alive above the step's entry at a communicating step; what is left over is
+    # scalars (the norms, the scales): within 400 B
+    peak = max(a["peak"] for s, a in zip(steps, allocs) if "all_to_all_single" in s)
+    assert 0 <= peak - onebit.temp_bytes(groups(), tr, n) <= 400, (peak, name)
+    assert all(a["net"] == 0 for a in allocs)  # nothing made in a steady step stays
+
+
+@pytest.mark.integration
+def test_referee_live_one_case():
+    ds = pytest.importorskip("deepspeed")
+    if ds.__version__ != "0.19.6":
+        pytest.skip(f"needs deepspeed 0.19.6 (0.19.7 removed the 1-bit optimizers), got "
+                    f"{ds.__version__}")
+    from probes.onebit_cpu import run_case
+
+    rec = run_case("adam-w3")
+    assert rec["state"] == RECORDS["adam-w3"]["state"]
+    assert rec["steps"] == RECORDS["adam-w3"]["steps"]

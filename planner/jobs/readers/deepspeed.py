@@ -13,7 +13,8 @@ DeepSpeed reads them) go to deepspeed.<key> (the stage3_ spelling);
 bf16.bf16_master_weights_and_grads, bf16.bf16_optimizer_states and
 data_types.grad_accum_dtype -> deepspeed.<key>; an optimizer block -> deepspeed.fused_adam
 (DeepSpeed's FusedAdam; with params.torch_adam, torch's AdamW), none -> the client's
-optimizer. Every other key is what the
+optimizer; OneBitAdam, ZeroOneAdam, OneBitLamb -> the 1-bit optimizers (planner/onebit.py;
+stage 0 only, as DeepSpeed asserts). Every other key is what the
 table says: not modelled (a line unless at its default), irrelevant, or unknown (DeepSpeed
 ignores unknown top-level keys: a warning).
 """
