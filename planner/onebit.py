@@ -23,14 +23,13 @@ from planner import vec
 from planner.spec import OptimizerKind, Precision, TrainingSpec
 
 FP32 = 4
-ONEBIT = (OptimizerKind.ONEBIT_ADAM, OptimizerKind.ZERO_ONE_ADAM, OptimizerKind.ONEBIT_LAMB)
 ENGINE_NAMES = {OptimizerKind.ONEBIT_ADAM: "1bit-Adam", OptimizerKind.ZERO_ONE_ADAM: "0/1 Adam",
                 OptimizerKind.ONEBIT_LAMB: "1bit-Lamb"}
 """The names DeepSpeed's assertions give them (``engine.py`` ``_configure_basic_optimizer``)."""
 
 
 def enabled(training: TrainingSpec) -> bool:
-    return training.optimizer in ONEBIT
+    return training.optimizer.onebit
 
 
 def unit(n: Any) -> Any:

@@ -40,7 +40,7 @@ from planner.spec import (
     TracedModel,
     TrainingSpec,
 )
-from planner import onebit, pipeline
+from planner import pipeline
 from planner.candidates import tp_problem
 from planner.context_parallel import CP_STRATEGIES, cp_problem
 from planner.expert_parallel import EP_STRATEGIES, ep_problem
@@ -704,7 +704,7 @@ def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
     problem = deepspeed_problem(training, offload, naming.name)
     if problem:
         raise naming.fail(*problem)
-    if onebit.enabled(training):
+    if training.optimizer.onebit:
         problem = onebit_problem(training, v["strategy"], offload, tp, naming.name)
         if problem:
             raise naming.fail(*problem)
@@ -733,7 +733,9 @@ def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
         warnings.append(Notice(f"model shape assumed from {naming.name('model.params')}; give "
                                f"{naming.name('model.preset')} or a shape for an exact "
                                "estimate", Kind.SHAPE_ASSUMED))
-    if onebit.enabled(training):
+    if training.optimizer.onebit:
+        from planner import onebit
+
         warnings.append(Notice(onebit.notice(training), Kind.ONEBIT))
     if training.float8.value != "none":
         rate = ("measured on one H100" if cluster.gpu.fp8_matmul_speedup else

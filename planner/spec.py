@@ -146,6 +146,12 @@ class OptimizerKind(enum.StrEnum):
     ZERO_ONE_ADAM = "zero-one-adam"
     ONEBIT_LAMB = "onebit-lamb"
 
+    @property
+    def onebit(self) -> bool:
+        """DeepSpeed's 1-bit optimizers (planner/onebit.py, imported only for them)."""
+        return self in (OptimizerKind.ONEBIT_ADAM, OptimizerKind.ZERO_ONE_ADAM,
+                        OptimizerKind.ONEBIT_LAMB)
+
 
 class OptimizerImpl(enum.StrEnum):
     FOREACH = "foreach"  # torch default on CUDA: multi-tensor kernels, grouped temporaries

@@ -964,10 +964,9 @@ def step_inputs_at(model: ModelSpec, training: TrainingSpec, candidate: Candidat
 def onebit_inputs(model: ModelSpec, training: TrainingSpec, n: Any) -> dict[str, Any]:
     """StepInputs fields of DeepSpeed's 1-bit optimizers (empty without one):
     planner/onebit.py ``step_inputs``, over the trainable tensors and the GPUs."""
-    from planner import onebit
-
-    if not onebit.enabled(training):
+    if not training.optimizer.onebit:
         return {}
+    from planner import onebit
     from planner.params import trainable
 
     return onebit.step_inputs(trainable(model, training.finetune).groups, training, n)

@@ -20,7 +20,7 @@ from planner.expert_parallel import (
     ep_sac_kept,
     ep_saved,
 )
-from planner import float8, onebit, vec
+from planner import float8, vec
 from planner.error_bands import DEFAULT_MARGIN, is_finetune, risk_band
 from planner.memory.breakdown import PHASES, Breakdown, Estimate, Overheads, Phase, pick
 from planner.memory.compiled_model import graph_gradients, table_backward
@@ -304,7 +304,9 @@ def step_for(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, 
     d = dtypes(strategy, training.precision, training.fsdp_dtypes)
     sh = shards(strategy, degree, tp)
     states = resident(model, training, counts, candidate, d, sh)
-    if onebit.enabled(training):  # DeepSpeed's 1-bit optimizers (planner/onebit.py)
+    if training.optimizer.onebit:  # DeepSpeed's 1-bit optimizers (planner/onebit.py)
+        from planner import onebit
+
         groups = trainable(model, training.finetune).groups
         states = dataclasses.replace(
             states, optimizer_states=states.optimizer_states

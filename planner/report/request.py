@@ -218,10 +218,6 @@ def field_values(values: Mapping[str, Any] | None, keywords: Mapping[str, Any]
     return out
 
 
-ONEBIT = ("onebit-adam", "zero-one-adam", "onebit-lamb")
-"""DeepSpeed's 1-bit optimizers (planner/onebit.py), planned without tensor parallel."""
-
-
 def refuse_cp(values: Mapping[str, Any]) -> None:
     """The sweep evaluates one sequence length per GPU count with every sequence whole on a
     GPU (its token counts, its grid of GPU counts): context parallel is not represented, so
@@ -318,13 +314,13 @@ def build_request(*, models: str | Iterable[str], gpus: str | Iterable[str],
             r = plan_request({**values, key: name, "hardware.gpu": g, "hardware.n": 1,
                               "training.seq": seqs_t[0], "training.micro_batch": mbs_t[0],
                               "parallel.tp": "auto"}, NAMING)
-            if r.training.optimizer.value in ONEBIT and tp not in ("auto", 1):
+            if r.training.optimizer.onebit and tp not in ("auto", 1):
                 raise NAMING.fail("parallel.tp", f"NOT MODELLED with "
                                   f"{NAMING.name('training.optimizer')} "
                                   f"{r.training.optimizer} (DeepSpeed's 1-bit optimizers are "
                                   "planned on data parallel alone)")
             # DeepSpeed's 1-bit optimizers: data parallel alone (planner.request.onebit_problem)
-            row.append(r.with_options(tp=1 if r.training.optimizer.value in ONEBIT else
+            row.append(r.with_options(tp=1 if r.training.optimizer.onebit else
                                       None if tp == "auto" else tp,
                                       **({"offloads": offloads} if offloads else {})))
         plans.append(tuple(row))
