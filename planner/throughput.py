@@ -673,17 +673,31 @@ def step_core(x: StepInputs) -> StepEstimate:
 
 def onebit_s(x: StepInputs, m: Any, bw: Any, hop: Any) -> Any:
     """The compressed all-reduce of DeepSpeed's 1-bit optimizers per step, averaged over the
-    steps (``NcclBackend.compressed_allreduce``, deepspeed/runtime/comm/nccl.py, v0.19.6),
-    for M padded elements over m ranks: phase 1 all-to-alls the packed signs (M/8 bytes,
-    (m-1)/m of them leave each rank) and all-gathers one fp32 scale per rank; phase 2
-    all-gathers each rank's server chunk of signs (M/8m bytes: (m-1)/m of M/8 arrive) and
-    its scale. 2 (m-1)/m M/8 + 8 (m-1) bytes per rank, a sixteenth of a 16-bit ring
-    all-reduce's 2 (m-1)/m 2M; the all-to-all one hop of latency (*assumed*: NCCL sends to
-    every peer at once), each all-gather m-1. Runs inside the optimizer step, after
-    backward: not overlapped."""
+    steps (``NcclBackend.compressed_allreduce``, deepspeed/runtime/comm/nccl.py, v0.19.6;
+    the bytes per call measured by probes/onebit_cpu.py), for M padded elements over m ranks:
+
+    - phase 1 all-to-alls the packed signs, M/8 bytes, a chunk of M/8m to each rank. An
+      all-to-all is not a ring: across nodes each GPU's own NIC carries the chunks for the
+      ranks of other nodes, (m - L)/m of M/8 (L the ranks per node), while the (L - 1)/m
+      for its node go over NVLink, at once (the slower of the two, *assumed*); inside a
+      node (m-1)/m of M/8 over NVLink. One hop of latency (*assumed*: NCCL sends to every
+      peer at once).
+    - an all-gather of one fp32 scale per rank, phase 2's all-gather of each rank's server
+      chunk of signs (M/8m bytes: (m-1)/m of M/8 arrive) and of its scale: rings, as
+      ``step_core``'s (2 (m-1) scales of 4 B), m-1 hops each.
+
+    Inside a node that is 2 (m-1)/m M/8 + 8 (m-1) bytes per rank, a sixteenth of a 16-bit ring
+    all-reduce's 2 (m-1)/m 2M. It runs inside the optimizer step, after backward: not
+    overlapped."""
     ring = (m - 1.0) / m
-    per_call = ring * x.ob_elems / 4.0 + x.ob_calls * 8.0 * (m - 1.0)
-    t = per_call / bw + x.ob_calls * (1.0 + 3.0 * (m - 1.0)) * hop
+    signs = x.ob_elems / 8.0
+    local = vec.minimum(m, x.gpn)
+    t_a2a = vec.where(m > x.gpn,
+                      vec.maximum(signs * (m - local) / m / x.bw_inter,
+                                  signs * (local - 1.0) / m / x.bw_intra),
+                      ring * signs / x.bw_intra)
+    t_ag = (ring * signs + x.ob_calls * 8.0 * (m - 1.0)) / bw
+    t = t_a2a + t_ag + x.ob_calls * (1.0 + 3.0 * (m - 1.0)) * hop
     return vec.where(x.ob_elems > 0, x.ob_every * t, 0.0)
 
 

@@ -129,13 +129,25 @@ LLAMA_P = 8_030_261_248  # tests/test_zeropp.py: its matrices and norms
 def test_compressed_volume_by_hand():
     # 16 GPUs, 8 per node: network-bound, each GPU's NIC carries 1/8 of its ring traffic.
     # DDP (autocast, fp32 grads): 2 x 15/16 x 4P. 1-bit Adam: the flat padded to 256
-    # (8,030,261,248 = 31,368,208 x 256, none), phase 1 and 2 each 15/16 x P/8 bytes, plus
-    # 2 x 15 fp32 scales: 15/16 x P/4 + 120
+    # (8,030,261,248 = 31,368,208 x 256, none); phase 1's all-to-all sends P/8 bytes in 16
+    # chunks, the 8 for the other node over the GPU's own NIC: 8/16 x P/8 (its NVLink part
+    # free here); phase 2's ring all-gather 15/16 x P/8 and the 2 x 15 fp32 scales over the
+    # ring's 8 NICs
     base, bw, _ = _network_only(OptimizerKind.ADAMW)
     assert float(base.comm_s) == pytest.approx(2 * 15 / 16 * 4 * LLAMA_P / 8 / bw, rel=1e-12)
     ob, _, x = _network_only(ADAM)
     assert x.ob_elems == LLAMA_P and x.ob_calls == 1 and x.ob_every == 1
-    assert float(ob.comm_s) == pytest.approx((15 / 16 * LLAMA_P / 4 + 120) / 8 / bw, rel=1e-12)
+    assert float(ob.comm_s) == pytest.approx(
+        8 / 16 * LLAMA_P / 8 / bw + (15 / 16 * LLAMA_P / 8 + 120) / 8 / bw, rel=1e-12)
+    # inside one node: 2 x 7/8 x P/8 + 2 x 7 x 4 B over NVLink, none over the network
+    one, _, _ = _network_only(ADAM, n=8)
+    assert float(one.comm_s) < 1e-18  # bw_intra is 1e30 in _network_only
+    llama = get_preset("llama3-8b")
+    c = Candidate(strategy=Strategy.DDP, checkpointing=Checkpointing.FULL)
+    x8 = step_inputs(llama, t(ADAM), cluster(8), c)
+    x8 = dataclasses.replace(x8, lat_intra=0.0, lat_inter=0.0)
+    assert float(step_core(x8).comm_s) == pytest.approx(
+        (2 * 7 / 8 * LLAMA_P / 8 + 56) / x8.bw_intra, rel=1e-12)
     # not overlapped: all of it exposed
     assert float(ob.exposed_comm_s) == pytest.approx(float(ob.comm_s), rel=1e-12)
     # 0/1 Adam: one compressed all-reduce every local_step_clipper steps (default 16)
