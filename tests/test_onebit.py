@@ -351,3 +351,16 @@ def test_referee_live_one_case():
     rec = run_case("adam-w3")
     assert rec["state"] == RECORDS["adam-w3"]["state"]
     assert rec["steps"] == RECORDS["adam-w3"]["steps"]
+
+
+@pytest.mark.parametrize("opt,precision", [(ADAM, Precision.BF16_AMP), (ZOADAM, Precision.FP32),
+                                           (LAMB, Precision.BF16_AMP)])
+def test_numpy_gpu_counts_equal_the_scalar_ones(opt, precision):
+    # the report's sweep evaluates the same functions over arrays of GPU counts
+    np = pytest.importorskip("numpy")
+    ns = [1, 2, 3, 7, 8, 12, 16, 48, 1000]
+    arr = np.array(ns)
+    tr = t(opt, precision)
+    for f in (onebit.state_bytes, onebit.temp_bytes, onebit.compressed_elems):
+        got = f(groups(), tr, arr)
+        assert list(np.broadcast_to(got, arr.shape)) == [f(groups(), tr, n) for n in ns], f
