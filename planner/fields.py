@@ -360,7 +360,10 @@ FIELDS: tuple[Field, ...] = (
           choices=_names(Precision), default=_train_default("precision"),
           help="-amp keeps fp32 master weights; bf16 is pure bf16 params, grads and state."),
     Field(path="training.optimizer", flag="--optimizer", check=_choice(OptimizerKind),
-          choices=_names(OptimizerKind), default=_train_default("optimizer")),
+          choices=_names(OptimizerKind), default=_train_default("optimizer"),
+          help="onebit-adam, zero-one-adam, onebit-lamb: DeepSpeed's 1-bit optimizers "
+          "(DeepSpeed <= 0.19.6; --strategy ddp only, DeepSpeed's stage-0 engine: their error "
+          "buffers and the compressed all-reduce after the warm-up)."),
     Field(path="training.optimizer_impl", flag="--optimizer-impl", check=_choice(OptimizerImpl),
           choices=_names(OptimizerImpl), default=_train_default("optimizer_impl"),
           help="Step temporaries: foreach one state-sized copy, fused none, for-loop the "
@@ -610,6 +613,10 @@ FIELDS: tuple[Field, ...] = (
           check=_ds_bool, is_flag=True,
           help="bf16.bf16_optimizer_states: the optimizer's moments in bf16 too (needs "
           "--ds-bf16-master-weights-and-grads)."),
+    Field(path="deepspeed.local_step_clipper", flag="--ds-local-step-clipper",
+          check=_count(1 << 20), metavar="N", shown_default="16",
+          help="--optimizer zero-one-adam: 0/1 Adam's local_step_clipper, the most steps "
+          "between two all-reduces after var_freeze_step (the step time is their average)."),
     # ---- hardware ----------------------------------------------------------------------
     Field(path="hardware.gpu", flag="--gpu", metavar="NAME|PATH", check=validate.text, files=True,
           help="GPU profile id (see --list-gpus) or a path to a TOML profile."),

@@ -24,6 +24,8 @@ class Kind(StrEnum):
     """A sharding strategy on one GPU, estimated as plain training."""
     FLOAT8 = "float8"
     """--float8: how far the float8 step time is from published runs."""
+    ONEBIT = "onebit"
+    """DeepSpeed's 1-bit optimizers: the engine planned as DDP, the step after the warm-up."""
 
 
 class Notice(str):

@@ -397,9 +397,11 @@ def why_never(q) -> str:
     unsharded = [s for s in q.options.strategies if s in (Strategy.DDP, Strategy.NO_SHARD)]
     if len(unsharded) == len(q.options.strategies):
         verb = "keeps" if len(unsharded) == 1 else "keep"
+        hint = ("DeepSpeed's 1-bit optimizers run without ZeRO: try another optimizer with "
+                "a sharded strategy" if q.training.optimizer.onebit
+                else "try a sharded strategy")
         return (f"{' and '.join(map(str, unsharded))} {verb} every parameter, gradient and "
-                "optimizer state on every GPU, so more GPUs do not shrink them (try a sharded "
-                "strategy)")
+                f"optimizer state on every GPU, so more GPUs do not shrink them ({hint})")
     return ("per-GPU activations or working set alone exceed capacity, or the high end of "
             "their interval does (try a shorter --seq or --micro-batch, or checkpointing)")
 

@@ -391,6 +391,37 @@ def deepspeed_problem(training: TrainingSpec, offload: Any,
     return None
 
 
+def onebit_problem(training: TrainingSpec, strategies: Any, offload: Any, tp: Any,
+                   name: Any = str) -> tuple[str, str] | None:
+    """(field, why) DeepSpeed would not run a 1-bit optimizer here (None: it would). They are
+    DeepSpeed's own, on its stage-0 engine: ``engine.py`` ``_configure_basic_optimizer``
+    asserts "1bit-Adam is not compatible with ZeRO" (0/1 Adam, 1bit-Lamb alike), offload
+    needs ZeRO, and FSDP is not DeepSpeed. Tensor, pipeline, context and expert parallel
+    with them are not modelled (the engine's ``mpu`` groups)."""
+    from planner.onebit import ENGINE_NAMES
+
+    who = ENGINE_NAMES[training.optimizer]
+    other = [s for s in (strategies or ()) if s is not Strategy.DDP]
+    if other:
+        zero = [s for s in other if s.is_zero]
+        why = (f"DeepSpeed: \"{who} is not compatible with ZeRO\" (engine.py "
+               "_configure_basic_optimizer)" if zero else
+               f"{who} is DeepSpeed's optimizer, on its stage-0 engine only (ddp)")
+        return ("strategy", f"{other[0]} with {name('training.optimizer')} "
+                f"{training.optimizer}: {why}")
+    if offload not in ("auto", Offload.NONE, None):
+        return ("offload", f"{offload} with {name('training.optimizer')} {training.optimizer}: "
+                f"DeepSpeed offloads under ZeRO only, and \"{who} is not compatible with ZeRO\"")
+    for path, on in (("parallel.tp", tp not in ("auto", 1, None)),
+                     ("parallel.pp", training.pipeline.enabled),
+                     ("parallel.cp", training.cp > 1), ("parallel.ep", training.ep > 1)):
+        if on:
+            return (path, f"NOT MODELLED with {name('training.optimizer')} "
+                    f"{training.optimizer} (DeepSpeed's 1-bit optimizers are planned on "
+                    "data parallel alone)")
+    return None
+
+
 def float8_problem(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile
                    ) -> tuple[str, str] | None:
     """(field, why) when ``--float8`` cannot be planned; None when it can or is not asked.
@@ -683,6 +714,11 @@ def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
     problem = deepspeed_problem(training, offload, naming.name)
     if problem:
         raise naming.fail(*problem)
+    if training.optimizer.onebit:
+        problem = onebit_problem(training, v["strategy"], offload, tp, naming.name)
+        if problem:
+            raise naming.fail(*problem)
+        strategies, offload, tp = (Strategy.DDP,), Offload.NONE, 1
     ds = training.deepspeed
     if offload == "auto" and ds.bf16_master_weights_and_grads and not ds.bf16_optimizer_states:
         # fp32 states beside bf16 master weights: DeepSpeed runs them only offloaded
@@ -707,6 +743,10 @@ def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
         warnings.append(Notice(f"model shape assumed from {naming.name('model.params')}; give "
                                f"{naming.name('model.preset')} or a shape for an exact "
                                "estimate", Kind.SHAPE_ASSUMED))
+    if training.optimizer.onebit:
+        from planner import onebit
+
+        warnings.append(Notice(onebit.notice(training), Kind.ONEBIT))
     if training.float8.value != "none":
         rate = ("measured on one H100" if cluster.gpu.fp8_matmul_speedup else
                 "assumed: the datasheet peaks' ratio")

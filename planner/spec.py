@@ -141,6 +141,16 @@ class OptimizerKind(enum.StrEnum):
     ADAFACTOR = "adafactor"
     ADAMW_8BIT = "adamw-8bit"
     LION = "lion"
+    # DeepSpeed's communication-compressing optimizers (stage-0 engine only; planner/onebit.py)
+    ONEBIT_ADAM = "onebit-adam"
+    ZERO_ONE_ADAM = "zero-one-adam"
+    ONEBIT_LAMB = "onebit-lamb"
+
+    @property
+    def onebit(self) -> bool:
+        """DeepSpeed's 1-bit optimizers (planner/onebit.py, imported only for them)."""
+        return self in (OptimizerKind.ONEBIT_ADAM, OptimizerKind.ZERO_ONE_ADAM,
+                        OptimizerKind.ONEBIT_LAMB)
 
 
 class OptimizerImpl(enum.StrEnum):
@@ -622,6 +632,10 @@ class DeepSpeedConfig:
     fused_adam: bool = True
     """The optimizer is DeepSpeed's own (an ``optimizer`` block: FusedAdam, DeepSpeedCPUAdam
     under offload), else the client's torch optimizer (the HF Trainer without one)."""
+    local_step_clipper: int = 16
+    """0/1 Adam (``optimizer.params.local_step_clipper``): after ``var_freeze_step`` it
+    all-reduces its momentum once every this many steps at most (``zoadam.py``: the local
+    step interval doubles up to it); the step time is the average step at that interval."""
     offload_device: str = "cpu"
     """Where ZeRO-3's offload goes: "cpu" (ZeRO-Offload) or "nvme" (ZeRO-Infinity: the states
     live on NVMe; host RAM holds only the swapper's pinned buffers)."""

@@ -482,6 +482,14 @@ class StepInputs:
     qgz_vec_elems: Any = 0.0
     qgz_vecs: Any = 0.0
     """... of the 1-D gradients (norms, biases) it leaves to a reduce-scatter each."""
+    # ---- DeepSpeed's 1-bit optimizers (planner/onebit.py; defaults: none) -------------------
+    ob_elems: Any = 0.0
+    """Padded elements the compressed all-reduces move per communicating step (0: none, the
+    gradient all-reduce runs as the strategy says)."""
+    ob_calls: Any = 0.0
+    """``compressed_allreduce`` calls per communicating step."""
+    ob_every: Any = 0.0
+    """Fraction of steps that communicate (0/1 Adam: 1 / local_step_clipper)."""
     # ---- float8 (planner/float8.py; defaults: none) ----------------------------------------
     f8_discount: Any = 0.0
     """Of each FLOP of a float8 forward matmul, the part of its time saved: 1 - 1 / (the
@@ -604,10 +612,13 @@ def step_core(x: StepInputs) -> StepEstimate:
     # hidden behind forward compute (prefetch); per micro-batch on average: hpZ's secondary
     # copy is made in the first forward and kept until the step
     f_micro = cm.ag_fwd * (t_ag + (ga - 1.0) / ga * (t_ag2 - t_ag))
+    # DeepSpeed's 1-bit optimizers after their warm-up: no gradient all-reduce in backward
+    # (``enable_backward_allreduce = False``), the compressed one in the step instead
+    keep_ar = vec.where(x.ob_elems > 0, 0.0, 1.0)
     # hidden behind backward
-    b_micro = cm.ag_bwd * t_ag2 + cm.rs_micro * (t_rs + t_xar) + cm.ar_micro * t_ar
-    b_step = cm.ar_step * t_ar + cm.rs_step * (t_rs + t_xar)  # last backward only
-    e_step = cm.ag_step * t_ag  # after the optimizer step: exposed
+    b_micro = cm.ag_bwd * t_ag2 + cm.rs_micro * (t_rs + t_xar) + cm.ar_micro * t_ar * keep_ar
+    b_step = cm.ar_step * t_ar * keep_ar + cm.rs_step * (t_rs + t_xar)  # last backward only
+    e_step = cm.ag_step * t_ag + onebit_s(x, m, bw, hop)  # after backward: exposed
     comm_s = ga * (f_micro + b_micro) + b_step + e_step
 
     # what cannot be hidden: the first unit's gather / last unit's reduce (1/units of the
@@ -658,6 +669,36 @@ def step_core(x: StepInputs) -> StepEstimate:
         offload_s=offload_s, tokens_per_s_per_gpu=tokens_step / step_s,
         mfu=tokens_step * model_tok / (step_s * x.peak),
         flops_per_step=tokens_step * (model_tok + recompute_tok))
+
+
+def onebit_s(x: StepInputs, m: Any, bw: Any, hop: Any) -> Any:
+    """The compressed all-reduce of DeepSpeed's 1-bit optimizers per step, averaged over the
+    steps (``NcclBackend.compressed_allreduce``, deepspeed/runtime/comm/nccl.py, v0.19.6;
+    the bytes per call measured by probes/onebit_cpu.py), for M padded elements over m ranks:
+
+    - phase 1 all-to-alls the packed signs, M/8 bytes, a chunk of M/8m to each rank. An
+      all-to-all is not a ring: across nodes each GPU's own NIC carries the chunks for the
+      ranks of other nodes, (m - L)/m of M/8 (L the ranks per node), while the (L - 1)/m
+      for its node go over NVLink, at once (the slower of the two, *assumed*); inside a
+      node (m-1)/m of M/8 over NVLink. One hop of latency (*assumed*: NCCL sends to every
+      peer at once).
+    - an all-gather of one fp32 scale per rank, phase 2's all-gather of each rank's server
+      chunk of signs (M/8m bytes: (m-1)/m of M/8 arrive) and of its scale: rings, as
+      ``step_core``'s (2 (m-1) scales of 4 B), m-1 hops each.
+
+    Inside a node that is 2 (m-1)/m M/8 + 8 (m-1) bytes per rank, a sixteenth of a 16-bit ring
+    all-reduce's 2 (m-1)/m 2M. It runs inside the optimizer step, after backward: not
+    overlapped."""
+    ring = (m - 1.0) / m
+    signs = x.ob_elems / 8.0
+    local = vec.minimum(m, x.gpn)
+    t_a2a = vec.where(m > x.gpn,
+                      vec.maximum(signs * (m - local) / m / x.bw_inter,
+                                  signs * (local - 1.0) / m / x.bw_intra),
+                      ring * signs / x.bw_intra)
+    t_ag = (ring * signs + x.ob_calls * 8.0 * (m - 1.0)) / bw
+    t = t_a2a + t_ag + x.ob_calls * (1.0 + 3.0 * (m - 1.0)) * hop
+    return vec.where(x.ob_elems > 0, x.ob_every * t, 0.0)
 
 
 def tp_collectives_s(x: StepInputs, n_layers: Any, micro_batches: Any) -> Any:
@@ -927,10 +968,22 @@ def step_inputs_at(model: ModelSpec, training: TrainingSpec, candidate: Candidat
         tp_bytes=mb * seq * model.hidden * (fd.param if fsdp else precision.compute_bytes) * 1.0,
         **finetune_inputs(model, training, rates.hbm),
         **zeropp_inputs(model, training, candidate, n),
+        **onebit_inputs(model, training, n),
         **cp_inputs(model, training, candidate, mb=mb, seq=seq, gpn=gpn,
                     c=fd.param if fsdp else precision.compute_bytes),
         **ep_step_inputs(model, training, candidate, mb=mb, seq=seq, gpn=gpn, n=n,
                          c=fd.param if fsdp else precision.compute_bytes), **f8)
+
+
+def onebit_inputs(model: ModelSpec, training: TrainingSpec, n: Any) -> dict[str, Any]:
+    """StepInputs fields of DeepSpeed's 1-bit optimizers (empty without one):
+    planner/onebit.py ``step_inputs``, over the trainable tensors and the GPUs."""
+    if not training.optimizer.onebit:
+        return {}
+    from planner import onebit
+    from planner.params import trainable
+
+    return onebit.step_inputs(trainable(model, training.finetune).groups, training, n)
 
 
 def ep_step_inputs(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *,

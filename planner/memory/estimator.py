@@ -37,7 +37,7 @@ from planner.memory.states import (
     train_dtypes,
 )
 from planner.memory.working import Working, autocast_working, fsdp_working, zero_working
-from planner.params import block_tensors, count, total_params
+from planner.params import block_tensors, count, total_params, trainable
 from planner.spec import (
     Allocator,
     Candidate,
@@ -304,6 +304,14 @@ def step_for(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, 
     d = dtypes(strategy, training.precision, training.fsdp_dtypes)
     sh = shards(strategy, degree, tp)
     states = resident(model, training, counts, candidate, d, sh)
+    if training.optimizer.onebit:  # DeepSpeed's 1-bit optimizers (planner/onebit.py)
+        from planner import onebit
+
+        groups = trainable(model, training.finetune).groups
+        states = dataclasses.replace(
+            states, optimizer_states=states.optimizer_states
+            + onebit.state_bytes(groups, training, n_gpus),
+            optimizer_temporaries=onebit.temp_bytes(groups, training, n_gpus))
     work = working(model, training, candidate, degree, sh.optimizer, ov, gpus_per_node)
     T = grad_counts(model, training, strategy)  # what gets a gradient (states.grad_counts)
     td = train_dtypes(training.finetune, d, strategy.is_zero, training.precision.amp)

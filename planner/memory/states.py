@@ -157,6 +157,13 @@ def expert_padding(groups: Any, shard: Any) -> Any:
     return extra
 
 
+PER_ELEM = {OptimizerKind.ADAM: 2, OptimizerKind.ADAMW: 2, OptimizerKind.ONEBIT_ADAM: 2,
+            OptimizerKind.ZERO_ONE_ADAM: 3, OptimizerKind.ONEBIT_LAMB: 3}
+"""State tensors of the parameter's size per element: Adam's exp_avg and exp_avg_sq; 0/1
+Adam adds ``momentum_accumulator`` (``zoadam.py`` l. 196), 1-bit LAMB ``exp_avg_sq_fresh``
+(``lamb.py`` l. 217); one for the rest (SGD momentum, Lion)."""
+
+
 def optimizer_state_bytes(model: ModelSpec, optimizer: OptimizerKind, state_bytes: int,
                           shard: Any, groups: Any = None) -> Any:
     """Optimizer state held for 1/shard of every trainable tensor (dim-0 shards); ``groups``
@@ -179,8 +186,9 @@ def optimizer_state_bytes(model: ModelSpec, optimizer: OptimizerKind, state_byte
         # bitsandbytes 8-bit blockwise: two uint8 states + one fp32 absmax per 2048 values
         # per state (Dettmers et al. 2022, "8-bit Optimizers via Block-wise Quantization").
         return 2 * elems + 2 * FP32 * ceil_div(elems, 2048)
-    per_elem = 2 if optimizer in (OptimizerKind.ADAM, OptimizerKind.ADAMW) else 1
-    # Adam(W): exp_avg, exp_avg_sq; SGD momentum: momentum_buffer; Lion: exp_avg
+    per_elem = PER_ELEM.get(optimizer, 1)
+    # Adam(W): exp_avg, exp_avg_sq; SGD momentum: momentum_buffer; Lion: exp_avg; DeepSpeed's
+    # 1-bit optimizers: planner/onebit.py adds their error buffers
     return per_elem * elems * state_bytes
 
 

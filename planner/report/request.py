@@ -314,7 +314,14 @@ def build_request(*, models: str | Iterable[str], gpus: str | Iterable[str],
             r = plan_request({**values, key: name, "hardware.gpu": g, "hardware.n": 1,
                               "training.seq": seqs_t[0], "training.micro_batch": mbs_t[0],
                               "parallel.tp": "auto"}, NAMING)
-            row.append(r.with_options(tp=None if tp == "auto" else tp,
+            if r.training.optimizer.onebit and tp not in ("auto", 1):
+                raise NAMING.fail("parallel.tp", f"NOT MODELLED with "
+                                  f"{NAMING.name('training.optimizer')} "
+                                  f"{r.training.optimizer} (DeepSpeed's 1-bit optimizers are "
+                                  "planned on data parallel alone)")
+            # DeepSpeed's 1-bit optimizers: data parallel alone (planner.request.onebit_problem)
+            row.append(r.with_options(tp=1 if r.training.optimizer.onebit else
+                                      None if tp == "auto" else tp,
                                       **({"offloads": offloads} if offloads else {})))
         plans.append(tuple(row))
     profiles = [_named_profile(r, g) for r, g in zip(plans[0], gpu_names)]

@@ -13,7 +13,8 @@ DeepSpeed reads them) go to deepspeed.<key> (the stage3_ spelling);
 bf16.bf16_master_weights_and_grads, bf16.bf16_optimizer_states and
 data_types.grad_accum_dtype -> deepspeed.<key>; an optimizer block -> deepspeed.fused_adam
 (DeepSpeed's FusedAdam; with params.torch_adam, torch's AdamW), none -> the client's
-optimizer. Every other key is what the
+optimizer; OneBitAdam, ZeroOneAdam, OneBitLamb -> the 1-bit optimizers (planner/onebit.py;
+stage 0 only, as DeepSpeed asserts). Every other key is what the
 table says: not modelled (a line unless at its default), irrelevant, or unknown (DeepSpeed
 ignores unknown top-level keys: a warning).
 """
@@ -29,8 +30,8 @@ from planner.jobs.record import Share, Vocab
 TABLE = "deepspeed"
 STAGES = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
 OPTIMIZERS = {"adam": "adam", "adamw": "adamw", "sgd": "sgd", "adagrad": Vocab("adagrad"),
-              "lamb": Vocab("lamb"), "onebitadam": Vocab("onebitadam"),
-              "zerooneadam": Vocab("zerooneadam"), "onebitlamb": Vocab("onebitlamb"),
+              "lamb": Vocab("lamb"), "onebitadam": "onebit-adam",
+              "zerooneadam": "zero-one-adam", "onebitlamb": "onebit-lamb",
               "lion": "lion", "muadam": Vocab("muadam"), "muadamw": Vocab("muadamw"),
               "musgd": Vocab("musgd"), "muon": Vocab("muon")}
 
@@ -246,6 +247,9 @@ def optimizer(r: Reader) -> None:
     r.set("training.optimizer", OPTIMIZERS.get(kind.lower(), Vocab(kind.lower())),
           "optimizer.type")
     params = r.mapping(o.get("params"), "optimizer.params")
+    if kind.lower() in ONEBIT:
+        onebit(r, kind, params)
+        return
     adam = kind.lower() in ("adam", "adamw")
     torch_adam = adam and r.boolean(params.get("torch_adam"), "optimizer.params.torch_adam")
     if adam and params.get("adam_w_mode") is False and kind.lower() == "adam":
@@ -260,6 +264,35 @@ def optimizer(r: Reader) -> None:
         r.set("training.optimizer_impl", "for-loop" if foreach is False else "foreach",
               "optimizer.params.foreach" if foreach is not None else
               "optimizer.params.torch_adam (torch's foreach default)")
+
+
+ONEBIT = {"onebitadam": "1bit-Adam", "zerooneadam": "0/1 Adam", "onebitlamb": "1bit-Lamb"}
+"""DeepSpeed's 1-bit optimizers (``runtime/config.py`` ONEBIT_ADAM_OPTIMIZER, ... at v0.19.6)
+and the names its ZeRO assertions give them."""
+
+
+def onebit(r: Reader, kind: str, params: dict) -> None:
+    """1-bit Adam, 0/1 Adam, 1-bit LAMB (planner/onebit.py): stage 0 only, as DeepSpeed
+    asserts (``engine.py`` ``_configure_basic_optimizer``); the warm-up's length is stated,
+    the plan describes the steps after it; DeepSpeed 0.19.7 removed them (PR #8490)."""
+    stage = r.mapping(r.get("zero_optimization"), "zero_optimization").get("stage", 0)
+    who = ONEBIT[kind.lower()]
+    if stage != 0:
+        raise r.fail("optimizer.type", f"{kind} with zero_optimization.stage {stage}: "
+                     f"DeepSpeed asserts \"{who} is not compatible with ZeRO\"")
+    zero_one = kind.lower() == "zerooneadam"
+    key = "var_freeze_step" if zero_one else "freeze_step"
+    freeze = r.count(params.get(key), f"optimizer.params.{key}", zero=True)
+    freeze = 100_000 if freeze is None else freeze  # the optimizers' default
+    clip = params.get("local_step_clipper")
+    if zero_one and clip is not None:
+        r.set("deepspeed.local_step_clipper",
+              r.count(clip, "optimizer.params.local_step_clipper"),
+              "optimizer.params.local_step_clipper")
+    r.warn(f"{r.name}: optimizer {kind}: DeepSpeed 0.19.6 or older (0.19.7 removed it); "
+           f"the first {freeze:,} steps ({key}) all-reduce the gradients "
+           f"{'at the variance-update steps' if zero_one else 'uncompressed'}; the step "
+           "time planned is after them")
 
 
 def _knob(v: Any) -> Any:
