@@ -55,6 +55,12 @@ def default_virtual(schedule: PipeSchedule) -> int:
 
 
 def stage_layers(n_layers: int, n_stages: int) -> list[int]:
+    """``_stage_layers``, as a new list (cached: a pipeline plan asks it per rank)."""
+    return list(_stage_layers(n_layers, n_stages))
+
+
+@lru_cache(maxsize=1024)
+def _stage_layers(n_layers: int, n_stages: int) -> tuple[int, ...]:
     """Transformer blocks per stage, as torchtitan's ``generate_llm_fqn_per_model_part``
     splits them: the embedding and the head each count as one layer, the L + 2 "effective"
     layers are dealt out evenly (the first ``(L + 2) % S`` stages one more), then the first
@@ -77,7 +83,7 @@ def stage_layers(n_layers: int, n_stages: int) -> list[int]:
         take = min(share, left)
         out.append(take)
         left -= take
-    return out
+    return tuple(out)
 
 
 def rank_stages(p: Pipeline, rank: int) -> tuple[int, ...]:

@@ -50,8 +50,10 @@ Every rank is evaluated; the fullest decides the fit. Scalars only (the report r
 
 from __future__ import annotations
 
+import functools
+
 from collections import Counter
-from typing import Any
+from typing import Any, Callable
 
 from planner import pipeline
 from planner.lazy_dataclass import dataclass
@@ -86,14 +88,16 @@ def tp_local(name: str, shape: tuple[int, ...], tp: int) -> tuple[int, ...]:
     return (shape[0] // tp, *shape[1:])
 
 
+@functools.lru_cache(maxsize=4096)
 def rank_groups(model: ModelSpec, blocks: int, first: bool, last: bool, tp: int = 1
-                ) -> list[tuple[str, tuple[int, ...], int]]:
-    """(name, shape, how many) of the parameters one rank holds (its TP piece)."""
+                ) -> tuple[tuple[str, tuple[int, ...], int], ...]:
+    """(name, shape, how many) of the parameters one rank holds (its TP piece). Cached: a
+    pipeline plan asks it per rank and stage, the mesh search per layout."""
     out = [(n, tp_local(n, s, tp), blocks) for n, s in block_tensors(model)] if blocks else []
     for n, s in root_tensors(model):
         if n.startswith(INPUT_MODULES) and first or not n.startswith(INPUT_MODULES) and last:
             out.append((n, tp_local(n, s, tp), 1))
-    return out
+    return tuple(out)
 
 
 def whole_table(model: ModelSpec, first: bool, tp: int) -> int:
@@ -168,7 +172,8 @@ class Walk:
     reduce: list[Moment]
 
 
-def walk(p: Any, rank: int, stage: dict[int, StageBytes]) -> Walk:
+def walk(p: Any, rank: int, stage: dict[int, StageBytes], *, last: int = -1,
+         end_extra: Any = None) -> Walk:
     """Walk the rank's forwards and backwards in order. A micro-batch is held from its
     forward to its backward; a stage's unsharded gradients exist from its first backward;
     right after its last backward (the M-th) the stage's gradients are reduced and the stage
@@ -178,36 +183,62 @@ def walk(p: Any, rank: int, stage: dict[int, StageBytes]) -> Walk:
     runs FSDP2's ``post_backward`` with ``reshard_after_backward`` set: the unsharded
     parameters and gradients go, the sharded gradients stay. (torch 1963fc8, 2024-12, did
     the same in ``backward_maybe_with_nosync`` at the stage's ``last_backward``.) So under
-    interleaved 1F1B with M = pp a rank holds one stage's unsharded gradients at a time."""
-    held = dict.fromkeys(stage, 0)
+    interleaved 1F1B with M = pp a rank holds one stage's unsharded gradients at a time.
+
+    With scalar bytes, a forward's or a backward's moment is kept only where it holds more
+    than every earlier one of its kind (after a forward: overall, and on stage ``last``; at
+    a backward's end: with ``end_extra(stage)`` bytes added): the first of the largest is
+    kept, so the largest of each list is the largest of all the moments, in work that does
+    not grow with the moments kept. Every reduction's moment is kept."""
     done = dict.fromkeys(stage, 0)
     started: set[int] = set()
-    reduced: set[int] = set()
     out = Walk([], [], [], [])
+    # running totals, updated at each op (the same sums as recounting every stage each time:
+    # micro-batches held x bytes each, unsharded gradients of started stages and sharded ones
+    # of reduced stages, gathered parameters of stages not yet resharded)
+    activations: Any = 0
+    gradients: Any = 0
+    gathered: Any = sum(b.gathered for b in stage.values())
+
+    scalar = all(isinstance(v, (int, float)) for b in stage.values()
+                 for v in (b.held, b.gathered, b.grads, b.sharded_grads))
+    none = float("-inf")
+    top_f = top_last = top_start = top_end = none
 
     def now(s: int) -> Moment:
-        return Moment(
-            activations=sum(stage[x].held * k for x, k in held.items()),
-            gradients=sum(stage[x].grads for x in started - reduced)
-            + sum(stage[x].sharded_grads for x in reduced),
-            gathered=sum(stage[x].gathered for x in stage if x not in reduced), stage=s)
+        return Moment(activations=activations, gradients=gradients, gathered=gathered, stage=s)
 
     for kind, s in pipeline.rank_ops(p, rank):
+        b = stage[s]
         if kind == "F":
-            held[s] += 1
-            out.after_forward.append(now(s))
+            activations = activations + b.held
+            key = activations + gradients + gathered
+            if not scalar or key > top_f or (s == last and key > top_last):
+                out.after_forward.append(now(s))
+                top_f = max(top_f, key) if scalar else top_f
+                top_last = max(top_last, key) if scalar and s == last else top_last
             continue
-        out.backward_start.append(now(s))
-        held[s] -= 1
-        started.add(s)
+        key = activations + gradients + gathered
+        if not scalar or key > top_start:
+            out.backward_start.append(now(s))
+            top_start = max(top_start, key) if scalar else top_start
+        activations = activations - b.held
+        if s not in started:
+            started.add(s)
+            gradients = gradients + b.grads
         done[s] += 1
-        out.backward_end.append(now(s))
+        key = activations + gradients + gathered + (end_extra(s) if end_extra else 0)
+        if not scalar or key > top_end:
+            out.backward_end.append(now(s))
+            top_end = max(top_end, key) if scalar else top_end
         if done[s] == p.microbatches:
             out.reduce.append(now(s))
-            reduced.add(s)
+            gradients = gradients - b.grads + b.sharded_grads
+            gathered = gathered - b.gathered
     return out
 
 
+@functools.lru_cache(maxsize=4096)
 def units(model: ModelSpec, first: bool, last: bool, blocks: int, tp: int = 1
           ) -> tuple[int, int]:
     """(the rank's largest FSDP unit, the unit its backward reaches last) in elements (of its
@@ -228,6 +259,26 @@ def rank_phases(model: ModelSpec, training: TrainingSpec, rank: int, dp: int,
     p = training.pipeline
     if p.schedule in pipeline.SPLIT_BACKWARD:
         return split_rank_phases(model, training, rank, dp, acts, ov)
+    return _rank(model, training, rank, dp, acts, ov, tp, ckpt)[1]()
+
+
+@functools.lru_cache(maxsize=4096)
+def most_in_flight(p: Any, rank: int) -> dict[int, int]:
+    """The most micro-batches each of the rank's stages holds at once (``rank_ops``)."""
+    held: dict[int, int] = {}
+    most: dict[int, int] = {}
+    for kind, s in pipeline.rank_ops(p, rank):
+        held[s] = held.get(s, 0) + (1 if kind == "F" else -1)
+        most[s] = max(most.get(s, 0), held[s])
+    return most
+
+
+def _rank(model: ModelSpec, training: TrainingSpec, rank: int, dp: int, acts: Activations,
+          ov: Overheads, tp: int, ckpt: Checkpointing) -> tuple[Callable[[], Any],
+                                                             Callable[[], dict]]:
+    """(an upper bound of the rank's peak without walking its ops, its moments) of a
+    single- or looped-stage schedule (``rank_phases``)."""
+    p = training.pipeline
     n_stages = p.n_stages
     layers = pipeline.stage_layers(model.n_layers, n_stages)
     stages = pipeline.rank_stages(p, rank)
@@ -253,7 +304,7 @@ def rank_phases(model: ModelSpec, training: TrainingSpec, rank: int, dp: int,
                           grads=(el + (whole if s == 0 else 0)) * fd.reduce,
                           sharded_grads=shard * d.grad)
 
-    w = walk(p, rank, {s: stage_bytes(s) for s in stages})
+    sb = {s: stage_bytes(s) for s in stages}
     # a received activation / its gradient: seq / cp positions under context parallel,
     # / tp under sequence parallel
     boundary = training.micro_batch * training.local_seq * model.hidden // tp * d.compute
@@ -264,6 +315,17 @@ def rank_phases(model: ModelSpec, training: TrainingSpec, rank: int, dp: int,
     def at(m: Moment, **more: Any) -> Breakdown:
         return base.plus(gathered_params=m.gathered, activations=m.activations,
                          gradients=m.gradients, comm_buffers=p2p).plus(**more)
+
+    def most(items: list[tuple[Moment, dict[str, Any]]]) -> Breakdown:
+        """``largest([at(m, **more) for m, more in items])[1]``, choosing by the moments'
+        totals before building one breakdown (base and P2P buffers are common to all; the
+        first on ties, as ``largest``); arrays take ``largest`` itself."""
+        keys = [m.gathered + m.activations + m.gradients + sum(more.values())
+                for m, more in items]
+        if not all(isinstance(k, (int, float)) for k in keys):
+            return largest([at(m, **more) for m, more in items])[1]
+        i = keys.index(max(keys))
+        return at(items[i][0], **items[i][1])
 
     def reduce_moments(m: Moment) -> list[Breakdown]:
         # the stage's gradient reduction: each unit's post_backward reshards, then allocates
@@ -277,44 +339,91 @@ def rank_phases(model: ModelSpec, training: TrainingSpec, rank: int, dp: int,
         return [at(m, gradients=-whole_s * fd.reduce, comm_buffers=rs_unit * fd.reduce),
                 at(m, transients=(whole_s and embed_unit) * fd.reduce)]
 
-    held = largest([at(m) for m in w.after_forward])[1]
-    # the loss runs right after a forward of the last stage
-    loss = largest([at(m) for m in w.after_forward if m.stage == n_stages - 1] or [held])[1]
-    return {
-        Phase.INIT: Breakdown(params=base.params),
-        # context parallel: a block's ring attention in forward, its buffers on top of the
-        # most the rank holds (a bound: that micro-batch's stage counted whole); one
-        # micro-batch's ring runs at a time, the others hold only their saved set
-        Phase.FORWARD: largest([held, loss.plus(transients=acts.loss_fwd if last else 0),
-                                held.plus(transients=acts.ring_fwd)])[1],
-        Phase.LOSS_BWD: loss.plus(transients=acts.loss_bwd if last else 0),
-        Phase.BLOCK_BWD: largest(
-            # a backward starting with what the rank holds then
-            [at(m, transients=acts.block_bwd + acts.recompute) for m in w.backward_start]
-            # the end of a backward: that micro-batch's activations are gone, its stage's
-            # unsharded gradients exist (fp32 under -amp), and the stage's last unit's new
-            # gradient in the param dtype is being converted or added into them (FSDP2
-            # ``to_accumulated_grad_if_needed`` / ``accumulate_unsharded_grad_if_needed``):
-            # the embedding (whole under TP) on the first stage, else a block
-            + [at(m, transients=(embed_unit + whole if m.stage == 0 else block_unit)
-                  * fd.param) for m in w.backward_end])[1],
-        Phase.BWD_END: largest([b for m in w.reduce for b in reduce_moments(m)])[1],
-        Phase.OPTIMIZER: base.plus(gradients=local * d.grad, comm_buffers=p2p,
-                                   optimizer_temporaries=optimizer_temp_bytes(
-                                       max(numel(s) for _, s, _ in groups), local, training,
-                                       d.state, False, dp)),
-    }
+    def bound() -> Any:
+        """Every moment below is ``at`` a point of the walk plus one group of extras: each
+        stage contributes at most its gathered parameters, its most micro-batches in flight
+        and the larger of its unsharded and sharded gradients; the optimizer step is exact.
+        None for arrays (every rank is walked)."""
+        flight = most_in_flight(p, rank)
+        held_most = sum(max(0, b.held) * flight.get(s, 0) + b.gathered
+                        + max(b.grads, b.sharded_grads) for s, b in sb.items())
+        rs_most = max(units(model, x == 0, x == n_stages - 1, layers[x], tp)[0]
+                      for x in stages) * fd.reduce
+        extras = (acts.loss_fwd if last else 0, acts.loss_bwd if last else 0, acts.ring_fwd,
+                  acts.block_bwd + acts.recompute, (embed_unit + whole) * fd.param,
+                  block_unit * fd.param, rs_most, (whole and embed_unit) * fd.reduce)
+        top = base.total + p2p + held_most + max(max(0, x) for x in extras)
+        if not isinstance(top, (int, float)):
+            return None
+        return max(top, optimizer_moment().total)
+
+    def optimizer_moment() -> Breakdown:
+        return base.plus(gradients=local * d.grad, comm_buffers=p2p,
+                         optimizer_temporaries=optimizer_temp_bytes(
+                             max(numel(s) for _, s, _ in groups), local, training,
+                             d.state, False, dp))
+
+    def end_extra(s: int) -> Any:
+        return (embed_unit + whole if s == 0 else block_unit) * fd.param
+
+    def phases() -> dict[Phase, Breakdown]:
+        w = walk(p, rank, sb, last=n_stages - 1, end_extra=end_extra)
+        held = most([(m, {}) for m in w.after_forward])
+        # the loss runs right after a forward of the last stage
+        on_last = [(m, {}) for m in w.after_forward if m.stage == n_stages - 1]
+        loss = most(on_last) if on_last else held
+        return {
+            Phase.INIT: Breakdown(params=base.params),
+            # context parallel: a block's ring attention in forward, its buffers on top of the
+            # most the rank holds (a bound: that micro-batch's stage counted whole); one
+            # micro-batch's ring runs at a time, the others hold only their saved set
+            Phase.FORWARD: largest([held, loss.plus(transients=acts.loss_fwd if last else 0),
+                                    held.plus(transients=acts.ring_fwd)])[1],
+            Phase.LOSS_BWD: loss.plus(transients=acts.loss_bwd if last else 0),
+            Phase.BLOCK_BWD: most(
+                # a backward starting with what the rank holds then
+                [(m, {"transients": acts.block_bwd + acts.recompute}) for m in w.backward_start]
+                # the end of a backward: that micro-batch's activations are gone, its stage's
+                # unsharded gradients exist (fp32 under -amp), and the stage's last unit's new
+                # gradient in the param dtype is being converted or added into them (FSDP2
+                # ``to_accumulated_grad_if_needed`` / ``accumulate_unsharded_grad_if_needed``):
+                # the embedding (whole under TP) on the first stage, else a block
+                + [(m, {"transients": end_extra(m.stage)}) for m in w.backward_end]),
+            Phase.BWD_END: largest([b for m in w.reduce for b in reduce_moments(m)])[1],
+            Phase.OPTIMIZER: optimizer_moment(),
+        }
+
+    return bound, phases
 
 
 def fullest_rank(model: ModelSpec, training: TrainingSpec, dp: int, acts: Activations,
                  ov: Overheads, tp: int = 1, ckpt: Checkpointing = Checkpointing.NONE
                  ) -> tuple[int, dict[Phase, Breakdown]]:
-    """(rank, its moments) of the pipeline rank with the largest peak."""
+    """(rank, its moments) of the pipeline rank with the largest peak (the lowest rank on
+    ties). The ranks are walked in the order of an upper bound of their peaks (``_rank``),
+    and a rank whose bound cannot beat the fullest one walked so far is not walked: the same
+    answer as walking them all (tests/test_pipeline.py), in a few walks instead of pp."""
+    p = training.pipeline
+    ranks = list(range(p.degree))
+    if p.schedule in pipeline.SPLIT_BACKWARD:
+        models = {r: (lambda: None, functools.partial(rank_phases, model, training, r, dp,
+                                                      acts, ov, tp, ckpt)) for r in ranks}
+    else:
+        models = {r: _rank(model, training, r, dp, acts, ov, tp, ckpt) for r in ranks}
+    bounds = {r: models[r][0]() for r in ranks}
+    if any(b is None for b in bounds.values()):
+        order, bounds = ranks, dict.fromkeys(ranks)
+    else:
+        order = sorted(ranks, key=lambda r: (-bounds[r], r))
     best: tuple[Any, int, dict[Phase, Breakdown]] | None = None
-    for rank in range(training.pipeline.degree):
-        phases = rank_phases(model, training, rank, dp, acts, ov, tp, ckpt)
+    for rank in order:
+        b = bounds[rank]
+        if best is not None and b is not None and (b < best[0]
+                                                   or (b == best[0] and rank > best[1])):
+            continue
+        phases = models[rank][1]()
         peak = largest([phases[ph] for ph in PHASES])[1].total
-        if best is None or peak > best[0]:
+        if best is None or peak > best[0] or (peak == best[0] and rank < best[1]):
             best = (peak, rank, phases)
     assert best is not None
     return best[1], best[2]
