@@ -1086,3 +1086,77 @@ def test_a_pipeline_setting_without_pp_is_refused_by_name():
     assert r.exit_code == 2
     assert "--pp-schedule" in r.output and "needs --pp > 1" in r.output
     assert "Traceback" not in r.output
+
+
+def test_the_recorded_walk_keeps_each_kind_s_first_largest_moment():
+    """``walk(records_only=True)`` keeps fewer moments; for every schedule, rank and random
+    stage sizes the first largest moment of each kind is the one the full walk has: after a
+    forward (overall and on the last stage), at a backward's start, at its end with the
+    stage's extra bytes; the reductions are all kept."""
+    import random
+
+    from planner.memory.pipeline import StageBytes, walk
+
+    rng = random.Random(7)
+
+    def first_max(ms, extra=lambda m: 0):
+        keys = [m.activations + m.gradients + m.gathered + extra(m) for m in ms]
+        return ms[keys.index(max(keys))] if ms else None
+
+    for schedule, v in ((PipeSchedule.GPIPE, 1), (PipeSchedule.ONE_F_ONE_B, 1),
+                        (PipeSchedule.INTERLEAVED_1F1B, 2), (PipeSchedule.INTERLEAVED_1F1B, 3)):
+        for pp, m in ((2, 4), (4, 8), (4, 6), (8, 16)):
+            p = Pipeline(degree=pp, schedule=schedule, virtual=v, microbatches=m)
+            last = p.n_stages - 1
+            for rank in range(pp):
+                stage = {s: StageBytes(held=rng.randint(0, 50), gathered=rng.randint(0, 300),
+                                       grads=rng.randint(0, 400), sharded_grads=rng.randint(0, 9))
+                         for s in pipeline.rank_stages(p, rank)}
+                extra = {s: rng.randint(0, 80) for s in stage}
+                full = walk(p, rank, stage)
+                kept = walk(p, rank, stage, records_only=True, last=last,
+                            end_extra=extra.__getitem__)
+                assert first_max(kept.after_forward) == first_max(full.after_forward)
+                on_last = [x for x in full.after_forward if x.stage == last]
+                assert first_max([x for x in kept.after_forward if x.stage == last]) == \
+                    first_max(on_last)
+                assert first_max(kept.backward_start) == first_max(full.backward_start)
+                assert first_max(kept.backward_end, lambda x: extra[x.stage]) == \
+                    first_max(full.backward_end, lambda x: extra[x.stage])
+                assert kept.reduce == full.reduce
+
+
+@pytest.mark.parametrize("extra", [
+    {}, {"parallel.pp_schedule": "gpipe"}, {"parallel.pp_schedule": "interleaved-1f1b"},
+    {"checkpointing": "full"}, {"hardware.n": 16, "parallel.pp": 8, "parallel.pp_microbatches": 8},
+    {"hardware.n": 16, "parallel.pp": 4, "parallel.tp": 2},
+    {"hardware.n": 16, "parallel.pp": 4, "parallel.pp_schedule": "interleaved-1f1b",
+     "model.layers": 14},
+])
+def test_fullest_rank_equals_walking_every_rank(extra):
+    """fullest_rank skips the ranks whose upper bound cannot beat the fullest walked so far;
+    its answer (rank and every moment) equals walking every rank and taking the first with
+    the largest peak."""
+    from planner.fields import SPEC
+    from planner.memory.breakdown import PHASES, Overheads, largest
+    from planner.memory.estimator import activation_plan
+    from planner.memory.moments import Activations
+    from planner.memory.pipeline import fullest_rank, rank_phases
+    from planner.request import build_request
+    from planner.spec import Candidate, Checkpointing, Strategy
+
+    values = {**SMALL, "hardware.n": 4, "parallel.pp": 2, "parallel.pp_microbatches": 4,
+              **extra}
+    r = build_request(values, SPEC)
+    tp = values.get("parallel.tp") or 1
+    ck = Checkpointing(values.get("checkpointing", "none"))
+    c = Candidate(strategy=Strategy.FULL_SHARD, checkpointing=ck, tp=tp)
+    acts = Activations.of(activation_plan(r.model, r.training, c))
+    dp = r.cluster.n_gpus // (r.training.pipeline.degree * tp)
+    ov = Overheads()
+    every = [rank_phases(r.model, r.training, k, dp, acts, ov, tp, ck)
+             for k in range(r.training.pipeline.degree)]
+    peaks = [largest([ph[x] for x in PHASES])[1].total for ph in every]
+    want = peaks.index(max(peaks))
+    got, phases = fullest_rank(r.model, r.training, dp, acts, ov, tp, ck)
+    assert got == want and phases == every[want]

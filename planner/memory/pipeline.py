@@ -172,8 +172,8 @@ class Walk:
     reduce: list[Moment]
 
 
-def walk(p: Any, rank: int, stage: dict[int, StageBytes], *, last: int = -1,
-         end_extra: Any = None) -> Walk:
+def walk(p: Any, rank: int, stage: dict[int, StageBytes], *, records_only: bool = False,
+         last: int = -1, end_extra: Any = None) -> Walk:
     """Walk the rank's forwards and backwards in order. A micro-batch is held from its
     forward to its backward; a stage's unsharded gradients exist from its first backward;
     right after its last backward (the M-th) the stage's gradients are reduced and the stage
@@ -185,7 +185,8 @@ def walk(p: Any, rank: int, stage: dict[int, StageBytes], *, last: int = -1,
     the same in ``backward_maybe_with_nosync`` at the stage's ``last_backward``.) So under
     interleaved 1F1B with M = pp a rank holds one stage's unsharded gradients at a time.
 
-    With scalar bytes, a forward's or a backward's moment is kept only where it holds more
+    With ``records_only`` and scalar bytes, a forward's or a backward's moment is kept only
+    where it holds more
     than every earlier one of its kind (after a forward: overall, and on stage ``last``; at
     a backward's end: with ``end_extra(stage)`` bytes added): the first of the largest is
     kept, so the largest of each list is the largest of all the moments, in work that does
@@ -200,7 +201,7 @@ def walk(p: Any, rank: int, stage: dict[int, StageBytes], *, last: int = -1,
     gradients: Any = 0
     gathered: Any = sum(b.gathered for b in stage.values())
 
-    scalar = all(isinstance(v, (int, float)) for b in stage.values()
+    scalar = records_only and all(isinstance(v, (int, float)) for b in stage.values()
                  for v in (b.held, b.gathered, b.grads, b.sharded_grads))
     none = float("-inf")
     top_f = top_last = top_start = top_end = none
@@ -367,7 +368,7 @@ def _rank(model: ModelSpec, training: TrainingSpec, rank: int, dp: int, acts: Ac
         return (embed_unit + whole if s == 0 else block_unit) * fd.param
 
     def phases() -> dict[Phase, Breakdown]:
-        w = walk(p, rank, sb, last=n_stages - 1, end_extra=end_extra)
+        w = walk(p, rank, sb, records_only=True, last=n_stages - 1, end_extra=end_extra)
         held = most([(m, {}) for m in w.after_forward])
         # the loss runs right after a forward of the last stage
         on_last = [(m, {}) for m in w.after_forward if m.stage == n_stages - 1]
