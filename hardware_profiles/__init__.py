@@ -14,6 +14,8 @@ Only the standard library is used, and nothing is read until a function is calle
 
 from __future__ import annotations
 
+import copy
+import functools
 import math
 import os
 import tomllib
@@ -101,7 +103,12 @@ def read_profile(gpu_id: str) -> dict[str, Any]:
     key = gpu_id.strip().lower()
     known = list_profiles()
     if key in known:
-        return _load(os.path.join(PROFILE_DIR, f"{key}.toml"), embedded=True, label=f"{key}.toml")
+        path = os.path.join(PROFILE_DIR, f"{key}.toml")
+        try:
+            st = os.stat(path)
+        except OSError:
+            return _load(path, embedded=True, label=f"{key}.toml")  # says why, by name
+        return copy.deepcopy(_embedded(path, st.st_mtime_ns, st.st_size, f"{key}.toml"))
     # Ids that extend what was typed ("h100" -> h100-80, h100-nvl, ...) first, then fuzzy ones.
     extending = [k for k in known if key and k.startswith(key)]
     import difflib  # only on the error path
@@ -113,6 +120,14 @@ def read_profile(gpu_id: str) -> dict[str, Any]:
     shown = gpu_id if len(gpu_id) <= 40 else gpu_id[:37] + "..."
     raise ProfileError(f"unknown GPU {shown!r}; {hint}; known ids: {', '.join(known)}; "
                        "run `fitcheck --list-gpus`, or give a path to a TOML profile")
+
+
+@functools.lru_cache(maxsize=64)
+def _embedded(path: str, mtime_ns: int, size: int, label: str) -> dict[str, Any]:
+    """An embedded profile's values, parsed once per version of its file (the mesh search
+    reads one per layout); keyed by the file's path, modification time and size, so a
+    changed file is read again. Callers get a copy (read_profile)."""
+    return _load(path, embedded=True, label=label)
 
 
 def read_file(path: str) -> dict[str, Any]:

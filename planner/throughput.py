@@ -1108,6 +1108,7 @@ def pipeline_step(model: ModelSpec, training: TrainingSpec, cluster: Cluster,
     embed = sum(v for k, v in roots.items() if k.startswith(("embed.", "pos_embed.",
                                                                "type_embed.", "embed_norm")))
     busy, slowest, params, blocks_max, tp_s = 0.0, None, 0, 0, 0.0
+    cores: dict[tuple[int, bool], tuple[Any, Any]] = {}
     for rank in range(p.degree):
         stages = pipeline.rank_stages(p, rank)
         first, last = 0 in stages, p.n_stages - 1 in stages
@@ -1120,15 +1121,18 @@ def pipeline_step(model: ModelSpec, training: TrainingSpec, cluster: Cluster,
             # embedding's weight of one layer): a lookup, no matmul FLOPs, busy ~ 0; its step
             # core would divide by a zero step time
             continue
-        core = step_core(dataclasses.replace(solo, n_layers=float(blocks),
-                                             p_head=x.p_head if last else 0.0,
-                                             ga=float(p.microbatches)))
-        sp = tp_collectives_s(x, float(blocks), float(p.microbatches))
-        # context parallel: the key/value rotation of the rank's blocks for every
-        # micro-batch, on the critical path as without the pipeline (*assumed* not hidden)
-        sp = sp + cp_rotation_s(dataclasses.replace(solo, n_layers=float(blocks),
-                                                     ga=float(p.microbatches)),
-                                x.recompute.attention)
+        if (blocks, last) not in cores:  # ranks alike in blocks and head time alike
+            core = step_core(dataclasses.replace(solo, n_layers=float(blocks),
+                                                 p_head=x.p_head if last else 0.0,
+                                                 ga=float(p.microbatches)))
+            sp = tp_collectives_s(x, float(blocks), float(p.microbatches))
+            # context parallel: the key/value rotation of the rank's blocks for every
+            # micro-batch, on the critical path as without the pipeline (*assumed* not hidden)
+            sp = sp + cp_rotation_s(dataclasses.replace(solo, n_layers=float(blocks),
+                                                         ga=float(p.microbatches)),
+                                    x.recompute.attention)
+            cores[blocks, last] = core, sp
+        core, sp = cores[blocks, last]
         if slowest is None or core.compute_s + sp > busy + tp_s:
             busy, slowest, tp_s = core.compute_s, core, sp
     units = blocks_max + 1.0

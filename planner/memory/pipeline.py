@@ -358,6 +358,7 @@ def _rank(model: ModelSpec, training: TrainingSpec, rank: int, dp: int, acts: Ac
             return None
         return max(top, optimizer_moment().total)
 
+    @functools.cache
     def optimizer_moment() -> Breakdown:
         return base.plus(gradients=local * d.grad, comm_buffers=p2p,
                          optimizer_temporaries=optimizer_temp_bytes(
