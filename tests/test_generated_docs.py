@@ -32,6 +32,8 @@ GENERATED = [
                              "OUT", "--accuracy-md", "", "--cal-dir", "", "--log-out", ""]),
     ("docs/accuracy.md", ["benchmarks/gpu_calibration.py", "--write", "--accuracy-md", "OUT",
                           "--calibration-md", "", "--cal-dir", "", "--log-out", ""]),
+    # the second H100 lease (float8, offloading, compile): its section of accuracy.md
+    ("docs/accuracy.md", ["benchmarks/gpu_frontier.py", "--write", "--accuracy-md", "OUT"]),
     # every framework's key table (issue 21): the section of jobs.md after its own prose
     ("docs/jobs.md", ["-m", "planner.jobs.keydoc", "--md", "OUT"]),
 ]
