@@ -273,18 +273,19 @@ def test_wrapper_gates_a_job_config(tmp_path):
     p = wrapper(str(script), cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     assert "admitted: pinned full_shard + selective checkpointing fits on 8 x h100-80" in p.stderr
-    # pipeline parallel beside context parallel (torchtitan's 4D mesh) is not modelled:
-    # rejected with the setting named, never admitted
+    # ZBV's split backward beside selective checkpointing (torchtitan's ZBVZeroBubble with
+    # the file's [activation_checkpoint]) is not modelled: rejected with the setting named,
+    # never admitted
     pp = tmp_path / "pp"
     pp.mkdir()
     script = _script(pp, "torchtitan_llama3_70b.v0.2.0.toml", nodes=8)
     job = next(pp.glob("*.toml"))
-    job.write_text(job.read_text().replace("pipeline_parallel_degree = 1",
-                                           "pipeline_parallel_degree = 4").replace(
-        "context_parallel_degree = 1", "context_parallel_degree = 2"))
+    job.write_text(job.read_text().replace(
+        "pipeline_parallel_degree = 1",
+        'pipeline_parallel_degree = 4\npipeline_parallel_schedule = "ZBVZeroBubble"'))
     p = wrapper(str(script), cwd=pp)
     assert p.returncode == 3 and "SUBMITTED" not in p.stdout
-    assert "does not model" in p.stderr and "pipeline parallel degree 4" in p.stderr
+    assert "does not model" in p.stderr and "zbv" in p.stderr.lower(), p.stderr
 
 
 def test_console_script_entry_point_and_shim():
