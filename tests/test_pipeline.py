@@ -324,10 +324,22 @@ def test_split_bubble_by_hand():
 
 # ---- memory of a stage, by hand --------------------------------------------------------------
 
-SMALL = {"model.layers": 8, "model.hidden": 512, "model.heads": 8, "model.ffn": 1536,
-         "model.vocab": 32000, "model.tied_embeddings": False, "hardware.gpu": "h100-80",
-         "training.seq": 1024, "checkpointing": "none", "strategy": "full_shard",
-         "calibration": "none"}
+def _bench():
+    """benchmarks/pipeline_trace_accuracy.py: every traced configuration, the referee's
+    runner and the planner's rank peak (loaded as tests/test_calibration.py loads its
+    benchmark)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "pipeline_trace_accuracy.py"
+    spec = importlib.util.spec_from_file_location("pipeline_trace_accuracy", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+BENCH = _bench()
+SMALL = BENCH.SMALL
 FLAG_PATH = {"--n": "hardware.n", "--pp": "parallel.pp", "--pp-schedule": "parallel.pp_schedule",
              "--pp-microbatches": "parallel.pp_microbatches",
              "--pp-virtual-stages": "parallel.pp_virtual_stages", "--tp": "parallel.tp",
@@ -852,122 +864,11 @@ def test_torchtitan_split_schedule_is_read(tmp_path, name, schedule):
 
 # ---- the referee: a real pipeline step, one rank, on a fake process group ------------------
 
-def _traced_rank(values: dict, rank: int, timeline: bool = False) -> dict:
-    """``probes.pipeline_trace`` in its own process (a process holds one process group)."""
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parent.parent
-    job = json.dumps({"values": values, "pp_rank": rank, "timeline": timeline})
-    out = subprocess.run([sys.executable, "-m", "probes.pipeline_trace", job], cwd=root,
-                         capture_output=True, text=True, timeout=600,
-                         env={**__import__("os").environ, "PYTHONPATH": str(root)})
-    assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def _planned_rank(values: dict, rank: int) -> int:
-    """The planner's allocated peak of that rank (no cuBLAS workspace: the trace runs no
-    cuBLAS); under ``parallel.tp`` each stage tensor-parallel, dp = n / (pp x tp)."""
-    from planner.fields import SPEC
-    from planner.memory.breakdown import PHASES, Overheads
-    from planner.memory.estimator import activation_plan
-    from planner.memory.moments import Activations
-    from planner.memory.pipeline import rank_phases
-    from planner.request import build_request
-    from planner.spec import Candidate, Checkpointing, Strategy
-
-    r = build_request(values, SPEC)
-    tp = values.get("parallel.tp") or 1
-    c = Candidate(strategy=Strategy.FULL_SHARD,
-                  checkpointing=Checkpointing(values["checkpointing"]), tp=tp)
-    acts = Activations.of(activation_plan(r.model, r.training, c))
-    dp = r.cluster.n_gpus // (r.training.pipeline.degree * tp)
-    ph = rank_phases(r.model, r.training, rank, dp, acts, Overheads(cublas_workspace_bytes=0),
-                     tp, c.checkpointing)
-    return max(ph[k].total for k in PHASES)
-
-
-TRACED = [  # (extra values, rank): measured, docs/model.md §8.7
-    ({}, 0), ({}, 1),
-    ({"parallel.pp_schedule": "gpipe"}, 0), ({"parallel.pp_schedule": "gpipe"}, 1),
-    ({"parallel.pp_schedule": "interleaved-1f1b"}, 0),
-    ({"parallel.pp_schedule": "interleaved-1f1b"}, 1),
-    ({"checkpointing": "full"}, 0), ({"checkpointing": "selective"}, 1),
-    ({"hardware.n": 8, "parallel.pp": 4, "parallel.pp_microbatches": 8}, 0),
-    ({"hardware.n": 8, "parallel.pp": 4, "parallel.pp_microbatches": 8}, 1),
-    ({"hardware.n": 8, "parallel.pp": 4, "parallel.pp_microbatches": 8,
-      "checkpointing": "selective"}, 2),
-    ({"hardware.n": 8, "parallel.pp": 4, "parallel.pp_microbatches": 8}, 3),
-    ({"hardware.n": 8, "parallel.pp": 4, "parallel.pp_microbatches": 8, "model.layers": 14,
-      "parallel.pp_schedule": "interleaved-1f1b"}, 1),
-    # FSDP x TP x PP (torchtitan's 405B layout), each stage TP 2 with sequence parallel and
-    # loss_parallel; measured -0.1 .. -0.7 % (docs/model.md §8.7)
-    ({"hardware.n": 8, "parallel.tp": 2}, 0), ({"hardware.n": 8, "parallel.tp": 2}, 1),
-    ({"hardware.n": 8, "parallel.tp": 2, "checkpointing": "full"}, 0),
-    ({"hardware.n": 8, "parallel.tp": 2, "parallel.pp_schedule": "interleaved-1f1b"}, 0),
-    ({"hardware.n": 16, "parallel.tp": 4}, 1),
-    ({"hardware.n": 8, "parallel.tp": 2, "checkpointing": "selective"}, 1),
-    # interleaved 1F1B under full checkpointing: each stage's gradients reduced (and the
-    # stage resharded) right after its last backward (memory/pipeline.py walk); holding every
-    # stage's to the step's end read +4.2 % / +6.6 % / +12.7 % here (docs/model.md §8.7);
-    # measured now -0.01 % / -0.01 % / -0.11 %, TP 2 rank 1 -0.17 %
-    ({"parallel.pp_schedule": "interleaved-1f1b", "checkpointing": "full"}, 0),
-    ({"hardware.n": 8, "parallel.pp": 4, "parallel.pp_microbatches": 4, "model.layers": 16,
-      "parallel.pp_schedule": "interleaved-1f1b", "checkpointing": "full"}, 0),
-    ({"hardware.n": 8, "parallel.pp": 4, "parallel.pp_microbatches": 4, "model.layers": 16,
-      "parallel.pp_schedule": "interleaved-1f1b", "checkpointing": "full"}, 1),
-    ({"hardware.n": 8, "parallel.tp": 2, "parallel.pp_schedule": "interleaved-1f1b",
-      "checkpointing": "full"}, 1),
-    # 2 rounds (M 8, pp 4): +2.89 % before the walk, +2.54 % with it while a stage's first
-    # block's checkpointed input, its P2P receive buffer, was counted twice; -0.61 % now
-    ({"hardware.n": 8, "parallel.pp": 4, "parallel.pp_microbatches": 8, "model.layers": 16,
-      "parallel.pp_schedule": "interleaved-1f1b", "checkpointing": "full"}, 1),
-    # FSDP x CP x PP (torchtitan's 4D mesh without TP): dp = dp_shard x cp, each stage on
-    # seq / cp tokens, SDPA as torch's ring attention (this rank cp rank 0); measured
-    # -0.13 .. +0.88 % (the all-gather and all-to-all rotations differ by one key/value
-    # buffer, 1,048,576 B, in the trace and in the plan alike)
-    ({"parallel.cp": 2}, 0), ({"parallel.cp": 2}, 1),
-    ({"parallel.cp": 2, "parallel.cp_rotate": "alltoall"}, 0),
-    ({"parallel.cp": 2, "checkpointing": "full"}, 0),
-    ({"parallel.cp": 2, "checkpointing": "full"}, 1),
-    ({"parallel.cp": 2, "parallel.pp_schedule": "interleaved-1f1b"}, 0),
-    ({"parallel.cp": 2, "parallel.pp_schedule": "interleaved-1f1b", "checkpointing": "full"}, 0),
-    ({"parallel.cp": 2, "parallel.pp_schedule": "gpipe"}, 1),
-    ({"hardware.n": 8, "parallel.cp": 4}, 0),
-    ({"hardware.n": 8, "parallel.cp": 4, "parallel.cp_rotate": "alltoall",
-      "checkpointing": "full"}, 1),
-    ({"hardware.n": 8, "parallel.pp": 4, "parallel.pp_microbatches": 8, "parallel.cp": 2}, 1),
-    # ZBV and DualPipeV (2 stages per rank in a V, split backward), measured -1.33 .. +1.03 %
-    # (docs/model.md §8.7); 8 layers in 4 stages: [2, 3, 2, 1] blocks, rank 0 holds the
-    # embedding's stage 0 and the head's stage 3
-    ({"parallel.pp_schedule": "zbv"}, 0), ({"parallel.pp_schedule": "zbv"}, 1),
-    ({"parallel.pp_schedule": "dualpipev"}, 0), ({"parallel.pp_schedule": "dualpipev"}, 1),
-    ({"parallel.pp_schedule": "zbv", "parallel.pp_microbatches": 8}, 1),
-    ({"parallel.pp_schedule": "zbv", "parallel.pp_microbatches": 2}, 0),
-    ({"parallel.pp_schedule": "dualpipev", "parallel.pp_microbatches": 8}, 0),
-    ({"hardware.n": 8, "parallel.pp": 4, "parallel.pp_microbatches": 8, "model.layers": 14,
-      "parallel.pp_schedule": "zbv"}, 1),
-    ({"hardware.n": 8, "parallel.pp": 4, "parallel.pp_microbatches": 8, "model.layers": 14,
-      "parallel.pp_schedule": "zbv"}, 3),
-    ({"hardware.n": 8, "parallel.pp": 4, "parallel.pp_microbatches": 8, "model.layers": 14,
-      "parallel.pp_schedule": "dualpipev"}, 2),
-    # Interleaved Zero Bubble (looped stages, split backward): -1.18 .. -0.01 %
-    ({"parallel.pp_schedule": "interleaved-zb"}, 0),
-    ({"parallel.pp_schedule": "interleaved-zb"}, 1),
-    ({"hardware.n": 8, "parallel.pp": 4, "parallel.pp_microbatches": 8, "model.layers": 14,
-      "parallel.pp_schedule": "interleaved-zb"}, 0),
-    ({"parallel.pp_schedule": "interleaved-zb", "parallel.pp_virtual_stages": 3,
-      "parallel.pp_microbatches": 6, "model.layers": 12}, 1),
-    pytest.param({"hardware.n": 16, "parallel.tp": 4, "checkpointing": "selective"}, 1,
-                 marks=pytest.mark.xfail(strict=True, reason=(
-                     "measured -2.19 %: under TP with op-level selective checkpointing the "
-                     "last stage's 4 blocks hold 5.6 MB more than tp_saved(op_sac_kept) (6.6 MB "
-                     "at tp 2, -1.32 %: mostly not divided by tp); cause not found "
-                     "(docs/model.md §8.7)"))),
-]
+_traced_rank, _planned_rank = BENCH.traced_rank, BENCH.planned_rank
+TRACED = [  # the configurations CI traces (the benchmark traces all of BENCH.CASES)
+    pytest.param(c[0], c[1], marks=[pytest.mark.xfail(strict=True, reason=c[3])])
+    if c[3] else (c[0], c[1])
+    for c in map(BENCH.case, BENCH.CASES) if c[2]]
 
 
 @pytest.mark.trace
