@@ -209,8 +209,9 @@ def _record_bf16_optimizer(rec: dict[str, Any], model: Any, zopt: Any, engine: A
     rec["_seen"] = seen
 
 
-def run_case(name: str) -> dict[str, Any]:
-    """One case in two fresh processes (gloo); rank 0's record."""
+def spawn_ranks(worker: Any, name: str, world: int) -> dict[str, Any]:
+    """``worker(rank, name, port, out)`` in ``world`` fresh processes (gloo on a free local
+    port); rank 0's record, which it writes to ``out``."""
     import tempfile
 
     import torch.multiprocessing as mp
@@ -220,18 +221,25 @@ def run_case(name: str) -> dict[str, Any]:
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "rank0.json")
-        mp.start_processes(_worker, args=(name, port, out), nprocs=WORLD, join=True,
+        mp.start_processes(worker, args=(name, port, out), nprocs=world, join=True,
                            start_method="spawn")
         with open(out) as f:
             return json.load(f)
 
 
-def main(argv: list[str]) -> int:
+def run_case(name: str) -> dict[str, Any]:
+    """One case in two fresh processes (gloo); rank 0's record."""
+    return spawn_ranks(_worker, name, WORLD)
+
+
+def write_records(argv: list[str], cases: Any, run: Any) -> int:
+    """``OUT.json [CASE ...]``: each named case (default: every case) run, the records
+    written to OUT.json atomically."""
     if not argv:
         print(__doc__, file=sys.stderr)
         return 2
-    out, names = argv[0], argv[1:] or list(CASES)
-    records = {n: run_case(n) for n in names}
+    out, names = argv[0], argv[1:] or list(cases)
+    records = {n: run(n) for n in names}
     tmp = out + ".tmp"
     with open(tmp, "w") as f:
         json.dump(records, f, indent=1, sort_keys=True)
@@ -239,6 +247,9 @@ def main(argv: list[str]) -> int:
     os.replace(tmp, out)
     return 0
 
+
+def main(argv: list[str]) -> int:
+    return write_records(argv, CASES, run_case)
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

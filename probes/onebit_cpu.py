@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import types
 from typing import Any
 
-from probes.deepspeed_cpu import MODEL  # ds-tiny: 115,008 parameters
+# MODEL: ds-tiny, 115,008 parameters
+from probes.deepspeed_cpu import MODEL, spawn_ranks, write_records
 
 SEQ, MICRO, STEPS = 16, 2, 6
 CASES: dict[str, dict[str, Any]] = {
@@ -187,33 +187,14 @@ def _worker(rank: int, name: str, port: int, out: str) -> None:
 
 def run_case(name: str) -> dict[str, Any]:
     """One case in fresh processes (gloo); rank 0's record."""
-    import tempfile
-
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with tempfile.TemporaryDirectory() as d:
-        out = os.path.join(d, "rank0.json")
-        mp.start_processes(_worker, args=(name, port, out), nprocs=CASES[name]["world"],
-                           join=True, start_method="spawn")
-        with open(out) as f:
-            return json.load(f)
+    return spawn_ranks(_worker, name, CASES[name]["world"])
 
 
 def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__, file=sys.stderr)
         return 2
-    out, names = argv[0], argv[1:] or list(CASES)
-    records = {n: run_case(n) for n in names}
-    tmp = out + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(records, f, indent=1, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, out)
-    return 0
+    return write_records(argv, CASES, run_case)
 
 
 if __name__ == "__main__":
