@@ -240,6 +240,15 @@ def walk(p: Any, rank: int, stage: dict[int, StageBytes], *, records_only: bool 
 
 
 @functools.lru_cache(maxsize=4096)
+def group_elements(model: ModelSpec, blocks: int, first: bool, last: bool, tp: int, dp: int
+                   ) -> tuple[int, int]:
+    """(elements, elements of the dim-0 shards over ``dp``) of ``rank_groups``' tensors."""
+    g = rank_groups(model, blocks, first, last, tp)
+    return (sum(k * numel(sh) for _, sh, k in g),
+            sum(k * ceil_div(numel(sh), dp) for _, sh, k in g))
+
+
+@functools.lru_cache(maxsize=4096)
 def units(model: ModelSpec, first: bool, last: bool, blocks: int, tp: int = 1
           ) -> tuple[int, int]:
     """(the rank's largest FSDP unit, the unit its backward reaches last) in elements (of its
@@ -288,7 +297,7 @@ def _rank(model: ModelSpec, training: TrainingSpec, rank: int, dp: int, acts: Ac
     groups = rank_groups(model, blocks, first, last, tp)
     fd = training.fsdp_dtypes
     d = dtypes(Strategy.FULL_SHARD, training.precision, fd)
-    local = sum(k * ceil_div(numel(s), dp) for _, s, k in groups)  # dim-0 shards
+    _, local = group_elements(model, blocks, first, last, tp, dp)  # dim-0 shards
     base = Breakdown(params=local * d.param,
                      optimizer_states=optimizer_state_bytes(model, training.optimizer, d.state,
                                                             dp, groups),
@@ -297,9 +306,7 @@ def _rank(model: ModelSpec, training: TrainingSpec, rank: int, dp: int, acts: Ac
     size = stage_sizes(model, training, layers, stages, acts, d.compute, tp, ckpt)
 
     def stage_bytes(s: int) -> StageBytes:
-        g = rank_groups(model, layers[s], s == 0, s == n_stages - 1, tp)
-        el = sum(k * numel(sh) for _, sh, k in g)
-        shard = sum(k * ceil_div(numel(sh), dp) for _, sh, k in g)
+        el, shard = group_elements(model, layers[s], s == 0, s == n_stages - 1, tp, dp)
         # the first stage's embedding gradient is the whole table under TP (whole_table)
         return StageBytes(held=size[s], gathered=el * fd.param,
                           grads=(el + (whole if s == 0 else 0)) * fd.reduce,
