@@ -317,6 +317,21 @@ def training_from(v: Mapping[str, Any]) -> TrainingSpec:
                         ep_imbalance=float(v["parallel.ep_imbalance"]))
 
 
+def fsdp2_only(v: Mapping[str, Any], naming: Naming, what: str, how: str,
+               allowed: tuple[Strategy, ...]) -> Any:
+    """The strategies asked for (None: none asked) where ``what`` runs under FSDP2 only
+    without offload, or one error naming the field: a strategy outside ``allowed`` or an
+    offload (context and expert parallel as torchtitan runs them)."""
+    asked = v["strategy"]
+    other = [str(s) for s in asked or () if s not in allowed]
+    if other:
+        raise naming.fail("strategy", f"{', '.join(other)} with {what} is not modelled "
+                          f"({how}: " + ", ".join(str(s) for s in allowed) + ")")
+    if v["offload"] not in ("auto", Offload.NONE):
+        raise naming.fail("offload", f"{v['offload']} with {what} is not modelled")
+    return asked
+
+
 def cp_options(v: Mapping[str, Any], model: ModelSpec, training: TrainingSpec,
                cluster: Cluster, options: Options, naming: Naming) -> Options:
     """The search options under context parallel, or one error naming the field: CP is
@@ -327,15 +342,8 @@ def cp_options(v: Mapping[str, Any], model: ModelSpec, training: TrainingSpec,
     problem = cp_problem(model, training, cluster.n_gpus, tp)
     if problem:
         raise naming.fail("parallel.cp", problem)
-    asked = v["strategy"]
-    if asked:
-        other = [str(s) for s in asked if s not in CP_STRATEGIES]
-        if other:
-            raise naming.fail("strategy", f"{', '.join(other)} with context parallel is not "
-                              "modelled (CP runs under FSDP2 over dp_shard x cp: "
-                              + ", ".join(str(s) for s in CP_STRATEGIES) + ")")
-    if v["offload"] not in ("auto", Offload.NONE):
-        raise naming.fail("offload", f"{v['offload']} with context parallel is not modelled")
+    asked = fsdp2_only(v, naming, "context parallel", "CP runs under FSDP2 over dp_shard x cp",
+                       CP_STRATEGIES)
     # under a pipeline the strategies are already the pipeline's (FSDP2 full_shard inside
     # each stage: pipeline_cluster_problem)
     default = options.strategies if training.pipeline.enabled else CP_STRATEGIES
@@ -577,14 +585,7 @@ def ep_options(v: Mapping[str, Any], model: ModelSpec, training: TrainingSpec,
         raise naming.fail("parallel.ep", problem)
     if (options.tp or 1) > 1:
         raise naming.fail("parallel.ep", "expert parallel with tensor parallel is not modelled")
-    asked = v["strategy"]
-    other = [str(s) for s in asked or () if s not in EP_STRATEGIES]
-    if other:
-        raise naming.fail("strategy", f"{', '.join(other)} with expert parallel is not "
-                          "modelled (EP runs under FSDP2: "
-                          + ", ".join(str(s) for s in EP_STRATEGIES) + ")")
-    if v["offload"] not in ("auto", Offload.NONE):
-        raise naming.fail("offload", f"{v['offload']} with expert parallel is not modelled")
+    asked = fsdp2_only(v, naming, "expert parallel", "EP runs under FSDP2", EP_STRATEGIES)
     return dataclasses.replace(options, strategies=tuple(asked) if asked else EP_STRATEGIES,
                                offloads=(Offload.NONE,), tp=1)
 

@@ -343,15 +343,15 @@ class ActivationOffload:
         if hasattr(self.ctx, "update_model_params"):
             self.ctx.update_model_params(net)  # TRL: parameters are never offloaded
         self.noop = mod.NoOpManager()
-        self.inside = False
+        self.inside = False  # the no-op manager entered (after the final norm)
+        self.active = False  # inside forward()
+        self.last: dict[str, int] | None = None  # the last forward's tally
         net.final_norm.register_forward_hook(self._enter_noop)
 
     def _enter_noop(self, *_: Any) -> None:
         if self.active and not self.inside:
             self.noop.__enter__()
             self.inside = True
-
-    active = False
 
     def describe(self) -> dict[str, Any]:
         c = self.ctx
@@ -373,7 +373,6 @@ class ActivationOffload:
                 self.active = False
                 self.tally()
 
-    last: dict[str, int] | None = None
 
     def tally(self) -> None:
         """What the forward handed to the hooks, read from the class's own ``tracker``
@@ -399,8 +398,6 @@ class ActivationOffload:
                 device += n
         self.last = {"host_bytes": host, "kept_on_device_bytes": device,
                      "tensors": len(getattr(self.ctx, "tracker", {}))}
-
-
 
 
 def sdpa_backend(dev: Dev, spec: ModelSpec, training: TrainingSpec) -> str | None:
@@ -914,7 +911,6 @@ def _tiny_llama_dict() -> dict[str, Any]:
     return d
 
 
-
 # --------------------------------------------------------------------------- GEMM rates
 
 
@@ -990,7 +986,6 @@ def gemm_rates(dev: Dev, out: str, tiny: bool = False) -> int:
         append_record(out, rec)
     log("gemm rates recorded")
     return 0
-
 
 
 def float8_layer_times(dev: Dev, out: str, tiny: bool = False) -> int:
