@@ -104,6 +104,48 @@ def test_torchtune_dpo_recipe_ignores_the_cp_key(tmp_path):
     assert any("context_parallel_dim 2 is ignored" in w and "DPO" in w for w in j.warnings)
 
 
+# ---- accelerate (and the HF Trainer / TRL reading its ParallelismConfig): mapped, grouped ---
+
+ACC_CP = "trl_accelerate_context_parallel_2gpu.yaml"  # TRL's docs: FSDP2, cp_size 2, 2 GPUs
+
+
+def test_accelerate_cp_is_read_with_grouped_keys(tmp_path):
+    # parallelism_config_cp_size: 2; no cp_comm_strategy: TorchContextParallelConfig's
+    # allgather (the field's default); HF attention under accelerate's hooks: enable_gqa
+    j = read_job(str(DATA / ACC_CP))
+    assert (j.values["parallel.cp"], j.values["parallel.cp_kv"]) == (2, "grouped")
+    assert j.values["hardware.n"] == 2 and "parallel.cp_rotate" not in j.values
+    assert not [line for line in j.unmodelled if "context" in line]
+    path = edited(tmp_path, ACC_CP, {}, "  parallelism_config_cp_comm_strategy: alltoall\n")
+    assert read_job(path).values["parallel.cp_rotate"] == "alltoall"
+
+
+def test_accelerate_cp_plans_as_the_cp_flags_do(tmp_path):
+    # llama3-8b (32 heads, 8 key/value heads): grouped is not repeated here
+    model = ("--model", "llama3-8b", "--seq", "8192")
+    job = _plan(*model, "--job", str(DATA / ACC_CP))
+    flags = _plan(*model, "--job", edited(tmp_path, ACC_CP, {
+        "parallelism_config_cp_size: 2": "parallelism_config_cp_size: 1"}), "--cp", "2",
+        "--cp-kv", "grouped")
+    assert (job["inputs"]["cp"], job["inputs"]["cp_rotate"], job["inputs"]["cp_kv"]) == \
+        (2, "allgather", "grouped")
+    for key in ("inputs", "candidates", "recommendation"):
+        assert job[key] == flags[key], key
+    repeated = _plan(*model, "--job", str(DATA / ACC_CP), "--cp-kv", "repeated")
+    assert repeated["candidates"] != job["candidates"]  # the key/value heads matter
+
+
+def test_training_arguments_parallelism_config_cp(tmp_path):
+    # TrainingArguments.parallelism_config as a mapping (accelerate's ParallelismConfig
+    # fields), its TorchContextParallelConfig under cp_handler
+    path = edited(tmp_path, "trl_cli_example_config.yaml", {}, (
+        "parallelism_config:\n  dp_shard_size: 2\n  cp_size: 2\n"
+        "  cp_handler:\n    cp_comm_strategy: alltoall\n"))
+    v = read_job(path).values
+    assert (v["parallel.cp"], v["parallel.cp_rotate"], v["parallel.cp_kv"]) == \
+        (2, "alltoall", "grouped")
+
+
 # ---- refused, the mechanism named ----------------------------------------------------------
 
 def _cp_line(job) -> str:
