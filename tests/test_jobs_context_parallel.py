@@ -146,6 +146,26 @@ def test_training_arguments_parallelism_config_cp(tmp_path):
         (2, "alltoall", "grouped")
 
 
+def test_hf_trainer_cp_needs_sdpa(tmp_path):
+    # transformers Trainer._prepare_context_parallel_inputs raises for any attention but
+    # sdpa; flash-attention-2 plans as SDPA elsewhere, so the name is kept for this check,
+    # which sees both files of the job (the accelerate config and TRL's recipe)
+    recipe = tmp_path / "sft.yaml"
+    recipe.write_text("model_name_or_path: meta-llama/Meta-Llama-3-8B\nmax_length: 8192\n"
+                      "model_init_kwargs:\n  attn_implementation: flash_attention_2\n")
+    r = run("--gpu", "h100-80", "--job", str(DATA / ACC_CP), "--job", str(recipe))
+    one_line_error(r, 4, "model_init_kwargs.attn_implementation", "'flash_attention_2' with "
+                   "context parallel 2", "sdpa only")
+    recipe.write_text(recipe.read_text().replace("flash_attention_2", "sdpa"))
+    r = run("--gpu", "h100-80", "--job", str(DATA / ACC_CP), "--job", str(recipe))
+    assert r.exit_code in (0, 3), r.stderr
+    # without context parallel flash-attention-2 plans as SDPA, as before
+    recipe.write_text(recipe.read_text().replace("sdpa", "flash_attention_2"))
+    r = run("--gpu", "h100-80", "--job", str(DATA / "trl_accelerate_fsdp2.yaml"), "--job",
+            str(recipe))
+    assert r.exit_code in (0, 3), r.stderr
+
+
 # ---- refused, the mechanism named ----------------------------------------------------------
 
 def _cp_line(job) -> str:
