@@ -230,8 +230,9 @@ def context_parallel(r: Reader, pc: Any, cp: int) -> None:
     backend = next((pc[k] for k in ("parallelism_config_cp_backend", "cp_backend")
                     if pc.get(k) is not None), "torch")
     if str(backend).lower() != "torch":
-        r.set("parallel.cp", unread_cp(r, cp, key, f"cp_backend {backend!r} is not torch's "
-                                       "(accelerate 1.15 knows only torch)"), key)
+        # ParallelismConfig.cp_backend: Literal["torch"] (v1.14.0 .. 16cb6eb8)
+        r.set("parallel.cp", unread_cp(r, cp, key, f"cp_backend {backend!r} is not torch's, "
+                                       "the only one accelerate knows"), key)
         return
     r.set("parallel.cp", cp, key)
     r.set("parallel.cp_kv", "grouped", f"{key} (accelerate's CP hooks drop the mask: "
