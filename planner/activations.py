@@ -459,8 +459,10 @@ def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Preci
                      finetune: FineTune | None = None, tp: int = 1,
                      adapter_bytes: int = 0, compiled_loss: bool = False,
                      offload: bool = False, cp: int = 1, offload_trl: bool = False,
-                     offload_weights: bool = True) -> ActivationPlan:
-    """``seq`` is the sequence one GPU holds (under context parallel ``cp``: seq / cp).
+                     offload_weights: bool = True, cp_repeat_kv: bool = True
+                     ) -> ActivationPlan:
+    """``seq`` is the sequence one GPU holds (under context parallel ``cp``: seq / cp;
+    ``cp_repeat_kv``: SDPA is given the keys and values repeated to the query heads).
     ``offload_trl``: TRL's OffloadActivations instead of torchtune's; ``offload_weights``:
     the weights the matmuls save are offloaded (False: TRL skipping a parameter's storage)."""
     t = batch * seq
@@ -470,7 +472,7 @@ def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Preci
     if cp > 1:
         from planner.context_parallel import cp_saved
 
-        saved = cp_saved(saved, model, t, c)
+        saved = cp_saved(saved, model, t, c, repeat_kv=cp_repeat_kv)
     eager_saved = saved
     if ft.lora:
         saved = lora_saved(model, saved, ft, t, c, adapter_bytes)

@@ -22,9 +22,12 @@ every rank (probes/context_parallel.py, tests/test_context_parallel.py).
 The model: torchtitan's (``parallelize_llama``): FSDP2 over the dp_shard x cp mesh
 dimensions (the parameters are sharded over every GPU of the data-parallel and context-
 parallel dimensions: ``dp_shard_cp``), TP inside. torchtitan's attention repeats the key
-and value heads to the query heads before SDPA (``repeat_kv``), and the ring's flash op
-has no grouped-query argument, so under CP SDPA saves and rotates k and v with all the
-query heads.
+and value heads to the query heads before SDPA (``repeat_kv``), so under CP SDPA saves and
+rotates k and v with all the query heads (``CpKv.REPEATED``; torchtune's attention expands
+them too). transformers' SDPA attention, run under accelerate's context parallel (which
+drops the mask), calls SDPA with ``enable_gqa=True`` and the model's key/value heads: the
+flash kernel takes them grouped, and the ring saves and rotates k and v at the key/value
+width (``CpKv.GROUPED``).
 """
 
 from __future__ import annotations
@@ -144,12 +147,15 @@ def ring_backward_bytes(*, batch: int, local_seq: int, n_heads: int, n_kv_heads:
     return max(whole, halves, in_op) + buffers
 
 
-def cp_saved(saved: list[Any], model: ModelSpec, t: int, c: int) -> list[Any]:
-    """One block's saved set under CP (already at the local tokens ``t``): SDPA's keys and
-    values with every query head (torchtitan's ``repeat_kv`` before SDPA; the flash op the
-    ring calls has no grouped-query argument). ``repeat_kv``'s expand and reshape save
-    nothing; the unrepeated keys are saved by no one."""
-    wide = {"sdpa.k", "sdpa.k.rope_cast", "sdpa.v"}
+def cp_saved(saved: list[Any], model: ModelSpec, t: int, c: int, *,
+             repeat_kv: bool = True) -> list[Any]:
+    """One block's saved set under CP (already at the local tokens ``t``): with
+    ``repeat_kv``, SDPA's keys and values with every query head (torchtitan's ``repeat_kv``
+    and torchtune's expand before SDPA); ``repeat_kv``'s expand and reshape save nothing,
+    the unrepeated keys are saved by no one. Without it (transformers' SDPA attention calls
+    SDPA with ``enable_gqa=True`` once the mask is dropped, as accelerate's CP hooks do; the
+    flash kernel takes the grouped heads) the keys and values stay the model's."""
+    wide = {"sdpa.k", "sdpa.k.rope_cast", "sdpa.v"} if repeat_kv else set()
     out = [dataclasses.replace(x, nbytes=c * t * model.q_dim) if x.name in wide else x
            for x in saved]
     if not any(x.name == "attn.o.input_copy" for x in out):

@@ -23,6 +23,7 @@ from planner.spec import (
     Attention,
     Checkpointing,
     CompileMode,
+    CpKv,
     CpRotate,
     Dtype,
     FlatParams,
@@ -515,6 +516,12 @@ FIELDS: tuple[Field, ...] = (
           help="How CP's ring moves keys and values (torch's set_rotate_method): allgather "
           "(one all-gather, every rank's keys and values held) or alltoall (one chunk "
           "passed on per step)."),
+    Field(path="parallel.cp_kv", flag="--cp-kv", check=_choice(CpKv),
+          choices=_names(CpKv), default=CpKv.REPEATED,
+          help="The key/value heads CP's SDPA is given: repeated (to every query head before "
+          "SDPA: torchtitan's repeat_kv, torchtune) or grouped (the model's key/value heads, "
+          "SDPA's enable_gqa: transformers' SDPA attention under accelerate's context "
+          "parallel). The same for a model without grouped-query attention."),
     # ---- expert parallel (planner/expert_parallel.py; docs/model.md "Expert parallel")
     Field(path="parallel.ep", flag="--ep", metavar="N", check=_count(1024), default=1,
           help="Expert-parallel degree for MoE models: torchtitan's EP (each GPU owns "

@@ -15,8 +15,8 @@ from planner.params import active_params, total_params, trainable
 from planner.pipeline import SPLIT_BACKWARD, V_SHAPED
 from planner.candidates import label
 from planner.plan import Answer, Found, interval
-from planner.spec import (Checkpointing, CompileMode, GradSync, LossKind, ModelSpec, Offload,
-                          Precision, Quantize, Strategy, TrainingSpec)
+from planner.spec import (Checkpointing, CompileMode, CpKv, GradSync, LossKind, ModelSpec,
+                          Offload, Precision, Quantize, Strategy, TrainingSpec)
 from planner.throughput import StepEstimate, default_compute_efficiency, efficiency_provenance
 
 SCHEMA_VERSION = 1
@@ -157,7 +157,7 @@ def answer_json(answer: Answer, found: Found | None = None) -> dict[str, Any]:
             "pp": {"degree": t.pipeline.degree, "schedule": str(t.pipeline.schedule),
                    "microbatches": t.pipeline.microbatches,
                    "virtual_stages": t.pipeline.virtual},
-            "cp": t.cp, "cp_rotate": str(t.cp_rotate),
+            "cp": t.cp, "cp_rotate": str(t.cp_rotate), "cp_kv": str(t.cp_kv),
             "ep": t.ep, "ep_imbalance": t.ep_imbalance,
             "mesh": "given",  # the degrees above as given; `--mesh auto`: the cli says "auto"
         },
@@ -358,8 +358,11 @@ def cp_assumption(t: TrainingSpec) -> str:
     """The context-parallel part of the parallelism assumption line."""
     if t.cp <= 1:
         return "; context parallel: none"
+    kv = ("keys and values repeated to the query heads" if t.cp_kv is CpKv.REPEATED else
+          "keys and values with the model's key/value heads (enable_gqa)")
     return (f"; context parallel: {t.cp} (torch's ring attention, {t.cp_rotate} rotation "
-            "counted on the critical path, assumed not overlapped; FSDP2 over dp_shard x cp)")
+            f"counted on the critical path, assumed not overlapped; {kv}; FSDP2 over "
+            "dp_shard x cp)")
 
 
 def ep_assumption(t: TrainingSpec) -> str:

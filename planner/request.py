@@ -313,7 +313,8 @@ def training_from(v: Mapping[str, Any]) -> TrainingSpec:
              and not (f.key == "attention" and v[f.path] is None)}  # the model's: job_from
     return TrainingSpec(**given, loss=loss, loss_chunks=chunks, finetune=finetune,
                         deepspeed=deepspeed_from(v), cp=v["parallel.cp"],
-                        cp_rotate=v["parallel.cp_rotate"], ep=v["parallel.ep"],
+                        cp_rotate=v["parallel.cp_rotate"], cp_kv=v["parallel.cp_kv"],
+                        ep=v["parallel.ep"],
                         ep_imbalance=float(v["parallel.ep_imbalance"]))
 
 

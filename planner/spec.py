@@ -285,6 +285,14 @@ class CpRotate(enum.StrEnum):
     ALLTOALL = "alltoall"  # a permute (all_to_all) to the next rank each step
 
 
+class CpKv(enum.StrEnum):
+    """How the key/value heads enter context parallel's SDPA (docs/model.md "Context
+    parallel")."""
+
+    REPEATED = "repeated"  # torchtitan's repeat_kv, torchtune's expand: every query head
+    GROUPED = "grouped"  # transformers' enable_gqa=True (accelerate, the HF Trainer): kv heads
+
+
 class CompileMode(enum.StrEnum):
     NONE = "none"  # eager
     BLOCKS = "blocks"  # torch.compile per transformer block (torchtitan)
@@ -745,6 +753,9 @@ class TrainingSpec:
     CP group holds seq / cp tokens; 1: none (planner/context_parallel.py)."""
     cp_rotate: CpRotate = CpRotate.ALLGATHER
     """How the ring moves keys and values (torch's ``set_rotate_method``)."""
+    cp_kv: CpKv = CpKv.REPEATED
+    """The key/value heads SDPA is given under CP: repeated to the query heads (torchtitan,
+    torchtune) or grouped, as the model has them (transformers' ``enable_gqa``)."""
     ep: int = 1
     """Expert-parallel degree (torchtitan's ``expert_parallel_degree``): each GPU of an EP
     group owns n_experts / ep routed experts; 1: none (planner/expert_parallel.py)."""

@@ -1012,7 +1012,8 @@ def float8_inputs(model: ModelSpec, training: TrainingSpec, candidate: Candidate
 def cp_inputs(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, mb: Any,
               seq: Any, gpn: Any, c: int) -> dict[str, Any]:
     """StepInputs fields of context parallel (empty without it): the rotation's bytes per
-    layer (keys and values with every query head, over the TP group's heads: n_heads / tp),
+    layer (keys and values with every query head, or the model's key/value heads under
+    ``CpKv.GROUPED``, over the TP group's heads: heads / tp),
     its collectives (all-gather: one in forward, one in backward; all-to-all: cp - 1 each;
     the backward's fp32 key/value gradients: cp all-to-alls) and whether the group spans
     nodes (torchtitan's mesh puts cp beside tp, innermost)."""
@@ -1020,9 +1021,12 @@ def cp_inputs(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *,
     if cp <= 1:
         return {}
     from planner.context_parallel import rotation_bytes
-    from planner.spec import CpRotate
+    from planner.spec import CpKv, CpRotate
 
-    fwd, bwd = rotation_bytes(batch=1, seq=cp, n_heads=model.n_heads // candidate.tp,
+    # every term rotated is a key, a value or their gradient: the heads SDPA is given
+    heads = model.n_heads // candidate.tp if training.cp_kv is CpKv.REPEATED else \
+        -(-model.n_kv_heads // candidate.tp)
+    fwd, bwd = rotation_bytes(batch=1, seq=cp, n_heads=heads,
                               d_head=model.d_head, c=c, cp=cp)
     per_token = mb * seq / cp  # rotation_bytes at one token per rank, times the local tokens
     kv_calls = 1.0 if training.cp_rotate is CpRotate.ALLGATHER else cp - 1.0

@@ -188,10 +188,12 @@ class ring_sdpa:
     group already initialised: ``F.scaled_dot_product_attention`` becomes torch's ring
     attention over the cp dimension of a (world / cp, cp) mesh, this process being cp rank
     0, with the keys and values repeated to the query heads first as torchtitan's
-    ``repeat_kv`` does (expand + reshape of the (B, T, kv, d) layout, then the transpose)."""
+    ``repeat_kv`` does (expand + reshape of the (B, T, kv, d) layout, then the transpose),
+    or with ``repeat_kv`` False given as they are (transformers' ``enable_gqa=True``: the
+    flash op takes the grouped heads)."""
 
-    def __init__(self, cp: int, rotate: str) -> None:
-        self.cp, self.rotate = cp, rotate
+    def __init__(self, cp: int, rotate: str, repeat_kv: bool = True) -> None:
+        self.cp, self.rotate, self.repeat_kv = cp, rotate, repeat_kv
 
     def __enter__(self) -> None:
         import torch.nn.functional as F
@@ -218,7 +220,7 @@ class ring_sdpa:
             if attn_mask is not None or not is_causal:
                 raise NotImplementedError("context parallel: causal SDPA without a mask only")
             rep = q.shape[1] // k.shape[1]
-            if rep > 1:
+            if rep > 1 and self.repeat_kv:
                 k, v = (_repeat_kv(t, rep) for t in (k, v))
             return _RingAttention.apply(q, k, v, mesh)
 

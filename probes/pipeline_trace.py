@@ -329,7 +329,7 @@ def trace_rank(spec: ModelSpec, training: TrainingSpec, checkpointing: Checkpoin
         if cp > 1:
             from probes.context_parallel import ring_sdpa
 
-            ring = ring_sdpa(cp, training.cp_rotate.value)
+            ring = ring_sdpa(cp, training.cp_rotate.value, str(training.cp_kv) == "repeated")
         with ring, untracked, tracker, parallel_loss, _no_backward_module_hooks():
             args = (x,) if has_first else ()
             # as torchtitan's train step calls it: the losses collected, the last stage's

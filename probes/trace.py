@@ -103,6 +103,7 @@ from planner.spec import (
     Attention,
     Candidate,
     Checkpointing,
+    CpKv,
     CompileMode,
     Float8Recipe,
     GradSync,
@@ -204,7 +205,8 @@ def reference_factory(spec: ModelSpec) -> ModelFactory:
 
             if parallelize is not None:
                 raise UnsupportedConfig("context parallel with TP or a fine-tune: not traced")
-            kernel_context = functools.partial(ring_sdpa, tr.cp, tr.cp_rotate.value)
+            kernel_context = functools.partial(ring_sdpa, tr.cp, tr.cp_rotate.value,
+                                               tr.cp_kv is CpKv.REPEATED)
             effects.add("cp")
 
         def make_batch(b: int, t: int) -> tuple:

@@ -398,6 +398,7 @@ ECHO = {  # registry path -> where --json's "inputs" says what was planned with 
     "training.global_batch": "global_batch", "training.loss": "training.loss",
     "training.fsdp_version": "training.fsdp_version", "finetune.freeze": "finetune.freeze_layers",
     "parallel.tp": "tp", "parallel.cp": "cp", "parallel.cp_rotate": "cp_rotate",
+    "parallel.cp_kv": "cp_kv",
     "parallel.ep": "ep", "parallel.ep_imbalance": "ep_imbalance",
     "parallel.mesh": "mesh",
     "parallel.pp": "pp.degree", "parallel.pp_schedule": "pp.schedule",

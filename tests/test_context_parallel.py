@@ -21,6 +21,7 @@ from planner.presets import get_preset
 from planner.spec import (
     Candidate,
     Checkpointing,
+    CpKv,
     CpRotate,
     ModelSpec,
     Precision,
@@ -135,8 +136,10 @@ def test_ring_attention_matches_the_referee_on_every_rank():
 # The plan under CP
 
 
-def _plan(model: ModelSpec, seq: int, cp: int = 1, ckpt=Checkpointing.NONE, tp: int = 1):
-    training = TrainingSpec(seq=seq, micro_batch=1, precision=Precision.BF16_AMP, cp=cp)
+def _plan(model: ModelSpec, seq: int, cp: int = 1, ckpt=Checkpointing.NONE, tp: int = 1,
+          kv: CpKv = CpKv.REPEATED):
+    training = TrainingSpec(seq=seq, micro_batch=1, precision=Precision.BF16_AMP, cp=cp,
+                            cp_kv=kv)
     return activation_plan(model, training, Candidate(strategy=Strategy.FULL_SHARD,
                                                       checkpointing=ckpt, tp=tp))
 
@@ -189,6 +192,26 @@ def test_the_block_backward_holds_the_ring():
     assert p.ring_forward == 285_999_104
 
 
+def test_grouped_keys_and_values_stay_the_models():
+    # transformers' SDPA attention under accelerate's CP: enable_gqa=True, k and v with the
+    # model's 8 key/value heads. llama3-8b, 8192 / cp 4 = 2048 local tokens, bf16 (c = 2):
+    # saved: the GQA set plus only the output's copy 2 x 2048 x 4096 = 16,777,216
+    m = get_preset("llama3-8b")
+    one, cp = _plan(m, 2048), _plan(m, 8192, cp=4, kv=CpKv.GROUPED)
+    assert cp.block_kept - one.block_kept == 16_777_216
+    # O = 32 x 2048 x 128 = 8,388,608, K = 8 x 2048 x 128 = 2,097,152, lse 262,144 B.
+    # forward: 18 O + 3 lse + cp x 2c K = 150,994,944 + 786,432 + 16 x 2,097,152 = 185,335,808
+    assert cp.ring_forward == 185_335_808
+    # backward, the largest moment (b): 9 O + 28 K + lse / 2 = 75,497,472 + 58,720,256 +
+    # 131,072 = 134,348,800 ((a) 6 O + 34 K = 121,634,816; (c) 7 O + 32 K + 131,072 =
+    # 125,960,192); buffers (cp + 1) x 2c K = 20 x 2,097,152 = 41,943,040 -> 176,291,840;
+    # beside it as in the test above: + 50,331,648 + 385,875,968 - 318,775,296
+    assert cp.ring_backward == 176_291_840 + 50_331_648 + 385_875_968 - 318_775_296
+    # a model without grouped-query attention is the same either way
+    mha = get_preset("llama2-7b")
+    assert _plan(mha, 8192, cp=4, kv=CpKv.GROUPED) == _plan(mha, 8192, cp=4)
+
+
 
 def test_step_time_shares_the_tokens_and_counts_the_rotation():
     from planner.hardware import load_gpu
@@ -207,6 +230,11 @@ def test_step_time_shares_the_tokens_and_counts_the_rotation():
     assert (x.cp_fwd_bytes, x.cp_bwd_bytes) == (33_554_432, 167_772_160)
     # allgather: one collective forward, one backward, and cp = 2 dK/dV all-to-alls
     assert x.cp_calls == 4
+    # grouped (enable_gqa): every rotated tensor has 8 heads, not 32: a quarter of each
+    g = step_inputs(m, TrainingSpec(seq=4096, precision=Precision.BF16_AMP, cp=2,
+                                    cp_kv=CpKv.GROUPED), cl, c)
+    # 1 x 2 x 2 B x 2048 x 8 x 128 = 8,388,608; + 2 x 2 x 4 B x 2048 x 1024 = 33,554,432
+    assert (g.cp_fwd_bytes, g.cp_bwd_bytes, g.cp_calls) == (8_388_608, 41_943_040, 4)
     a, b = estimate_step(m, base, cl, c), estimate_step(m, cp2, cl, c)
     # the same FLOPs per token, half the tokens of each sequence per GPU
     assert b.compute_s == pytest.approx(a.compute_s / 2, rel=1e-12)
@@ -300,11 +328,16 @@ def test_torchtitan_cp_is_read_and_others_are_named(tmp_path):
 # SDPA: probes/context_parallel.py ring_sdpa), this process being CP rank 0
 
 
-WHOLE_STEP = [  # (cp, checkpointing, rotate, seq, kv heads): 4 ranks, 1024 local tokens
-    (2, "none", "allgather", 2048, 8),
-    (2, "full", "allgather", 2048, 8),
-    (4, "none", "alltoall", 4096, 2),
-    (4, "full", "allgather", 4096, 2),
+WHOLE_STEP = [  # (cp, checkpointing, rotate, seq, kv heads, kv given to SDPA): 4 ranks,
+    # 1024 local tokens
+    (2, "none", "allgather", 2048, 8, "repeated"),
+    (2, "full", "allgather", 2048, 8, "repeated"),
+    (4, "none", "alltoall", 4096, 2, "repeated"),
+    (4, "full", "allgather", 4096, 2, "repeated"),
+    # transformers' enable_gqa under accelerate's CP: the 2 key/value heads as they are
+    (4, "none", "alltoall", 4096, 2, "grouped"),
+    (4, "none", "allgather", 16384, 2, "grouped"),  # 4096 local tokens
+    (4, "full", "allgather", 4096, 2, "grouped"),
 ]
 
 
@@ -316,11 +349,11 @@ def _whole_step(cases: list[tuple]) -> list[dict]:
         "from probes.compare import compare\n"
         "from probes.trace import trace_step\n"
         "out = []\n"
-        "for cp, ck, rot, seq, kv in json.loads(sys.argv[1]):\n"
+        "for cp, ck, rot, seq, kv, given in json.loads(sys.argv[1]):\n"
         "    spec = ModelSpec(name='tiny', n_layers=4, hidden=256, n_heads=8, n_kv_heads=kv,\n"
         "                     ffn_hidden=688, vocab=1024)\n"
         "    tr = TrainingSpec(seq=seq, precision=Precision.BF16_AMP, cp=cp,\n"
-        "                      cp_rotate=CpRotate(rot))\n"
+        "                      cp_rotate=CpRotate(rot), cp_kv=CpKv(given))\n"
         "    c = Candidate(strategy=Strategy.FULL_SHARD, checkpointing=Checkpointing(ck))\n"
         "    cl = Cluster(gpu=load_gpu('h100-80'), n_gpus=4, gpus_per_node=4,\n"
         "                 host_ram_bytes_per_node=1 << 40)\n"
@@ -337,7 +370,10 @@ def test_whole_step_under_cp_against_the_trace():
     FSDP2, 1024 local tokens). Measured: forward -0.3 % / -0.7 % (as without CP), the
     loss's backward, the end of backward and the optimizer step exact, the block backward
     (where the ring runs) 0.0 % to +1.9 %: the planner takes the worst rank, the trace is
-    rank 0."""
+    rank 0. With the key/value heads grouped (enable_gqa, 2 of 8 heads): forward -0.3 % /
+    -0.7 %, block backward +0.3 % to +0.8 %; the trace holds 3,145,728 B less in forward
+    and 6,812,160 B less in the block backward than with them repeated (cp 4, alltoall,
+    1024 local tokens)."""
     for case, moments in zip(WHOLE_STEP, _whole_step(WHOLE_STEP)):
         assert set(moments) == {"forward", "loss_bwd", "block_bwd", "bwd_end", "optimizer"}
         for m, (traced, predicted) in moments.items():

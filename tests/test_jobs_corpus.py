@@ -98,9 +98,10 @@ CASES: dict[str, dict] = {
     ".yml": dict(  # names sp-alst.ds-config.json; zero3_init_flag false
         values={"hardware.n": 4, "strategy": "zero3", "deepspeed.zero_init": False},
         unmodelled=[]),
-    "accelerate_tnp_cp.yaml": dict(  # FSDP2, CP 8
-        values={"hardware.n": 8, "training.fsdp_version": 2, "checkpointing": "full"},
-        unmodelled=["context parallel degree 8"]),
+    "accelerate_tnp_cp.yaml": dict(  # FSDP2, CP 8: torch's context_parallel, HF attention
+        values={"hardware.n": 8, "training.fsdp_version": 2, "checkpointing": "full",
+                "parallel.cp": 8, "parallel.cp_kv": "grouped"},
+        unmodelled=[]),
     "accelerate_template_fp8.yaml": dict(values={"strategy": "ddp"},
                                          unmodelled=["float8"], n=1),
     "accelerate_tests_0_34_0_fp8.yaml": dict(values={"hardware.n": 2},
@@ -117,8 +118,9 @@ CASES: dict[str, dict] = {
         values={"hardware.n": 4, "strategy": "zero3"},
         unmodelled=["sequence parallel (Ulysses) degree 2"]),
     "trl_accelerate_context_parallel_2gpu.yaml": dict(
-        values={"hardware.n": 2, "training.fsdp_version": 2},
-        unmodelled=["context parallel degree 2"]),
+        values={"hardware.n": 2, "training.fsdp_version": 2, "parallel.cp": 2,
+                "parallel.cp_kv": "grouped"},
+        unmodelled=[]),
     "trl_accelerate_multi_gpu.yaml": dict(values={"hardware.n": 8, "strategy": "ddp"},
                                           unmodelled=[]),
     "open-r1_accelerate_zero3.yaml": dict(values={"hardware.n": 8, "strategy": "zero3"},

@@ -8,9 +8,10 @@ them) and says of each:
 - ``field``: read by the format's reader into a fitcheck field (``field`` names it). Whether
   the planner models that field is the registry's call at run time (planner/fields.py): a
   degree mapped to ``parallel.pp`` is a NOT MODELLED line until the registry has it.
-  ``parallel.cp`` is in the registry (torch's ``context_parallel`` as torchtitan wires it);
-  a reader whose framework wires context parallel otherwise says so itself
-  (``readers/common.py`` ``unread_cp``).
+  ``parallel.cp`` is in the registry (torch's ``context_parallel`` as torchtitan wires it;
+  torchtune and accelerate run the same, the latter with ``parallel.cp_kv`` grouped); a
+  reader whose framework runs another mechanism says which itself (``readers/common.py``
+  ``unread_cp``).
 - ``memory``: changes memory or step time and fitcheck does not model it: a NOT MODELLED line
   (a warning in a plan, the reason of a gate's reject) unless the file gives the framework's
   default (``default``) or a value that changes nothing (``neutral``).

@@ -81,6 +81,20 @@ class ModelDtype:
 
 
 @dataclass(frozen=True, slots=True)
+class HfAttention:
+    """The attn_implementation a transformers model is loaded with (``ATTN_PATH``), kept
+    beside ``training.attention`` (where flash-attention-2 and SDPA plan alike) because it
+    decides whether the HF Trainer runs accelerate's context parallel at all: it raises for
+    any but sdpa (transformers Trainer ``_prepare_context_parallel_inputs``). Checked in
+    ``resolve``, once every file of the job is in."""
+
+    name: str
+
+
+ATTN_PATH = "hf.attn_implementation"
+
+
+@dataclass(frozen=True, slots=True)
 class Source:
     file: str
     key: str
@@ -205,7 +219,7 @@ def split_modelled(values: Mapping[str, Any], sources: Mapping[str, Source] | No
         if isinstance(v, Unmodelled):
             lines.append(v.line)
             continue
-        if isinstance(v, (Share, ModelDtype)):  # known once the GPU count is (resolve)
+        if isinstance(v, (Share, ModelDtype, HfAttention)):  # checked in resolve
             continue
         raw = v.value if isinstance(v, Vocab) else v
         f = BY_PATH.get(path)
@@ -347,6 +361,7 @@ def resolve(job: Job, given: Mapping[str, Any]) -> Resolved:
     warnings = [*job.said, *apply_fallbacks(job, values)]
     _shares(job, values)
     warnings += _model_dtype(job, values, given)
+    _cp_attention(job, values)
     kept, lines = split_modelled(values, job.sources)
     _check_batch(job, kept)
     return Resolved(values=kept, warnings=_unique(warnings), unmodelled=lines,
@@ -401,6 +416,21 @@ def _shares(job: Job, values: dict[str, Any]) -> None:
                            "number (the framework refuses it at start-up); give a GPU count "
                            "that divides it")
         values[path] = v.total // (v.per * n)
+
+
+def _cp_attention(job: Job, values: Mapping[str, Any]) -> None:
+    """accelerate's context parallel (``parallel.cp_kv`` grouped: transformers' attention)
+    under a model loaded with another attention than SDPA: the HF Trainer's start-up error
+    (``_prepare_context_parallel_inputs``: "Context parallelism is supported only with SDPA
+    attention")."""
+    attn, cp = values.get(ATTN_PATH), _int(values.get("parallel.cp"))
+    if not isinstance(attn, HfAttention) or attn.name == "sdpa" or not cp or cp <= 1 \
+            or str(values.get("parallel.cp_kv", "")).lower() != "grouped":
+        return
+    raise JobError(f"{job.where(ATTN_PATH)} {attn.name!r} with context parallel {cp} "
+                   f"({job.where('parallel.cp')}): the HF Trainer runs accelerate's context "
+                   "parallel with sdpa only (Trainer._prepare_context_parallel_inputs raises "
+                   "for any other); load the model with attn_implementation sdpa")
 
 
 def _check_batch(job: Job, v: Mapping[str, Any]) -> None:

@@ -44,6 +44,7 @@ from planner.spec import (
     Checkpointing,
     Cluster,
     CompileMode,
+    CpKv,
     GradSync,
     InitMode,
     ModelSpec,
@@ -91,6 +92,7 @@ def activation_plan(model: ModelSpec, training: TrainingSpec, candidate: Candida
                             adapter_bytes=adapter_input_bytes(training, candidate),
                             compiled_loss=training.compile.loss_compiled,
                             offload=training.activation_offload, cp=training.cp,
+                            cp_repeat_kv=training.cp_kv is CpKv.REPEATED,
                             offload_trl=trl, offload_weights=not trl or autocast and
                             precision.amp or candidate.strategy.is_fsdp)
     if training.cp > 1:
@@ -127,8 +129,11 @@ def with_ring(plan: ActivationPlan, model: ModelSpec, training: TrainingSpec,
     tp = candidate.tp
     t = training.micro_batch * training.local_seq
     heads = model.n_heads // tp
+    # the heads of the keys and values SDPA is given: repeated to the query heads
+    # (torchtitan's repeat_kv) or the model's own (transformers' enable_gqa)
+    kv_heads = heads if training.cp_kv is CpKv.REPEATED else -(-model.n_kv_heads // tp)
     shape = dict(batch=training.micro_batch, local_seq=training.local_seq, n_heads=heads,
-                 n_kv_heads=heads, d_head=model.d_head, c=c, cp=training.cp,
+                 n_kv_heads=kv_heads, d_head=model.d_head, c=c, cp=training.cp,
                  rotate=training.cp_rotate)
     # beside it: the two residual-stream gradients the MLP's backward also has (the block's
     # incoming one and the sum through the MLP branch), SDPA's output gradient, and FSDP2's

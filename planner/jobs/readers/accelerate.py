@@ -8,7 +8,9 @@ DEEPSPEED: deepspeed_config's zero_stage / offload devices / gradient_accumulati
 deepspeed_config_file it names. MULTI_GPU: DDP; NO: one process (launch.py's simple launcher,
 whatever num_processes says). num_processes (all machines) -> hardware.n; / num_machines ->
 gpus_per_node. mixed_precision sets the precision unless the training
-arguments do (the HF Trainer's bf16/fp16 win).
+arguments do (the HF Trainer's bf16/fp16 win). parallelism_config: dp_replicate x dp_shard ->
+strategy, tp_size, sp_size, and cp_size / cp_comm_strategy -> parallel.cp / parallel.cp_rotate
+with the key/value heads grouped (``context_parallel`` below).
 """
 
 from __future__ import annotations
@@ -198,13 +200,50 @@ def parallelism(r: Reader, pc: Any) -> None:
         r.replace("strategy", "hybrid_shard", "parallelism_config (dp_replicate x dp_shard)")
     elif rep and rep > 1 and (shard or 1) == 1:
         r.replace("strategy", "ddp", "parallelism_config (dp_replicate only)")
-    for name, path in (("tp", "parallel.tp"), ("cp", "parallel.cp"), ("sp", "parallel.sp")):
+    for name, path in (("tp", "parallel.tp"), ("sp", "parallel.sp")):
         d = size(name)
         if d and d > 1:
-            key = f"parallelism_config.parallelism_config_{name}_size"
-            r.set(path, d if name != "cp" else unread_cp(
-                r, d, key, "accelerate's (the model's own attention and masks under "
-                "maybe_context_parallel) is not read"), key)
+            r.set(path, d, f"parallelism_config.parallelism_config_{name}_size")
+    cp = size("cp")
+    if cp and cp > 1:
+        context_parallel(r, pc, cp)
+
+
+def context_parallel(r: Reader, pc: Any, cp: int) -> None:
+    """ParallelismConfig cp_size -> parallel.cp, cp_comm_strategy -> parallel.cp_rotate, and
+    the key/value heads grouped (parallel.cp_kv).
+
+    accelerate (16cb6eb8) runs torch's ``context_parallel`` as fitcheck's --cp models it:
+    ``Accelerator._prepare_cp`` calls ``set_rotate_method(cp_handler.cp_comm_strategy)``
+    (TorchContextParallelConfig: allgather, the default, or alltoall) and
+    ``maybe_context_parallel`` enters ``context_parallel(mesh["cp"], buffers, ...)`` with
+    torch's default load balancing; FSDP2 shards over ``dp_shard_cp``
+    (``ParallelismConfig.fsdp_dim_names``; accelerate refuses CP without FSDP2). The HF
+    Trainer's ``_prepare_context_parallel_inputs`` (transformers) refuses any attention but
+    SDPA and shards input_ids, labels, shift_labels, position_ids and a causal mask.
+    ``_attach_context_parallel_hooks`` (big_modeling.py) drops every ``self_attn`` module's
+    mask for ``is_causal=True``, so transformers' ``sdpa_attention_forward`` takes its
+    ``enable_gqa=True`` branch (``use_gqa_in_sdpa``: CUDA, torch >= 2.5, no mask) and gives
+    SDPA the model's key/value heads, not repeated (torchtitan repeats them): CpKv.GROUPED."""
+    key = "parallelism_config.parallelism_config_cp_size" if \
+        "parallelism_config_cp_size" in pc else "parallelism_config.cp_size"
+    backend = next((pc[k] for k in ("parallelism_config_cp_backend", "cp_backend")
+                    if pc.get(k) is not None), "torch")
+    if str(backend).lower() != "torch":
+        # ParallelismConfig.cp_backend: Literal["torch"] (v1.14.0 .. 16cb6eb8)
+        r.set("parallel.cp", unread_cp(r, cp, key, f"cp_backend {backend!r} is not torch's, "
+                                       "the only one accelerate knows"), key)
+        return
+    r.set("parallel.cp", cp, key)
+    r.set("parallel.cp_kv", "grouped", f"{key} (accelerate's CP hooks drop the mask: "
+          "transformers' SDPA attention passes enable_gqa=True)")
+    handler = pc.get("cp_handler") if isinstance(pc.get("cp_handler"), dict) else {}
+    for k, where in (("parallelism_config_cp_comm_strategy", "parallelism_config."),
+                     ("cp_comm_strategy", "parallelism_config."),
+                     ("cp_comm_strategy", "parallelism_config.cp_handler.")):
+        source = handler if where.endswith("cp_handler.") else pc
+        if source.get(k) is not None:
+            r.set("parallel.cp_rotate", Vocab(str(source[k])), f"{where}{k}")
 
 
 def deepspeed(r: Reader, dc: Any) -> None:

@@ -257,18 +257,42 @@ def parallel(r: Reader, doc: dict, distributed: bool) -> None:
         r.set("strategy", "full_shard", "dp_shard_size")
         r.set("training.fsdp_version", 2, "dp_shard_size (FSDP2 device mesh)")
         r.set("offload", "none", "dp_shard_size (no offload)")
-    for d, path, key in ((tp, "parallel.tp", "tensor_parallel_size"), (cp, "parallel.cp", cp_key),
-                         (ep, "parallel.ep", "expert_parallel_size")):
-        if d and d > 1:
-            value = d if path == "parallel.tp" else unread_cp(
-                r, d, key, "axolotl's runs ring-flash-attn") if path == "parallel.cp" \
-                else unread_ep(r, d, key, "axolotl's runs its own expert-parallel backends "
-                               "(expert_parallel_backend)")
-            r.set(path, value, key)
+    if tp and tp > 1:
+        r.set("parallel.tp", tp, "tensor_parallel_size")
+    if cp and cp > 1:
+        r.set("parallel.cp", unread_cp(r, cp, cp_key, ring_attention(r, doc)), cp_key)
+    if ep and ep > 1:
+        # integrations/expert_parallel/plugin.py (067b021c): ExpertParallelPlugin
+        r.set("parallel.ep", unread_ep(
+            r, ep, "expert_parallel_size", "axolotl's swaps the MoE dispatch and combine for "
+            "DeepEP's fused kernels (expert_parallel_backend deep_ep, integrations/"
+            "expert_parallel/plugin.py) in place of torch's all-to-all, with its own buffers "
+            "(expert_parallel_num_nvl_bytes / _num_rdma_bytes)"), "expert_parallel_size")
     if shard:
         n = (rep or 1) * shard * (tp or 1) * (cp or 1)
         r.set("hardware.n", n, "dp_replicate_size x dp_shard_size x tensor_parallel_size x "
               "context_parallel_size")
+
+
+def ring_attention(r: Reader, doc: dict) -> str:
+    """How axolotl's context parallel differs from torch's ``context_parallel`` (067b021c):
+    it patches transformers' flash-attention-2 forward with ring-flash-attn
+    (monkeypatch/ring_attn/patch.py ``register_ring_attn_from_device_mesh``) over contiguous
+    sequence chunks (utils/ctx_managers/sequence_parallel.py: ``chunk`` per rank, no
+    head-tail load balancing); ``ring_attn_func`` defaults to varlen_llama3 with sample
+    packing, else batch_ring (utils/schemas/validation.py ``validate_ring_attn_func``)."""
+    func = (r.text(doc.get("ring_attn_func"), "ring_attn_func") or
+            ("varlen_llama3" if doc.get("sample_packing") else "batch_ring")).lower()
+    base = ("axolotl's patches flash-attention-2 with ring-flash-attn over contiguous "
+            "sequence chunks (no load balancing; monkeypatch/ring_attn/patch.py)")
+    if func == "varlen_llama3":
+        stride = doc.get("heads_k_stride") or 1
+        return (f"{base}: ring_attn_func varlen_llama3 all-gathers every rank's keys and "
+                f"values (heads_k_stride {stride}: key heads gathered per "
+                "step; llama3_flash_attn_varlen_func), not a ring of SDPA steps")
+    return (f"{base}: ring_attn_func {func} passes keys and values round the ring by "
+            "point-to-point send/recv (ring_flash_attn_func), with flash-attn's kernels and "
+            "the key/value heads unrepeated")
 
 
 def kinds(r: Reader, doc: dict) -> None:

@@ -198,8 +198,10 @@ def read_v1(r: Reader, doc: dict) -> None:
         r.set("offload", "params_and_optimizer" if off else "none", "dist_config.offload_params")
         ep = r.count(dist.get("ep_size", 1), "dist_config.ep_size") or 1
         if ep > 1:
-            r.set("parallel.ep", unread_ep(r, ep, "dist_config.ep_size",
-                                           "LLaMA-Factory's runs under its fsdpturbo engine"),
+            r.set("parallel.ep", unread_ep(
+                r, ep, "dist_config.ep_size", "LLaMA-Factory's is fsdp_turbo's "
+                "(expert_parallelize_modules over an (edp, efsdp, ep, cp) mesh: v1/plugins/"
+                "trainer_plugins/distributed/fsdpturbo.py), whose dispatch is not read"),
                   "dist_config.ep_size")
     elif name == "deepspeed":
         ref = r.reference(dist.get("config_file"), "dist_config.config_file",
@@ -214,8 +216,13 @@ def read_v1(r: Reader, doc: dict) -> None:
         r.fallback("strategy", "ddp", f"{r.name}: no dist_config: plain DDP")
     cp = r.count(doc.get("cp_size", 1), "cp_size") or 1
     if cp > 1:
-        r.set("parallel.cp", unread_cp(r, cp, "cp_size", "LLaMA-Factory's own context-parallel "
-                                       "code is not read"), "cp_size")
+        # v1/config/training_args.py cp_mode (default and only implementation: ulysses)
+        mode = r.text(doc.get("cp_mode"), "cp_mode") or "ulysses"
+        r.set("parallel.cp", unread_cp(
+            r, cp, "cp_size", f"LLaMA-Factory's (cp_mode {mode}) is DeepSpeed-Ulysses "
+            "sequence parallel: all-to-alls trade each rank's sequence shard for a shard of "
+            "the heads around a whole-sequence flash attention (v1/plugins/model_plugins/"
+            "parallelization/ulysses.py UlyssesAttention), not a ring"), "cp_size")
     init = r.mapping(doc.get("init_config"), "init_config")
     mode = {"init_on_meta": "meta", "init_on_rank0": "rank0", "init_on_default": "full"}
     iname = r.text(init.get("name"), "init_config.name")

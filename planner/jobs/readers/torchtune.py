@@ -12,8 +12,10 @@ gradients and optimizer states are in bfloat16"), fp32 -> fp32; optimizer._compo
 chunked:num_output_chunks); enable_activation_checkpointing -> full (ac_mode selective: not
 modelled); enable_activation_offloading -> training.activation_offload; compile true -> each
 layer and the loss; fsdp_cpu_offload -> params_and_optimizer; fsdp_reshard_after_forward false ->
-shard_grad_op; data_parallel_shard_dim / _replicate_dim / tensor_parallel_dim /
-context_parallel_dim -> strategy and parallel.*. The recipe decides the strategy: a
+shard_grad_op; data_parallel_shard_dim / _replicate_dim / tensor_parallel_dim -> strategy and
+parallel.*; context_parallel_dim and context_parallel_rotate_method -> parallel.cp and
+parallel.cp_rotate (torch's context_parallel as torchtitan wires it: ``context_parallel``
+below). The recipe decides the strategy: a
 *_distributed recipe (the config's name says which: *_single_device.yaml runs on one GPU)
 shards every layer with FSDP2.
 """
@@ -24,7 +26,7 @@ import os
 import re
 from typing import Any
 
-from planner.jobs.readers.common import MISSING, Reader, unread_cp
+from planner.jobs.readers.common import Reader
 from planner.jobs.record import Vocab
 
 TABLE = "torchtune"
@@ -242,9 +244,50 @@ def distribution(r: Reader, doc: dict, single: bool) -> None:
             "recipe (*_distributed: FSDP2 per layer)"
     r.set("strategy", strategy, key)
     r.set("training.fsdp_version", 2, "recipe (FSDP2 fully_shard)")
-    for name, path in (("tensor_parallel_dim", "parallel.tp"),
-                       ("context_parallel_dim", "parallel.cp")):
-        d = r.count(doc.get(name, MISSING) if doc.get(name) is not None else 1, name)
-        if d and d > 1:
-            r.set(path, d if path != "parallel.cp" else unread_cp(
-                r, d, name, "torchtune's recipe wiring is not read"), name)
+    tp = r.count(doc.get("tensor_parallel_dim") if doc.get("tensor_parallel_dim") is not None
+                 else 1, "tensor_parallel_dim")
+    if tp and tp > 1:
+        r.set("parallel.tp", tp, "tensor_parallel_dim")
+    context_parallel(r, doc)
+
+
+def context_parallel(r: Reader, doc: dict) -> None:
+    """context_parallel_dim -> parallel.cp, context_parallel_rotate_method -> parallel.cp_rotate.
+
+    torchtune (bd2a0fc7) wires torch's ``context_parallel`` as fitcheck's --cp models it
+    (torchtitan's wiring): training/_distributed.py ``get_context_parallel_manager`` calls
+    ``set_rotate_method`` and ``context_parallel(world_mesh["cp"], buffers=the batch's tensors,
+    buffer_seq_dims=1)`` with torch's default load balancing (the collate pads every batch to
+    a multiple of 2 x tp x cp: ``ParallelDims.min_seq_len_divisor``) and SDPA restricted to the
+    flash / efficient / cuDNN kernels (``_get_sdpa_context``); ``ParallelDims.build_mesh``
+    shards FSDP2 over ``dp_shard_cp``; ``MultiHeadAttention`` expands the key/value heads to
+    the query heads before SDPA (torchtitan's ``repeat_kv``). RoPE's cache is not a CP buffer
+    there (each rank slices it at its local length: a view), which changes no memory.
+    Only recipes/{full,lora}_finetune_distributed.py and qat_distributed.py read the key."""
+    d = r.count(doc.get("context_parallel_dim") if doc.get("context_parallel_dim") is not None
+                else 1, "context_parallel_dim")
+    if not d or d <= 1:
+        return
+    other = next((k for k in ("teacher_model", "ref_checkpointer", "policy_model") if doc.get(k)),
+                 None) or ("loss._component_ (DPO)" if "dpo" in str(
+                     r.mapping(doc.get("loss"), "loss").get("_component_", "")).lower() else None)
+    if other is not None:
+        r.warn(f"{r.name}: context_parallel_dim {d} is ignored: the recipe this config is for "
+               f"({other}) does not read it (only {{full,lora}}_finetune_distributed and "
+               "qat_distributed do)")
+        return
+    dataset = doc.get("dataset")
+    sets = dataset if isinstance(dataset, list) else [dataset]
+    if any(isinstance(s, dict) and r.boolean(s.get("packed"), "dataset.packed") for s in sets):
+        # packed samples carry a BlockMask: flex attention, which the CP manager refuses
+        raise r.fail("context_parallel_dim", f"{d} with dataset.packed true: torchtune refuses "
+                     "it (get_context_parallel_manager: \"Context parallel with flex attention "
+                     "is not yet supported\"); unpack the dataset or drop context parallel")
+    if r.boolean(doc.get("enable_fp8_training"), "enable_fp8_training"):
+        raise r.fail("context_parallel_dim", f"{d} with enable_fp8_training: torchtune refuses "
+                     "it (full_finetune_distributed: \"Context Parallel for fp8 training is not "
+                     "currently supported\")")
+    r.set("parallel.cp", d, "context_parallel_dim")
+    rotate = r.text(doc.get("context_parallel_rotate_method"), "context_parallel_rotate_method")
+    if rotate is not None:
+        r.set("parallel.cp_rotate", Vocab(rotate), "context_parallel_rotate_method")

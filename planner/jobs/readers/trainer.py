@@ -19,7 +19,7 @@ from typing import Any
 
 from planner.jobs.readers import accelerate, deepspeed
 from planner.jobs.readers.common import MISSING, Reader
-from planner.jobs.record import JobFormat, ModelDtype, Vocab
+from planner.jobs.record import ATTN_PATH, HfAttention, JobFormat, ModelDtype, Vocab
 
 TABLE = "transformers"
 FSDP_OPTIONS = {"full_shard": "full_shard", "shard_grad_op": "shard_grad_op",
@@ -153,6 +153,7 @@ def attention(r: Reader, impl: Any, key: str) -> None:
     attn = r.text(impl, key)
     if attn:
         r.set("training.attention", ATTENTION.get(attn.lower(), Vocab(attn.lower())), key)
+        r.set(ATTN_PATH, HfAttention(attn.lower()), key)  # accelerate's CP: sdpa only
 
 
 def fsdp(r: Reader, doc: dict) -> bool:
