@@ -15,7 +15,9 @@ beside activation checkpointing, and local_batch_size // pipeline_parallel_micro
 micro-batches);
 [activation_checkpoint] mode none/selective/full (+ selective_ac_option: 'op' selective,
 1 = full, k > 1 full on every
-k-th block: not modelled; 0.3: SelectiveAC (per-op) / FullAC / MemoryBudgetAC); enable_cpu_offload
+k-th block: not modelled; 0.3: SelectiveAC (per-op) / FullAC / MemoryBudgetAC; per-op selective's
+save list -> training.sac_list: pre-2026-03-23 for a TOML config, current assumed for a config
+registry, ``sac_list``); enable_cpu_offload
 -> params_and_optimizer; [training] dtype bfloat16 -> pure bf16, else mixed_precision_param
 bfloat16 -> bf16-amp (FSDP2 MixedPrecisionPolicy over fp32 params), float32 -> fp32;
 mixed_precision_reduce -> --reduce-dtype (default float32, which a pure-bf16 model keeps too:
