@@ -42,6 +42,7 @@ from planner.spec import (
     LossKind,
     ModelSpec,
     Precision,
+    SacList,
 )
 
 # Activation offloading (torchtune/training/_activation_offloading.py, ``OffloadActivations``;
@@ -231,48 +232,92 @@ def block_saved(model: ModelSpec, t: int, batch: int, seq: int, attention: Atten
 def mm_outputs(model: ModelSpec, t: int, c: int, dense: bool = False) -> list[Saved]:
     """A block's ``aten.mm`` outputs in execution order (q, k, v, o, then the MLP's).
 
-    Only linears without a bias run as ``aten.mm``; a biased one is ``addmm``, which
-    torchtitan's policy does not count or save (GPT-2's Conv1D, BERT, phi-2, Qwen2's q/k/v).
-    MoE experts run as grouped or batched matmuls (not counted); DeepSeek's router multiplies
-    in fp32. ``dense``: one of an MoE model's dense blocks."""
-    return variants_of(model).block_mm_outputs(model, t, c, dense)
+    Only linears without a bias run as ``aten.mm``; a biased one is ``addmm`` (GPT-2's Conv1D,
+    BERT, phi-2, Qwen2's q/k/v), which torchtitan's policy does not count in its alternation.
+    MoE experts run as grouped matmuls (not counted); DeepSeek's router multiplies in fp32.
+    ``dense``: one of an MoE model's dense blocks."""
+    return [o.saved for o in variants_of(model).block_linear_outputs(model, t, c, dense)
+            if not o.biased]
 
 
-def op_sac_kept(model: ModelSpec, t: int, batch: int, seq: int, attention: Attention,
-                c: int, r: int) -> list[Saved]:
-    """What selective (op-level) checkpointing keeps per block.
-
-    PyTorch's selective activation checkpointing as torchtitan configures it
-    (``torch.utils.checkpoint.create_selective_checkpoint_contexts`` with the policy in
-    torchtitan's ``parallelize_llama.py``, the default ``selective_ac_option = "op"``): inside
-    each checkpointed block, the outputs of every other ``mm`` (the 1st, 3rd, ...) and of the
-    SDPA kernel are saved, everything else is recomputed in backward. The SDPA kernel is saved
-    whichever backend runs it: flash, efficient, cuDNN (torchtitan b39377f9f, #2095, put
-    every SDPA backend in ``_op_sac_save_list``). Before that commit, a cuDNN-run SDPA was
-    recomputed; torch picks cuDNN on SM 9.x with cuDNN > 9.15 (``sdp_utils.cpp``
-    ``check_prefer_cudnn_attention``). Not modelled: docs/model.md §5.6. Kept:
-    the block input (the checkpoint's input) plus those outputs. (Megatron's "selective",
-    recompute the attention core only, is a different policy.)
-    """
-    kept = [Saved("block.input", r * t * model.hidden)]
-    every_other = [s for i, s in enumerate(mm_outputs(model, t, c)) if i % 2 == 0]
-    if model.n_dense_layers:  # the average block (as block_saved)
-        L, nd = model.n_layers, model.n_dense_layers
-        every_other = scaled(every_other, L - nd, L) + scaled(
-            [s for i, s in enumerate(mm_outputs(model, t, c, dense=True)) if i % 2 == 0], nd, L)
-    kept += every_other
-    if attention is Attention.SDPA:
-        kept += [Saved("sdpa.out", c * t * model.o_in_dim),
-                 Saved("sdpa.logsumexp", FP32 * batch * model.n_heads * seq)]
+def sac_linears(model: ModelSpec, t: int, c: int, sac_list: SacList,
+                dense: bool = False) -> list[Saved]:
+    """The linear outputs selective checkpointing keeps in one block, in execution order:
+    every other ``aten.mm`` (the 1st, 3rd, ...: torchtitan's policy counts ``mm`` and
+    ``linear`` only) and, under the current list, every ``addmm`` (a biased linear: ``addmm``
+    is in torch's ``compute_intensive_ops``, and it is not counted, so it is always saved)."""
+    kept: list[Saved] = []
+    n_mm = 0
+    for out in variants_of(model).block_linear_outputs(model, t, c, dense):
+        if out.biased:
+            if sac_list is SacList.CURRENT:
+                kept.append(out.saved)
+            continue
+        n_mm += 1
+        if n_mm % 2:
+            kept.append(out.saved)
     return kept
 
 
-def _sac_overlap(model: ModelSpec, saved: list[Saved], regime: AmpRegime) -> int:
+def op_sac_kept(model: ModelSpec, t: int, batch: int, seq: int, attention: Attention,
+                c: int, r: int, sac_list: SacList = SacList.CURRENT) -> list[Saved]:
+    """What selective (op-level) checkpointing keeps per block.
+
+    PyTorch's selective activation checkpointing as torchtitan configures it
+    (``torch.utils.checkpoint.create_selective_checkpoint_contexts`` with the policy of
+    torchtitan/distributed/activation_checkpoint.py): inside each checkpointed block the outputs
+    of the save list's ops are kept, except every second ``mm``; everything else is recomputed
+    in backward. ``sac_list`` (planner.spec.SacList, docs/model.md §5.6): "pre-2026-03-23", the
+    per-model list (mm, every SDPA backend's op since b39377f9f, #2095: before it a cuDNN-run
+    SDPA was recomputed, not modelled); "current" (114151ad4, #2357, 2026-03-23), torch's
+    ``get_default_op_list().compute_intensive_ops`` and more: also every ``addmm`` (biased
+    linears) and, since 7074b056a (#3146, 2026-05-26), the router's ``topk`` (its fp32 values
+    and int64 indices). MoE experts (``_grouped_mm``) are in neither list. Kept: the block
+    input (the checkpoint's input) plus those outputs. (Megatron's "selective", recompute the
+    attention core only, is a different policy.)
+    """
+    kept = [Saved("block.input", r * t * model.hidden)]
+    linears = sac_linears(model, t, c, sac_list)
+    L, nd = model.n_layers, model.n_dense_layers
+    if nd:  # the average block (as block_saved)
+        linears = scaled(linears, L - nd, L) + scaled(
+            sac_linears(model, t, c, sac_list, dense=True), nd, L)
+    kept += linears
+    if attention is Attention.SDPA:
+        kept += [Saved("sdpa.out", c * t * model.o_in_dim),
+                 Saved("sdpa.logsumexp", FP32 * batch * model.n_heads * seq)]
+    if model.is_moe and sac_list is SacList.CURRENT:
+        # topk of the fp32 router probabilities: (t, k) values and int64 indices
+        k = model.experts_per_token
+        kept += scaled([Saved("moe.topk_values", FP32 * t * k),
+                        Saved("moe.topk_indices", 8 * t * k)], L - nd, L)
+    return kept
+
+
+def _sac_same(model: ModelSpec) -> dict[str, tuple[str, ...]]:
+    """Kept tensors (op_sac_kept's names) that are the very tensors block_saved lists: the
+    recompute in backward returns the kept one instead of making a second. q and k reach SDPA
+    as their linears' outputs only without RoPE (RoPE makes new ones); a kept linear output
+    read only by a residual add or a norm (o, down, the router) is saved by nothing."""
+    rotary = variants_of(model).position.rotary
+    qk = () if rotary else ("sdpa.q", "sdpa.k")
+    same = {"sdpa.out": ("sdpa.out",), "sdpa.logsumexp": ("sdpa.logsumexp",),
+            "q.out": qk[:1], "k.out": qk[1:], "v.out": ("sdpa.v",),
+            "qkv.out": qk + ("sdpa.v",),
+            "moe.topk_indices": ("moe.topk_indices",),
+            "shared.gate.out": ("mlp.shared.gate_out",),
+            "shared.up.out": ("mlp.shared.up_out",)}
+    if not model.is_moe:  # an MoE block's gate/up outputs are its experts' (not linears)
+        same.update({"gate.out": ("mlp.gate_out",), "up.out": ("mlp.up_out",),
+                     "gate_up.out": ("mlp.gate_out", "mlp.up_out")})
+    return same
+
+
+def _sac_overlap(model: ModelSpec, saved: list[Saved], kept: list[Saved]) -> int:
     """Bytes of block_saved that are the very tensors SAC keeps (not recomputed twice)."""
-    same = {"sdpa.v", "sdpa.out", "mlp.gate_out" if model.mlp.gated else "mlp.up_out"}
-    if not variants_of(model).position.rotary and regime is AmpRegime.MODULE:
-        same.add("sdpa.q")  # no RoPE: sdpa's q is q's matmul output itself
-    return sum(s.nbytes for s in saved if s.name in same)
+    same = _sac_same(model)
+    names = {n for x in kept for n in same.get(x.name, ())}
+    return sum(s.nbytes for s in saved if s.name in names)
 
 
 def root_saved(model: ModelSpec, t: int, seq: int, regime: AmpRegime, c: int, r: int) -> list[Saved]:
@@ -459,8 +504,8 @@ def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Preci
                      finetune: FineTune | None = None, tp: int = 1,
                      adapter_bytes: int = 0, compiled_loss: bool = False,
                      offload: bool = False, cp: int = 1, offload_trl: bool = False,
-                     offload_weights: bool = True, cp_repeat_kv: bool = True
-                     ) -> ActivationPlan:
+                     offload_weights: bool = True, cp_repeat_kv: bool = True,
+                     sac_list: SacList = SacList.CURRENT) -> ActivationPlan:
     """``seq`` is the sequence one GPU holds (under context parallel ``cp``: seq / cp;
     ``cp_repeat_kv``: SDPA is given the keys and values repeated to the query heads).
     ``offload_trl``: TRL's OffloadActivations instead of torchtune's; ``offload_weights``:
@@ -488,11 +533,12 @@ def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Preci
         kept_list = [Saved("block.input", kept)]
         recompute = block_total
     elif checkpointing is Checkpointing.SELECTIVE:
-        kept_list = tp_saved(op_sac_kept(model, t, batch, seq, attention, c, r), tp)
+        sac = op_sac_kept(model, t, batch, seq, attention, c, r, sac_list)
+        kept_list = tp_saved(sac, tp)
         kept = sum(x.nbytes for x in kept_list)
         # in backward the block is re-run: everything it saves comes back, except what the
         # policy kept (already counted in `kept`)
-        recompute = block_total - -(-_sac_overlap(model, eager_saved, regime) // tp)
+        recompute = block_total - -(-_sac_overlap(model, eager_saved, sac) // tp)
     else:
         kept = block_total
         recompute = 0

@@ -40,6 +40,7 @@ from planner.spec import (
     OptimizerKind,
     PipeSchedule,
     Precision,
+    SacList,
     Quantize,
     Strategy,
     TrainingSpec,
@@ -411,6 +412,12 @@ FIELDS: tuple[Field, ...] = (
           choices=_names(CompileMode), default=_train_default("compile"),
           help="torch.compile: none, each transformer block (torchtitan), or the whole "
           "model."),
+    Field(path="training.sac_list", flag="--sac-list", check=_choice(SacList),
+          choices=_names(SacList), default=_train_default("sac_list"),
+          help="The op save list of --checkpointing selective: current (torchtitan since "
+          "114151ad4, 2026-03-23: every compute-intensive op of torch's partitioner list "
+          "saved, so biased linears' addmm outputs too; mm alternates) or pre-2026-03-23 "
+          "(the per-model list: every other mm and the SDPA output)."),
     Field(path="training.float8", flag="--float8", check=_choice(Float8Recipe),
           choices=_names(Float8Recipe), default=_train_default("float8"),
           help="torchao float8 training of the blocks' linears (torchtitan's float8 "

@@ -196,6 +196,22 @@ class Checkpointing(enum.StrEnum):
     AUTO = "auto"  # planner picks the least that fits (expanded before estimation)
 
 
+class SacList(enum.StrEnum):
+    """Which op save list torchtitan's op-level selective checkpointing runs
+    (``torchtitan/distributed/activation_checkpoint.py``; docs/model.md §5.6).
+
+    CURRENT: since torchtitan 114151ad4 (#2357, 2026-03-23) every op of torch's
+    ``torch._functorch.partitioners.get_default_op_list().compute_intensive_ops`` (mm, addmm,
+    bmm, _scaled_mm, the flash / efficient SDPA ops, ...) plus the other SDPA backends,
+    ``aten.max``, ``linear``, the reduce-scatter and all-to-all collectives, and ``aten.topk``
+    since 7074b056a (#3146, 2026-05-26); only mm / linear alternate. PRE_2026_03_23: the
+    per-model ``_op_sac_save_list`` of ``parallelize.py`` before that commit: mm (linear), the
+    SDPA ops, reduce-scatter, all-to-all (MoE models), max, flex attention."""
+
+    CURRENT = "current"
+    PRE_2026_03_23 = "pre-2026-03-23"
+
+
 class Attention(enum.StrEnum):
     SDPA = "sdpa"  # flash / memory-efficient kernels: no T x T scores kept
     EAGER = "eager"  # materialized scores and probabilities
@@ -722,6 +738,8 @@ class TrainingSpec:
     activation_offload_impl: OffloadImpl = OffloadImpl.TORCHTUNE
     """Whose ``OffloadActivations`` (torchtune's or TRL's copy) runs --activation-offload."""
     compile: CompileMode = CompileMode.NONE
+    sac_list: SacList = SacList.CURRENT
+    """The op save list of ``--checkpointing selective`` (torchtitan's, by release: SacList)."""
     float8: Float8Recipe = Float8Recipe.NONE
     """torchao float8 training of the blocks' linears (docs/model.md "Float8 training")."""
     float8_all_gather: bool = False

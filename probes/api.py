@@ -147,7 +147,7 @@ class ModuleTracer:
         def build(opts: Any) -> Any:
             import torch
 
-            from planner.spec import Checkpointing
+            from planner.spec import Checkpointing, TrainingSpec
             from probes.trace_types import TraceModel, UnsupportedConfig
 
             module = self._new().train()
@@ -164,7 +164,8 @@ class ModuleTracer:
                 selective = opts.checkpointing is Checkpointing.SELECTIVE
                 if selective and opts.selective_policy != "op":
                     raise UnsupportedConfig("selective checkpointing of a module uses 'op'")
-                ctx = _recompute_contexts(opts.recompute_context, selective)
+                sac = (opts.training or TrainingSpec()).sac_list.value
+                ctx = _recompute_contexts(opts.recompute_context, selective, sac)
                 wrapped = []
                 for blk in blocks:
                     w = checkpoint_wrapper(blk, checkpoint_impl=CheckpointImpl.NO_REENTRANT,

@@ -213,7 +213,8 @@ def build(dev: Dev, spec: ModelSpec, training: TrainingSpec, cand: Candidate, wo
     fsdp = strat.is_fsdp
     net = build_model(spec, device="meta" if fsdp else dev.device)
     net.configure(checkpointing=cand.checkpointing, attention=training.attention.value,
-                  selective_policy="op", loss=training.loss.value,
+                  selective_policy="op", sac_list=training.sac_list.value,
+                  loss=training.loss.value,
                   loss_chunks=training.loss_chunks, keep_logits=training.keep_logits)
     if training.precision is Precision.BF16:
         net = net.to(torch.bfloat16)
@@ -442,9 +443,10 @@ def run_case(dev: Dev, case: dict[str, Any], world: int, fake: bool) -> dict[str
     # before the baseline below (its empty q, k, v are freed and the cache emptied)
     rec["sdpa_backend"] = sdpa_backend(dev, spec, training)
     if cand.checkpointing is Checkpointing.SELECTIVE:
-        from probes.models import OP_SAC_SAVE_OPS
+        from probes.models import sac_save_ops
 
-        rec["sac_save_ops"] = list(OP_SAC_SAVE_OPS)
+        rec["sac_list"] = training.sac_list.value
+        rec["sac_save_ops"] = list(sac_save_ops(training.sac_list.value))
     gc.collect()
     if dev.cuda:
         torch.cuda.empty_cache()

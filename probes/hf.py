@@ -274,11 +274,11 @@ def _loss_fn(model: Any):
     return loss
 
 
-def _recompute_contexts(extra: Any, selective: bool) -> Any:
+def _recompute_contexts(extra: Any, selective: bool, sac_list: str = "current") -> Any:
     """A checkpoint ``context_fn``: the dropout emulation during recomputation (the loop's
     function mode is not in effect inside checkpoint's recomputation: the recomputed masks
     would differ from the saved ones), ``extra``'s contexts (the autocast emulation), and for
-    selective checkpointing torchtitan's op-level SAC policy."""
+    selective checkpointing torchtitan's op-level SAC policy with the save list ``sac_list``."""
     from contextlib import nullcontext
 
     from probes.models import _BothContexts, _op_sac_context_fn
@@ -287,7 +287,7 @@ def _recompute_contexts(extra: Any, selective: bool) -> Any:
         fwd, rec = extra() if extra is not None else (nullcontext(), nullcontext())
         return fwd, _BothContexts(rec, CudaDropoutEmulation())
 
-    return _op_sac_context_fn(context_fn) if selective else context_fn
+    return _op_sac_context_fn(context_fn, sac_list) if selective else context_fn
 
 
 def hf_factory(config: dict[str, Any], *, layers: int | None = None):
@@ -300,7 +300,7 @@ def hf_factory(config: dict[str, Any], *, layers: int | None = None):
             checkpoint_wrapper,
         )
 
-        from planner.spec import Checkpointing
+        from planner.spec import Checkpointing, TrainingSpec
         from probes.trace_types import TraceModel, UnsupportedConfig
 
         cfg = transformers_config(config, layers)
@@ -315,7 +315,9 @@ def hf_factory(config: dict[str, Any], *, layers: int | None = None):
             if selective and opts.selective_policy != "op":
                 raise UnsupportedConfig("selective_policy 'regions' exists only for the "
                                         "reference model; Hugging Face layers use 'op'")
-            context_fn = _recompute_contexts(opts.recompute_context, selective)
+            tr = opts.training or TrainingSpec()
+            context_fn = _recompute_contexts(opts.recompute_context, selective,
+                                             tr.sac_list.value)
             for i, layer in enumerate(list(layer_list)):
                 layer_list[i] = checkpoint_wrapper(
                     layer, checkpoint_impl=CheckpointImpl.NO_REENTRANT, context_fn=context_fn,

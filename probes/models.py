@@ -88,13 +88,19 @@ Activation checkpointing (``torch.utils.checkpoint``, ``use_reentrant=False``,
   (Megatron-style; kept for comparison, not what the planner models).
 * ``selective`` with ``selective_policy="op"`` (the default): torchtitan's op-level selective
   AC, the policy ``planner/activations.py`` models: the whole block is one checkpoint under
-  ``create_selective_checkpoint_contexts`` with torchtitan's policy (``_op_sac_policy``):
-  the outputs of every other ``aten.mm`` and of the SDPA kernel are saved, everything else is
-  recomputed.
+  ``create_selective_checkpoint_contexts`` with torchtitan's policy (``_op_sac_policy``) and
+  save list (``sac_list``: "current", torchtitan since 2026-03-23, or "pre-2026-03-23"): the
+  outputs of every other ``aten.mm`` and of the SDPA kernel are saved, under "current" also
+  every ``addmm`` (a biased linear), ``bmm`` and ``topk``; everything else is recomputed.
 
 ``checkpoint_context`` (a callable returning a pair of context managers) is handed to
 ``torch.utils.checkpoint`` as ``context_fn``; the trace uses it to re-enter the CUDA-autocast
 emulation during recomputation (real autocast is re-entered by checkpoint itself).
+
+MoE experts: with bf16 operands they run as ``fitcheck::grouped_expert_mm`` (``_expert_mm``), an
+op standing for torchtitan's ``torch._grouped_mm``: ``bmm``'s forward, saved tensors and backward,
+but not ``aten.bmm`` for selective checkpointing's save lists (the current one saves ``bmm``,
+neither saves ``_grouped_mm``).
 
 MoE parameter order: ``param_tensors`` lists ``mlp.router.weight`` before the module's own
 ``mlp.w_gate/w_up/w_down``, while ``nn.Module`` yields a module's own parameters before its
@@ -183,16 +189,19 @@ class _BothContexts:
         return False
 
 
-# torchtitan's op-level SAC save list (``_op_sac_save_list``, torchtitan/models/llama3/infra/
-# parallelize.py), as of torchtitan b39377f9f (#2095, 2025-12-01: "add all SDPA backends to
-# op_sac_save_list"): every SDPA backend's op, not only flash / efficient. Before that commit a
-# cuDNN-dispatched SDPA was recomputed in backward, and torch prefers cuDNN's kernel on SM 9.x /
-# 10.x with cuDNN > 9.15 (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp,
-# ``check_prefer_cudnn_attention``): the H100 / H200 runs of 2026-11-26 (torch 2.11, cuDNN 9.19)
-# took this list without cuDNN's op and kept no attention output (docs/accuracy.md, GPU
-# section). The math and "overrideable" ops are CompositeImplicit / PrivateUse1 ops that a CPU
-# or CUDA trace never shows the policy; they are listed because torchtitan lists them.
-# ``_scaled_dot_product_flash_attention_for_cpu`` is what the CPU trace dispatches to.
+# torchtitan's op-level SAC save lists (``--sac-list``, planner.spec.SacList; docs/model.md §5.6).
+#
+# "pre-2026-03-23": the per-model ``_op_sac_save_list`` (torchtitan/models/llama3/infra/
+# parallelize.py and its siblings) before 114151ad4 (#2357, 2026-03-23), as of torchtitan
+# b39377f9f (#2095, 2025-12-01: "add all SDPA backends to op_sac_save_list"): every SDPA
+# backend's op, not only flash / efficient. Before that commit a cuDNN-dispatched SDPA was
+# recomputed in backward, and torch prefers cuDNN's kernel on SM 9.x / 10.x with cuDNN > 9.15
+# (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp, ``check_prefer_cudnn_attention``):
+# the H100 / H200 runs of 2026-11-26 (torch 2.11, cuDNN 9.19) took this list without cuDNN's
+# op and kept no attention output (docs/accuracy.md, GPU section). The math and "overrideable"
+# ops are CompositeImplicit / PrivateUse1 ops that a CPU or CUDA trace never shows the policy;
+# they are listed because torchtitan lists them. ``_scaled_dot_product_flash_attention_for_cpu``
+# is what the CPU trace dispatches to (in both lists: it stands for CUDA's flash op).
 OP_SAC_SAVE_OPS = (
     "aten.mm.default",
     "aten._scaled_dot_product_efficient_attention.default",
@@ -204,6 +213,40 @@ OP_SAC_SAVE_OPS = (
     "_c10d_functional.reduce_scatter_tensor.default",
     "aten.max.default",
 )
+
+# "current": torchtitan/distributed/activation_checkpoint.py ``_get_default_save_ops`` (at
+# b5bcd76; since 114151ad4, 2026-03-23): the ``.default`` overload of every op in torch's
+# ``torch._functorch.partitioners.get_default_op_list().compute_intensive_ops`` (torch 2.13:
+# mm, addmm, bmm, _scaled_mm, convolution, convolution_backward, the flash / efficient SDPA and
+# attention-forward ops, upsample_bilinear2d; read at trace time, as torchtitan does), plus
+# these (``aten.topk`` since 7074b056a, #3146, 2026-05-26); ``aten._grouped_mm`` is in neither.
+OP_SAC_SAVE_OPS_CURRENT_EXTRA = (
+    "aten._scaled_dot_product_cudnn_attention.default",
+    "aten._scaled_dot_product_attention_math.default",
+    "aten._scaled_dot_product_fused_attention_overrideable.default",
+    "aten._scaled_dot_product_flash_attention_for_cpu.default",
+    "aten.max.default",
+    "aten.linear.default",
+    "aten.topk.default",
+    "_c10d_functional.reduce_scatter_tensor.default",
+    "_c10d_functional.all_to_all_single.default",
+)
+
+SAC_LISTS = ("current", "pre-2026-03-23")
+
+
+def sac_save_ops(sac_list: str = "current") -> tuple[str, ...]:
+    """The names (``namespace.op.overload``) of the ops ``sac_list`` saves."""
+    if sac_list == "pre-2026-03-23":
+        return OP_SAC_SAVE_OPS
+    if sac_list != "current":
+        raise ValueError(f"sac_list must be one of {', '.join(SAC_LISTS)}, not {sac_list!r}")
+    from torch._functorch.partitioners import get_default_op_list
+
+    # each an OpOverloadPacket; torchtitan saves its ``.default`` overload
+    torch_ops = sorted(op.default.name().replace("::", ".") + ".default"
+                       for op in get_default_op_list().compute_intensive_ops)
+    return tuple(dict.fromkeys(torch_ops + list(OP_SAC_SAVE_OPS_CURRENT_EXTRA)))
 
 
 def _resolve_ops(names) -> set:
@@ -221,31 +264,38 @@ def _resolve_ops(names) -> set:
     return out
 
 
-def _op_sac_policy(meta: dict[str, int]):
-    """torchtitan's op-level selective AC policy (``parallelize_llama.py``,
-    ``_get_custom_policy``): save the outputs of every other ``aten.mm`` (1st, 3rd, ...), of the
-    SDPA kernel whichever backend runs it, of ``reduce_scatter_tensor`` and ``aten.max``
-    (``OP_SAC_SAVE_OPS``); recompute everything else."""
+def _op_sac_policy(meta: dict[str, int], sac_list: str = "current"):
+    """torchtitan's op-level selective AC policy (``SelectiveAC._wrap_block``'s
+    ``wrapped_policy`` at b5bcd76; ``_get_custom_policy`` in the per-model era): save the
+    outputs of the ops of ``sac_list`` (``sac_save_ops``), except every second ``mm`` /
+    ``linear`` (the 1st, 3rd, ... kept, counted apart in forward and in recompute); recompute
+    everything else. Not reproduced: ``force_recompute_mm_shapes_by_fqns`` (default
+    ``["moe.router.gate"]``: torchtitan recomputes its router's mm and leaves it out of the
+    count) and the CUDA-to-CPU ``_to_copy`` it saves (no such copy in the reference blocks)."""
     from torch.utils.checkpoint import CheckpointPolicy
 
-    mm = torch.ops.aten.mm.default
-    save = _resolve_ops(OP_SAC_SAVE_OPS)
+    mm_ops = {torch.ops.aten.mm.default, torch.ops.aten.linear.default}
+    save = _resolve_ops(sac_save_ops(sac_list))
 
     def policy(ctx, func, *args, **kwargs):
         key = "recompute_mm_count" if ctx.is_recompute else "forward_mm_count"
-        if func == mm:
+        if func in mm_ops:
             meta[key] += 1
-        to_save = func in save and not (func == mm and meta[key] % 2 == 0)
+        to_save = func in save and not (func in mm_ops and meta[key] % 2 == 0)
         return CheckpointPolicy.MUST_SAVE if to_save else CheckpointPolicy.PREFER_RECOMPUTE
 
     return policy
 
 
-def _op_sac_context_fn(extra: Callable[[], tuple]) -> Callable[[], tuple]:
+def _op_sac_context_fn(extra: Callable[[], tuple], sac_list: str = "current"
+                       ) -> Callable[[], tuple]:
+    sac_save_ops(sac_list)  # a bad name fails here, not inside the checkpoint
+
     def context_fn():
         from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
-        fwd, rec = create_selective_checkpoint_contexts(_op_sac_policy(defaultdict(int)))
+        fwd, rec = create_selective_checkpoint_contexts(
+            _op_sac_policy(defaultdict(int), sac_list))
         fwd2, rec2 = extra()
         return _BothContexts(fwd, fwd2), _BothContexts(rec, rec2)
 
@@ -362,6 +412,43 @@ def _act_geglu(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return F.gelu(g, approximate="tanh") * u
 
 
+@torch.library.custom_op("fitcheck::grouped_expert_mm", mutates_args=())
+def _grouped_expert_mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """torchtitan's grouped expert matmul (``GroupedExperts``: ``torch._grouped_mm``) as an op
+    of its own, computed and differentiated as ``bmm`` (module doc)."""
+    return torch.bmm(x, w)
+
+
+@_grouped_expert_mm.register_fake
+def _(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0], x.shape[1], w.shape[2])
+
+
+def _grouped_expert_mm_setup(ctx, inputs, output) -> None:
+    ctx.save_for_backward(*inputs)  # bmm saves its two operands
+
+
+def _grouped_expert_mm_backward(ctx, grad):
+    x, w = ctx.saved_tensors
+    return torch.bmm(grad, w.transpose(1, 2)), torch.bmm(x.transpose(1, 2), grad)
+
+
+_grouped_expert_mm.register_autograd(_grouped_expert_mm_backward,
+                                     setup_context=_grouped_expert_mm_setup)
+
+
+def _expert_mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """(E, C, a) x (E, a, b) per expert. torchtitan runs ``torch._grouped_mm`` (bf16 only);
+    selective checkpointing's current list saves ``bmm`` but not it, so with bf16 operands the
+    experts run as ``fitcheck::grouped_expert_mm``: an op in no save list, whose forward and
+    backward are ``bmm``'s (the kernel the H200 runs of this module measured; torch's CPU
+    ``_grouped_mm`` fallback allocates otherwise in backward). Under the autocast emulation
+    (fp32 weights) the experts stay ``bmm``, which the emulation casts."""
+    if x.dtype == torch.bfloat16 and w.dtype == torch.bfloat16:
+        return _grouped_expert_mm(x, w)
+    return torch.bmm(x, w)
+
+
 class MoEMLP(nn.Module):
     """Top-k routed experts with static-shape capacity dispatch (see the module docstring)."""
 
@@ -409,15 +496,15 @@ class MoEMLP(nn.Module):
         src = xt.repeat_interleave(k, dim=0)  # (N*k, h)
         buf = xt.new_zeros(e * cap + 1, h).index_add(0, slot, src)
         xe = buf[: e * cap].view(e, cap, h)
-        u = torch.bmm(xe, self.w_up.transpose(1, 2))
+        u = _expert_mm(xe, self.w_up.transpose(1, 2))
         sel = self.ckpt.mode is Checkpointing.SELECTIVE
         if self.kind is MlpKind.GELU:
             a = self.ckpt.run(_act_gelu, u) if sel else _act_gelu(u)
         else:
-            g = torch.bmm(xe, self.w_gate.transpose(1, 2))
+            g = _expert_mm(xe, self.w_gate.transpose(1, 2))
             fn = _act_swiglu if self.kind is MlpKind.SWIGLU else _act_geglu
             a = self.ckpt.run(fn, g, u) if sel else fn(g, u)
-        y = torch.bmm(a, self.w_down.transpose(1, 2))  # (E, C, h)
+        y = _expert_mm(a, self.w_down.transpose(1, 2))  # (E, C, h)
         gathered = y.view(e * cap, h)[slot.clamp(max=e * cap - 1)]  # (N*k, h)
         weight = (w.reshape(n * k) * kept).to(gathered.dtype).unsqueeze(-1)
         out = (gathered * weight).view(n, k, h).sum(1)
@@ -541,6 +628,7 @@ class Transformer(nn.Module):
             self.register_buffer("alibi_slopes", slopes, persistent=False)
         self.checkpointing = Checkpointing.NONE
         self.selective_policy = "op"
+        self.sac_list = "current"
         self.attention = "sdpa"
         self.loss_kind = "fp32"
         self.loss_chunks = 8
@@ -556,13 +644,15 @@ class Transformer(nn.Module):
         attention: str = "sdpa",
         context_fn: Callable[[], tuple] | None = None,
         selective_policy: str = "op",
+        sac_list: str = "current",
         loss: str = "fp32",
         loss_chunks: int = 8,
         keep_logits: bool = False,
     ) -> Transformer:
         """Set activation checkpointing (none/selective/full), the selective policy
         ("regions": attention core + MLP activation, "op": torchtitan's op-level SAC) and the
-        attention kernel. ``context_fn`` is added to every checkpoint's contexts.
+        attention kernel; ``sac_list``: the op save list of "op" (``sac_save_ops``).
+        ``context_fn`` is added to every checkpoint's contexts.
         ``loss`` (decoder head only): "fp32" ``cross_entropy(logits.float())``; "bf16"
         cross-entropy on the logits as computed; "chunked" torchtune's chunked output and
         loss over ``loss_chunks`` chunks of the sequence; "fused" Liger's fused linear
@@ -585,6 +675,7 @@ class Transformer(nn.Module):
             )
         self.checkpointing = mode
         self.selective_policy = selective_policy
+        self.sac_list = sac_list
         self.attention = str(attention)
         extra = context_fn or _no_ctx
         op_sac = mode is Checkpointing.SELECTIVE and selective_policy == "op"
@@ -595,7 +686,7 @@ class Transformer(nn.Module):
                 ck.context_fn = extra
                 ck.preserve_rng = self.spec.dropout > 0
             if op_sac:
-                blk.ckpt.context_fn = _op_sac_context_fn(extra)
+                blk.ckpt.context_fn = _op_sac_context_fn(extra, sac_list)
             blk.attn.eager = self.attention == "eager"
         return self
 

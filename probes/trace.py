@@ -159,6 +159,7 @@ def reference_factory(spec: ModelSpec) -> ModelFactory:
         net.configure(checkpointing=opts.checkpointing, attention=opts.attention.value,
                       context_fn=opts.recompute_context,
                       selective_policy=opts.selective_policy,
+                      sac_list=tr.sac_list.value,
                       loss=tr.loss.value, loss_chunks=tr.loss_chunks,
                       keep_logits=tr.keep_logits)
         effects = {"loss", "keep_logits"}
@@ -1018,6 +1019,7 @@ def _trace(factory: ModelFactory, training: TrainingSpec, candidate: Candidate,
         "autocast": "cuda-emulation" if emulate_autocast else ("fsdp-mp" if low else "none"),
         "checkpointing": candidate.checkpointing.value,
         "selective_policy": selective_policy,
+        "sac_list": training.sac_list.value,
         "attention": training.attention.value,
         "optimizer": training.optimizer.value,
         "optimizer_impl": training.optimizer_impl.value,

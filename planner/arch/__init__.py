@@ -24,7 +24,7 @@ import functools
 from collections.abc import Iterator
 
 from planner.arch.attention import FullAttention, Mha, Mla, SlidingWindow, TanhSoftcap
-from planner.arch.base import Ctx, Saved, Shape
+from planner.arch.base import Ctx, LinearOut, Saved, Shape
 from planner.arch.layout import Parallel, PostNorm, PreNorm, Sandwich
 from planner.arch.mlp import Gated, Gelu, Moe
 from planner.arch.norm import (
@@ -57,10 +57,11 @@ class Arch:
         """What one (average) block saves for backward."""
         return self.layout.saved(self, m, x)
 
-    def block_mm_outputs(self, m, t: int, c: int, dense: bool = False) -> list[Saved]:
-        """A block's ``aten.mm`` outputs in execution order (selective checkpointing)."""
+    def block_linear_outputs(self, m, t: int, c: int, dense: bool = False) -> list[LinearOut]:
+        """A block's linear outputs in execution order, each marked biased (``addmm``) or not
+        (``aten.mm``): what selective checkpointing's policy sees."""
         mlp = self.dense_mlp if dense else self.mlp
-        return self.attention.mm_outputs(m, t, c) + mlp.mm_outputs(m, t, c)
+        return self.attention.linear_outputs(m, t, c) + mlp.linear_outputs(m, t, c)
 
     def block_matmul_weights(self, m) -> int:
         """Matmul weights a token multiplies in the average block (dense first blocks

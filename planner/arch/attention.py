@@ -10,12 +10,13 @@ from collections.abc import Iterator
 from planner.arch.base import (
     FP32,
     Ctx,
+    LinearOut,
     Nothing,
     Saved,
     Shape,
     inputs_saved,
     linear,
-    mm_out,
+    linear_out,
     rms_inner,
     rms_weight,
 )
@@ -130,16 +131,17 @@ class Mha:
         out.append(Saved("attn.o.input", c * t * qd))
         return out
 
-    def mm_outputs(self, m, t: int, c: int) -> list[Saved]:
-        """The projections' ``aten.mm`` outputs in execution order (planner.activations
-        .mm_outputs)."""
+    def linear_outputs(self, m, t: int, c: int) -> list[LinearOut]:
+        """The projections' outputs in execution order, biased or not (planner.activations
+        .linear_outputs)."""
         biased = m.bias or m.qkv_bias
         if m.fused_qkv:
-            out = mm_out("qkv.out", m.q_dim + 2 * m.kv_dim, t, c, biased)
+            out = linear_out("qkv.out", m.q_dim + 2 * m.kv_dim, t, c, biased)
         else:
-            out = (mm_out("q.out", m.q_dim, t, c, biased) + mm_out("k.out", m.kv_dim, t, c, biased)
-                   + mm_out("v.out", m.kv_dim, t, c, biased))
-        return out + mm_out("o.out", m.hidden, t, c, m.bias or m.attn_out_bias)
+            out = (linear_out("q.out", m.q_dim, t, c, biased)
+                   + linear_out("k.out", m.kv_dim, t, c, biased)
+                   + linear_out("v.out", m.kv_dim, t, c, biased))
+        return out + linear_out("o.out", m.hidden, t, c, m.bias or m.attn_out_bias)
 
     def matmul_weights(self, m) -> int:
         """Matmul weights a token multiplies: q (q_dim x h), k and v (kv_dim x h), o."""
@@ -193,15 +195,16 @@ class Mla:
                       Saved("sdpa.out", c * t * nh * v),
                       Saved("sdpa.logsumexp", FP32 * x.batch * nh * x.seq)]
 
-    def mm_outputs(self, m, t: int, c: int) -> list[Saved]:
+    def linear_outputs(self, m, t: int, c: int) -> list[LinearOut]:
         nh, qk, rope = m.n_heads, m.d_head, m.qk_rope_dim
         if m.q_lora_rank:
-            out = mm_out("q_a.out", m.q_lora_rank, t, c) + mm_out("q_b.out", nh * qk, t, c)
+            out = (linear_out("q_a.out", m.q_lora_rank, t, c)
+                   + linear_out("q_b.out", nh * qk, t, c))
         else:
-            out = mm_out("q.out", nh * qk, t, c)
-        out += mm_out("kv_a.out", m.kv_lora_rank + rope, t, c)
-        out += mm_out("kv_b.out", nh * (qk - rope + (m.v_head_dim or qk)), t, c)
-        return out + mm_out("o.out", m.hidden, t, c, m.bias or m.attn_out_bias)
+            out = linear_out("q.out", nh * qk, t, c)
+        out += linear_out("kv_a.out", m.kv_lora_rank + rope, t, c)
+        out += linear_out("kv_b.out", nh * (qk - rope + (m.v_head_dim or qk)), t, c)
+        return out + linear_out("o.out", m.hidden, t, c, m.bias or m.attn_out_bias)
 
     def matmul_weights(self, m) -> int:
         """Matmul weights a token multiplies: every projection above (the latent norms are

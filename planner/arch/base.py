@@ -4,6 +4,7 @@ the small shape helpers (planner/arch/__init__.py says how the variants compose)
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import NamedTuple
 
 from planner.lazy_dataclass import dataclass
 
@@ -86,9 +87,18 @@ def inputs_saved(prefix: str, readers: tuple[str, ...], in_bytes: int, x: Ctx, w
     return [Saved(shared, in_bytes * x.t * width)] if own else []
 
 
-def mm_out(name: str, width: int, t: int, nbytes: int, biased: bool = False) -> list[Saved]:
-    """One linear's output as ``aten.mm`` (a biased linear runs as ``addmm``: none)."""
-    return [] if biased else [Saved(name, nbytes * t * width)]
+class LinearOut(NamedTuple):
+    """One linear's output (selective checkpointing): ``biased`` linears run as ``aten.addmm``
+    (``at::linear`` in aten/src/ATen/native/Linear.cpp: addmm for a 2-D input with a bias, and
+    ``_flatten_nd_linear`` -> addmm for a contiguous 3-D one), the others as ``aten.mm``."""
+
+    saved: Saved
+    biased: bool
+
+
+def linear_out(name: str, width: int, t: int, nbytes: int, biased: bool = False
+               ) -> list[LinearOut]:
+    return [LinearOut(Saved(name, nbytes * t * width), biased)]
 
 
 def scaled(saved: list[Saved], k: int, n: int) -> list[Saved]:

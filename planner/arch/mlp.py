@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from planner.arch.base import FP32, Ctx, Saved, Shape, inputs_saved, linear, mm_out, scaled
+from planner.arch.base import (FP32, Ctx, LinearOut, Saved, Shape, inputs_saved, linear,
+                               linear_out, scaled)
 
 
 class Gelu:
@@ -62,14 +63,14 @@ class Gelu:
         return [Saved(f"{prefix}.up_out", c * tokens * f),
                 Saved(f"{prefix}.down.input", c * tokens * f)]
 
-    def mm_outputs(self, m, t: int, c: int) -> list[Saved]:
-        out: list[Saved] = []
+    def linear_outputs(self, m, t: int, c: int) -> list[LinearOut]:
+        out: list[LinearOut] = []
         if m.fused_gate_up:
-            out += mm_out("gate_up.out", 2 * self.width, t, c, m.bias)
+            out += linear_out("gate_up.out", 2 * self.width, t, c, m.bias)
         else:
             for name, width in self.matrices(m)[:-1]:
-                out += mm_out(f"{name}.out", width, t, c, m.bias)
-        return out + mm_out("down.out", m.hidden, t, c, m.bias)
+                out += linear_out(f"{name}.out", width, t, c, m.bias)
+        return out + linear_out("down.out", m.hidden, t, c, m.bias)
 
     def matmul_weights(self, m) -> int:
         return len(self.matrices(m)) * m.hidden * self.width
@@ -158,20 +159,21 @@ class Moe:
                 self.dense.intermediates(m, x, t, "mlp.dense", False), nd, L)
         return out + mlp
 
-    def mm_outputs(self, m, t: int, c: int) -> list[Saved]:
-        """The router's (DeepSeek's multiplies in fp32) and the shared experts' ``aten.mm``
-        outputs; the experts run as grouped or batched matmuls (not counted)."""
-        shared: list[Saved] = []
+    def linear_outputs(self, m, t: int, c: int) -> list[LinearOut]:
+        """The router's (DeepSeek's multiplies in fp32) and the shared experts' outputs (no
+        bias); the experts run as grouped matmuls (torchtitan's ``GroupedExperts``:
+        ``torch._grouped_mm``), not linears: not counted, in no save list."""
+        shared: list[LinearOut] = []
         if self.shared:
             for name, width in self.shared.matrices(m):
-                shared += mm_out(f"shared.{name}.out", width, t, c)
+                shared += linear_out(f"shared.{name}.out", width, t, c)
         router_bytes = FP32 if m.router_fp32 else c
         if m.shared_expert_gate:
             # Qwen2MoeSparseMoeBlock: the shared expert first, then the router, its gate last
-            return (shared + mm_out("router.out", m.n_experts, t, c)
-                    + mm_out("shared_gate.out", 1, t, c))
+            return (shared + linear_out("router.out", m.n_experts, t, c)
+                    + linear_out("shared_gate.out", 1, t, c))
         # Mixtral, Qwen3-MoE, DeepSeek: the router, the experts, then the shared experts
-        return mm_out("router.out", m.n_experts, t, router_bytes) + shared
+        return linear_out("router.out", m.n_experts, t, router_bytes) + shared
 
     def matmul_weights(self, m) -> int:
         """The router (E x h), experts_per_token experts, the shared experts and gate."""

@@ -94,7 +94,8 @@ def activation_plan(model: ModelSpec, training: TrainingSpec, candidate: Candida
                             offload=training.activation_offload, cp=training.cp,
                             cp_repeat_kv=training.cp_kv is CpKv.REPEATED,
                             offload_trl=trl, offload_weights=not trl or autocast and
-                            precision.amp or candidate.strategy.is_fsdp)
+                            precision.amp or candidate.strategy.is_fsdp,
+                            sac_list=training.sac_list)
     if training.cp > 1:
         plan = with_ring(plan, model, training, candidate, precision, autocast)
     if training.ep > 1:

@@ -15,7 +15,9 @@ beside activation checkpointing, and local_batch_size // pipeline_parallel_micro
 micro-batches);
 [activation_checkpoint] mode none/selective/full (+ selective_ac_option: 'op' selective,
 1 = full, k > 1 full on every
-k-th block: not modelled; 0.3: SelectiveAC (per-op) / FullAC / MemoryBudgetAC); enable_cpu_offload
+k-th block: not modelled; 0.3: SelectiveAC (per-op) / FullAC / MemoryBudgetAC; per-op selective's
+save list -> training.sac_list: pre-2026-03-23 for a TOML config, current assumed for a config
+registry, ``sac_list``); enable_cpu_offload
 -> params_and_optimizer; [training] dtype bfloat16 -> pure bf16, else mixed_precision_param
 bfloat16 -> bf16-amp (FSDP2 MixedPrecisionPolicy over fp32 params), float32 -> fp32;
 mixed_precision_reduce -> --reduce-dtype (default float32, which a pure-bf16 model keeps too:
@@ -89,7 +91,8 @@ def read(r: Reader) -> None:
     r.fallback("training.allocator", "expandable",
                f"{r.name}: allocator expandable: torchtitan's run_train.sh sets "
                "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
-    checkpointing(r, r.mapping(doc.get("activation_checkpoint"), "[activation_checkpoint]"))
+    checkpointing(r, r.mapping(doc.get("activation_checkpoint"), "[activation_checkpoint]"),
+                  registry is not None)
     split_schedule_with_checkpointing(r)
     precision_and_offload(r, doc)
     compile_mode(r, doc, training)
@@ -269,7 +272,7 @@ def split_schedule_with_checkpointing(r: Reader) -> None:
             "parameter group under full)"), key)
 
 
-def checkpointing(r: Reader, ac: dict) -> None:
+def checkpointing(r: Reader, ac: dict, registry: bool = False) -> None:
     ac_key = "[activation_checkpoint] mode" + ("" if "mode" in ac else
                                                f" ({r.label(TABLE)} default selective)")
     mode = r.choose(ac.get("mode", "selective"), ac_key, AC_MODES)
@@ -279,7 +282,26 @@ def checkpointing(r: Reader, ac: dict) -> None:
         if opt != "op":
             k = r.count(opt, "[activation_checkpoint] selective_ac_option")
             mode = "full" if k == 1 else Vocab(f"full-every-{k}-blocks")
+        else:
+            sac_list(r, registry)
     r.set("checkpointing", mode, ac_key)
+
+
+def sac_list(r: Reader, registry: bool) -> None:
+    """Which op save list the job's per-op SAC ran (planner.spec.SacList). A TOML config is a
+    torchtitan up to v0.2.2 (TOML configs went with 9810191bb, 2026-02-23), which had the
+    per-model ``_op_sac_save_list``: the older list, for certain. A config registry does not
+    name its torchtitan commit: ``current`` (the list since 114151ad4, 2026-03-23) is assumed
+    and said."""
+    if not registry:
+        r.set("training.sac_list", "pre-2026-03-23",
+              "[activation_checkpoint] selective_ac_option 'op' in a TOML config (torchtitan "
+              "<= v0.2.2: the per-model op save list)")
+        return
+    r.fallback("training.sac_list", "current",
+               f"{r.name}: selective checkpointing's save list ASSUMED current (torchtitan "
+               "since 114151ad4, 2026-03-23): the config does not name its torchtitan commit; "
+               "an older checkout saves fewer ops (--sac-list pre-2026-03-23)")
 
 
 def precision_and_offload(r: Reader, doc: dict) -> None:
