@@ -137,6 +137,22 @@ CASES: list[Any] = [  # (extra values, rank): measured, docs/model.md §8.7
     ({"hardware.n": 8, "parallel.cp": 4, "parallel.cp_rotate": "alltoall",
       "checkpointing": "full"}, 1),
     ({"hardware.n": 8, "parallel.pp": 4, "parallel.pp_microbatches": 8, "parallel.cp": 2}, 1),
+    # PP x CP under torchtitan's op-level selective checkpointing (the SAC policy sees one
+    # flash op per layer, the ring below it: probes/context_parallel.py _RingDispatch);
+    # measured -0.13 % (rank 0), -0.02 % (rank 1)
+    ({"parallel.cp": 2, "checkpointing": "selective"}, 0),
+    ci({"parallel.cp": 2, "checkpointing": "selective"}, 1),
+    # PP x TP x CP (torchtitan's 5D mesh without dp_replicate: pp, dp_shard x cp, tp): the
+    # ring on each GPU's n_heads / tp heads (TP's column-parallel q, k, v are local tensors);
+    # measured +0.13 % (1F1B rank 0), -0.30 % (interleaved rank 0)
+    ci({"hardware.n": 8, "parallel.tp": 2, "parallel.cp": 2}, 0),
+    ({"hardware.n": 8, "parallel.tp": 2, "parallel.cp": 2}, 1),
+    ci({"hardware.n": 8, "parallel.tp": 2, "parallel.cp": 2,
+        "parallel.pp_schedule": "interleaved-1f1b"}, 0),
+    ({"hardware.n": 8, "parallel.tp": 2, "parallel.cp": 2, "checkpointing": "full"}, 1),
+    ({"hardware.n": 8, "parallel.tp": 2, "parallel.cp": 2, "checkpointing": "selective"}, 0),
+    ({"hardware.n": 16, "parallel.tp": 2, "parallel.cp": 4,
+      "parallel.cp_rotate": "alltoall"}, 0),
     # ZBV and DualPipeV (2 stages per rank in a V, split backward), measured -1.33 .. +1.03 %
     # (docs/model.md §8.7); 8 layers in 4 stages: [2, 3, 2, 1] blocks, rank 0 holds the
     # embedding's stage 0 and the head's stage 3

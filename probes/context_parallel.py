@@ -152,67 +152,85 @@ def ring_attention_bytes(*, cp: int, rank: int, rotate: str, batch: int, seq: in
 # --------------------------------------------------------------------------- the whole step
 
 
-class _RingAttention(torch.autograd.Function):
-    """What the DTensor flash op does under the CP dispatcher, on local tensors: the ring
-    forward, autograd saving q, k, v, out and the logsumexp (the flash op's
-    ``derivatives.yaml`` entry), the ring backward. Run on local tensors so that the trace's
-    tracker (a TorchDispatchMode) sees the ring's own buffers."""
+class _RingDispatch(TorchDispatchMode):
+    """What DTensor's CP dispatch does, as a dispatch mode: the flash op and its backward
+    (``aten._scaled_dot_product_flash_attention`` and ``_backward``) run as torch's ring
+    (``_scaled_dot_product_ring_flash_attention`` and its ``_backward``, the functions the
+    CP handler ``_sdpa_handler`` calls) on the local tensors; every other op passes through.
 
-    @staticmethod
-    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                mesh: Any) -> torch.Tensor:
+    Pushed after the tracker and before any checkpoint's selective-checkpoint mode, it sits
+    between them as DTensor's dispatch does on a GPU: a mode above it (the op-level SAC
+    policy) sees ONE flash op per layer and saves its merged output and logsumexp (on a GPU
+    the ring runs inside the DTensor flash op, where no mode sees its per-rotation ops:
+    a dispatch mode entered around a DTensor flash op under the CP dispatcher sees that op
+    alone, checked on torch 2.13), while the ring's own ops go down to the modes below (the
+    tracker, fake mode) and are counted. The flash op's autograd formula saves what the
+    DTensor flash op's does (q, k, v, out, logsumexp and the small rest)."""
+
+    def __init__(self, mesh: Any) -> None:
+        super().__init__()
+        self.mesh = mesh
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
         from torch.distributed.tensor.experimental._context_parallel import _attention as cpa
 
-        out, lse, *rest = cpa._scaled_dot_product_ring_flash_attention(mesh, q, k, v,
-                                                                        is_causal=True)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.rest, ctx.mesh = rest, mesh
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        from torch.distributed.tensor.experimental._context_parallel import _attention as cpa
-
-        q, k, v, out, lse = ctx.saved_tensors
-        rest = ctx.rest
-        dq, dk, dv, *_ = cpa._scaled_dot_product_ring_flash_attention_backward(
-            ctx.mesh, grad, q, k, v, out, lse, *rest[:4], 0.0, True, *rest[4:6])
-        return dq, dk, dv, None
+        kwargs = kwargs or {}
+        aten = torch.ops.aten
+        if func is aten._scaled_dot_product_flash_attention.default:
+            return tuple(cpa._scaled_dot_product_ring_flash_attention(self.mesh, *args,
+                                                                      **kwargs))
+        if func is aten._scaled_dot_product_flash_attention_backward.default:
+            return tuple(cpa._scaled_dot_product_ring_flash_attention_backward(
+                self.mesh, *args, **kwargs))
+        return func(*args, **kwargs)
 
 
 _MESHES: dict[tuple[int, int, int], Any] = {}
 
 
+def cp_mesh(cp: int) -> Any:
+    """The cp dimension of a (world / cp, cp) mesh over the fake process group already
+    initialised (made once per group; its own tensors are real, outside every mode). This
+    process's cp rank is its global rank modulo cp: a trace of cp rank r initialises the
+    fake group as global rank r (the causal load balancing gives the ranks different ring
+    work: rank 0 runs the half-query steps, every other rank the half-key steps)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    world = dist.get_world_size()
+    key = (id(dist.distributed_c10d._get_default_group()), world, cp)
+    if key not in _MESHES:
+        with _disable_current_modes():
+            _MESHES[key] = init_device_mesh("cpu", (world // cp, cp),
+                                            mesh_dim_names=("dp", "cp"))["cp"]
+    return _MESHES[key]
+
+
 class ring_sdpa:
     """Context manager for a traced step under context parallel ``cp`` over a fake process
-    group already initialised: ``F.scaled_dot_product_attention`` becomes torch's ring
-    attention over the cp dimension of a (world / cp, cp) mesh, this process being cp rank
-    0, with the keys and values repeated to the query heads first as torchtitan's
-    ``repeat_kv`` does (expand + reshape of the (B, T, kv, d) layout, then the transpose),
-    or with ``repeat_kv`` False given as they are (transformers' ``enable_gqa=True``: the
-    flash op takes the grouped heads)."""
+    group already initialised: ``F.scaled_dot_product_attention`` becomes the flash op, run
+    as torch's ring attention over the cp dimension of a (world / cp, cp) mesh
+    (``_RingDispatch``), this process being cp rank (global rank) mod cp (``cp_mesh``), with
+    the keys and values repeated to the query heads first as torchtitan's ``repeat_kv`` does
+    (expand + reshape of the (B, T, kv, d) layout, then the transpose), or with ``repeat_kv``
+    False given as they are (transformers' ``enable_gqa=True``: the flash op takes the
+    grouped heads). Enter it inside the tracker (and around the backward too): its dispatch
+    mode must sit above the tracker's."""
 
     def __init__(self, cp: int, rotate: str, repeat_kv: bool = True) -> None:
         self.cp, self.rotate, self.repeat_kv = cp, rotate, repeat_kv
 
     def __enter__(self) -> None:
         import torch.nn.functional as F
-        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor.experimental._attention import set_rotate_method
         from torch.distributed.tensor.experimental._context_parallel import _attention as cpa
 
         set_rotate_method(self.rotate)
         cpa._cp_options.enable_load_balance = True
-        from torch.utils._python_dispatch import _disable_current_modes
-
-        world = dist.get_world_size()
-        key = (id(dist.distributed_c10d._get_default_group()), world, self.cp)
-        if key not in _MESHES:
-            with _disable_current_modes():  # the mesh's own tensors are real, not fake
-                _MESHES[key] = init_device_mesh("cpu", (world // self.cp, self.cp),
-                                                mesh_dim_names=("dp", "cp"))["cp"]
-        mesh = _MESHES[key]
+        self._mode = _RingDispatch(cp_mesh(self.cp))
         self._orig = F.scaled_dot_product_attention
+        flash = torch.ops.aten._scaled_dot_product_flash_attention.default
 
         def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Any = None,
                  dropout_p: float = 0.0, is_causal: bool = False, scale: Any = None,
@@ -222,13 +240,17 @@ class ring_sdpa:
             rep = q.shape[1] // k.shape[1]
             if rep > 1 and self.repeat_kv:
                 k, v = (_repeat_kv(t, rep) for t in (k, v))
-            return _RingAttention.apply(q, k, v, mesh)
+            # SDPA's composite calls the flash op so on an H100 (attention.cpp, head dims
+            # a multiple of 8 need no padding)
+            return flash(q, k, v, dropout_p, True, scale=scale)[0]
 
         F.scaled_dot_product_attention = sdpa
+        self._mode.__enter__()
 
     def __exit__(self, *exc: object) -> None:
         import torch.nn.functional as F
 
+        self._mode.__exit__(*exc)
         F.scaled_dot_product_attention = self._orig
 
 
@@ -242,4 +264,4 @@ def _repeat_kv(t: torch.Tensor, rep: int) -> torch.Tensor:
     return x.transpose(1, 2)
 
 
-__all__ = ["LiveBytes", "ring_attention_bytes", "ring_sdpa"]
+__all__ = ["LiveBytes", "cp_mesh", "ring_attention_bytes", "ring_sdpa"]

@@ -27,9 +27,10 @@ dp_shard x cp (FSDP2 shards each stage over both: ``parallelize_llama``'s dp_sha
 stage runs on seq / cp tokens of each micro-batch, and SDPA is torch's ring attention over a
 cp group (``probes.context_parallel.ring_sdpa``: torch's ring forward and backward on the
 local tensors, this process cp rank 0), around the whole schedule step as torchtitan's train
-context holds ``context_parallel``. PP x TP x CP is not traced (the ring's referee runs on
-local tensors, which TP's DTensors are not): the planner's TP rules are those PP x TP's trace
-checks.
+context holds ``context_parallel``, any checkpointing (the ring's dispatch mode sits below a
+selective-checkpoint mode, as DTensor's dispatch does). With ``tp`` > 1 as well (PP x TP x
+CP) the mesh is ``(pp, dp_shard x cp, tp)``: TP's column-parallel q, k, v are local tensors
+of n_heads / tp heads, which the ring takes as it does on a GPU.
 
 What the fake process group cannot do, emulated:
 
@@ -242,13 +243,6 @@ def trace_rank(spec: ModelSpec, training: TrainingSpec, checkpointing: Checkpoin
 
     p = training.pipeline
     cp = training.cp
-    if cp > 1 and tp > 1:
-        raise ValueError("pipeline x tensor x context parallel is not traced (the ring runs "
-                         "on local tensors)")
-    if cp > 1 and checkpointing is Checkpointing.SELECTIVE:
-        # as probes/trace.py: the op-level policy would see the ring's own ops, which on a
-        # GPU run inside one DTensor op
-        raise ValueError("context parallel is traced with no or full checkpointing")
     world = p.degree * dp * tp
     dist.init_process_group("fake", store=FakeStore(), rank=pp_rank * dp * tp,
                             world_size=world)
@@ -324,13 +318,15 @@ def trace_rank(spec: ModelSpec, training: TrainingSpec, checkpointing: Checkpoin
         parallel_loss = loss_parallel() if tp > 1 else contextlib.nullcontext()
         untracked = _untracked_sharding_propagation() if tp > 1 else contextlib.nullcontext()
         # context parallel: torchtitan's train context holds ``context_parallel`` around the
-        # schedule step; the ring's mesh is made before the tracker starts
-        ring = contextlib.nullcontext()
+        # schedule step; the ring's mesh is made before the tracker starts, its dispatch mode
+        # entered inside the tracker (above it, as ring_sdpa asks)
+        ring: Any = contextlib.nullcontext()
         if cp > 1:
-            from probes.context_parallel import ring_sdpa
+            from probes.context_parallel import cp_mesh, ring_sdpa
 
+            cp_mesh(cp)
             ring = ring_sdpa(cp, training.cp_rotate.value, str(training.cp_kv) == "repeated")
-        with ring, untracked, tracker, parallel_loss, _no_backward_module_hooks():
+        with untracked, tracker, ring, parallel_loss, _no_backward_module_hooks():
             args = (x,) if has_first else ()
             # as torchtitan's train step calls it: the losses collected, the last stage's
             # outputs not kept for the caller

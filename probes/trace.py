@@ -327,12 +327,8 @@ def check_supported(training: TrainingSpec, candidate: Candidate) -> None:
         # the dispatch alone): a trace without it would be a different run
         raise UnsupportedConfig(f"expert parallel degree {training.ep}: not traced; use the "
                                 "analytic model")
-    if training.cp > 1 and (candidate.checkpointing is Checkpointing.SELECTIVE
-                            or not candidate.strategy.is_fsdp):
-        # the op-level SAC policy would see the ring's own ops (probes/context_parallel.py
-        # runs them on local tensors), which on a GPU run inside one DTensor op
-        raise UnsupportedConfig("context parallel is traced with FSDP and no or full "
-                                "checkpointing")
+    if training.cp > 1 and not candidate.strategy.is_fsdp:
+        raise UnsupportedConfig("context parallel is traced with FSDP only")
     opt = training.optimizer
     if opt in (OptimizerKind.LION, OptimizerKind.ADAMW_8BIT):
         raise UnsupportedConfig(f"optimizer {opt.value}: not in torch.optim, not traced")
