@@ -38,6 +38,7 @@ from planner.spec import (
     Offload,
     OptimizerImpl,
     OptimizerKind,
+    PipeKeptOutputs,
     PipeSchedule,
     Precision,
     SacList,
@@ -513,6 +514,13 @@ FIELDS: tuple[Field, ...] = (
           "interleaved-1f1b",
           help="Pipeline stages per rank (torchtitan's default: 1 for gpipe and 1f1b, 2 for "
           "the multi-stage schedules)."),
+    Field(path="parallel.pp_kept_outputs", flag="--pp-kept-outputs",
+          check=_choice(PipeKeptOutputs), choices=_names(PipeKeptOutputs), shown_default="none",
+          help="Stage outputs each micro-batch leaves to the step's end, by torch version: "
+          "none (torch 2.13, torchtitan's return_outputs=False), last (the last stage's "
+          "logits: return_outputs=True), all (every stage's output, the last stage's logits: "
+          "torch before PR #153383, 2025-05, e.g. the Dec 2024 torch of torchtitan's 405B "
+          "runs)."),
     # ---- context parallel (planner/context_parallel.py; docs/model.md "Context parallel")
     Field(path="parallel.cp", flag="--cp", metavar="N", check=_count(1024), default=1,
           help="Context-parallel degree: torch's context_parallel (ring attention, "

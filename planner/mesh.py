@@ -36,7 +36,7 @@ MESH_TP = (1,) + TP_DEGREES
 MAX_CP = 1024
 """The largest --cp the request takes."""
 PIPELINE_FIELDS = ("parallel.pp_schedule", "parallel.pp_microbatches",
-                   "parallel.pp_virtual_stages")
+                   "parallel.pp_virtual_stages", "parallel.pp_kept_outputs")
 """Given for the pipeline layouts only (the request builder refuses them without --pp)."""
 
 

@@ -156,7 +156,8 @@ def answer_json(answer: Answer, found: Found | None = None) -> dict[str, Any]:
             "tp": "auto" if q.options.tp is None else q.options.tp,
             "pp": {"degree": t.pipeline.degree, "schedule": str(t.pipeline.schedule),
                    "microbatches": t.pipeline.microbatches,
-                   "virtual_stages": t.pipeline.virtual},
+                   "virtual_stages": t.pipeline.virtual,
+                   "kept_outputs": str(t.pipeline.kept_outputs)},
             "cp": t.cp, "cp_rotate": str(t.cp_rotate), "cp_kv": str(t.cp_kv),
             "ep": t.ep, "ep_imbalance": t.ep_imbalance,
             "mesh": "given",  # the degrees above as given; `--mesh auto`: the cli says "auto"
@@ -344,8 +345,13 @@ def pipeline_line(t) -> str:
             "the bubble from its action lists at *assumed* equal forward, input- and "
             "weight-backward times, no activation checkpointing"
             if p.schedule in SPLIT_BACKWARD else ""))
+    kept = {"last": "; the last stage's logits of every micro-batch kept to the step's end "
+                    "(torch's output_chunks, return_outputs=True)",
+            "all": "; every stage's output of every micro-batch kept to the step's end "
+                   "(torch's output_chunks before PR #153383)"}.get(str(p.kept_outputs), "")
     return (f"pipeline parallel: {p.degree} ranks, schedule {p.schedule}, {p.virtual} "
-            f"stage(s) per rank{v}, {p.microbatches} micro-batches of {t.micro_batch} per step; "
+            f"stage(s) per rank{v}, {p.microbatches} micro-batches of {t.micro_batch} per "
+            f"step{kept}; "
             "torchtitan's layer split (embedding and head count as a layer each), FSDP2 "
             "inside each stage not resharded after forward or backward until the "
             "stage's gradient reduction after its last backward; the fullest rank decides "

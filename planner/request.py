@@ -32,6 +32,7 @@ from planner.spec import (
     ModelSpec,
     Offload,
     OffloadImpl,
+    PipeKeptOutputs,
     PipeSchedule,
     Pipeline,
     Precision,
@@ -552,12 +553,16 @@ def pipeline_from(v: Mapping[str, Any], model: ModelSpec, training: TrainingSpec
     virtual = v["parallel.pp_virtual_stages"] or pipeline.default_virtual(schedule)
     if pp == 1:
         for path in ("parallel.pp_schedule", "parallel.pp_microbatches",
-                     "parallel.pp_virtual_stages"):
+                     "parallel.pp_virtual_stages", "parallel.pp_kept_outputs"):
             if v[path] is not None:
                 raise naming.fail(path, f"needs {naming.name('parallel.pp')} > 1")
         return Pipeline()
+    kept = v["parallel.pp_kept_outputs"] or PipeKeptOutputs.NONE
+    if kept is not PipeKeptOutputs.NONE and schedule in pipeline.SPLIT_BACKWARD:
+        raise naming.fail("parallel.pp_kept_outputs", f"kept outputs under {schedule.value} "
+                          "(a split backward) are NOT MODELLED")
     p = Pipeline(degree=pp, schedule=schedule, virtual=virtual,
-                 microbatches=v["parallel.pp_microbatches"] or pp * virtual)
+                 microbatches=v["parallel.pp_microbatches"] or pp * virtual, kept_outputs=kept)
     why = pipeline.problem(p, model.n_layers)
     if why:
         raise naming.fail(*why)

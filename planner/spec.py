@@ -237,6 +237,16 @@ class PipeSchedule(enum.StrEnum):
     INTERLEAVED_ZB = "interleaved-zb"  # ScheduleInterleavedZeroBubble (looped, split backward)
 
 
+class PipeKeptOutputs(enum.StrEnum):
+    """Which stage outputs ``torch.distributed.pipelining`` keeps to the end of the step
+    (``PipelineStage.output_chunks``, cleared when the next step starts): a version's
+    behaviour (docs/model.md §8.7)."""
+
+    NONE = "none"  # torch 2.13 with return_outputs=False (torchtitan since it passes it)
+    LAST = "last"  # after pytorch PR #153383 with return_outputs=True: the last stage's
+    ALL = "all"  # before pytorch PR #153383 (2025-05): every stage's (forward_one_chunk)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Pipeline:
     """Pipeline parallel as torchtitan runs it (``torchtitan/distributed/pipeline_parallel.py``):
@@ -248,6 +258,8 @@ class Pipeline:
     schedule: PipeSchedule = PipeSchedule.ONE_F_ONE_B
     microbatches: int = 1
     virtual: int = 1
+    kept_outputs: PipeKeptOutputs = PipeKeptOutputs.NONE
+    """The stage outputs of every micro-batch kept to the step's end (``--pp-kept-outputs``)."""
 
     @property
     def enabled(self) -> bool:

@@ -66,6 +66,7 @@ from planner import pipeline
 from planner.spec import (
     Checkpointing,
     ModelSpec,
+    PipeKeptOutputs,
     PipeSchedule,
     PositionKind,
     TrainingSpec,
@@ -243,6 +244,9 @@ def trace_rank(spec: ModelSpec, training: TrainingSpec, checkpointing: Checkpoin
 
     p = training.pipeline
     cp = training.cp
+    if p.kept_outputs is PipeKeptOutputs.ALL:
+        raise ValueError("every stage's outputs kept (torch before PR #153383) cannot be "
+                         "traced on this torch")
     world = p.degree * dp * tp
     dist.init_process_group("fake", store=FakeStore(), rank=pp_rank * dp * tp,
                             world_size=world)
@@ -329,9 +333,11 @@ def trace_rank(spec: ModelSpec, training: TrainingSpec, checkpointing: Checkpoin
         with untracked, tracker, ring, parallel_loss, _no_backward_module_hooks():
             args = (x,) if has_first else ()
             # as torchtitan's train step calls it: the losses collected, the last stage's
-            # outputs not kept for the caller
+            # outputs not kept for the caller (--pp-kept-outputs last: kept and returned,
+            # the merged result dropped at once)
             schedule.step(*args, target=y if has_last else None,
-                          losses=[] if has_last else None, return_outputs=False)
+                          losses=[] if has_last else None,
+                          return_outputs=p.kept_outputs is PipeKeptOutputs.LAST)
             for lp, q in zip(local, params):
                 lp.grad = None if q.grad is None else q.grad._local_tensor
             optimizer.step()

@@ -253,6 +253,56 @@ def test_walk_reduces_each_stage_after_its_last_backward():
     assert rows(w.reduce) == [(20, 2000, 300, 2), (0, 1002, 100, 0)]
 
 
+def test_walk_keeps_outputs_past_their_backward():
+    """--pp-kept-outputs: the stage output stays past its micro-batch's backward (torch's
+    ``output_chunks``). 1F1B, pp 2, M 4, rank 0: warm-up pp - 1 - 0 = 1 forward more, so
+    F F B F B F B B. A held micro-batch of 10 B of which 3 B are its output, by hand:
+      B0 starts with 2 held: 20; after it 20 - 10 + 3 = 13; F2: 23 (B1's start);
+      after B1 16; F3: 26 (B2's start); after B2 19 (B3's start); after B3 4 x 3 = 12,
+    where the stage is reduced (none kept: 10, 20, 20, 10 and 0)."""
+    from planner.memory.pipeline import StageBytes, walk
+
+    p = Pipeline(degree=2, schedule=PipeSchedule.ONE_F_ONE_B, microbatches=4)
+    assert pipeline.rank_ops(p, 0) == [("F", 0), ("F", 0), ("B", 0), ("F", 0), ("B", 0),
+                                       ("F", 0), ("B", 0), ("B", 0)]
+    for kept, starts, end in ((3, [20, 23, 26, 19], 12), (0, [20, 20, 20, 10], 0)):
+        w = walk(p, 0, {0: StageBytes(held=10, gathered=0, grads=0, sharded_grads=0,
+                                      kept=kept)})
+        assert [m.activations for m in w.backward_start] == starts
+        assert [m.activations for m in w.reduce] == [end]
+
+
+def test_kept_logits_raise_the_last_rank_by_hand():
+    """SMALL (8 layers, h 512, V 32000, seq 1024, micro-batch 1, bf16-amp: c = 2), pp 2,
+    1F1B, M 4, rank 1 (the last stage, F B F B F B F B): with the last stage's logits kept
+    (--pp-kept-outputs last), the last backward starts with the three earlier micro-batches'
+    logits beside the held one: 3 x 1024 x 32000 x 2 B = 196,608,000 B more at the peak
+    (traced, torch 2.13 with return_outputs=True: -0.12 %, benchmarks/pipeline_trace_accuracy
+    .py). GPipe holds every micro-batch at its first backward anyway: the same peak.
+    'all' on rank 0 of 1F1B adds the block outputs kept past B0 and B1 at B2's start:
+    (by the walk above) 2 x 1024 x 512 x 2 B = 2,097,152 B."""
+    def peak(extra: dict, rank: int) -> int:
+        return BENCH.planned_rank(BENCH.values_of(extra), rank)
+
+    assert peak({"parallel.pp_kept_outputs": "last"}, 1) - peak({}, 1) == 196_608_000
+    gp = {"parallel.pp_schedule": "gpipe"}
+    assert peak({**gp, "parallel.pp_kept_outputs": "last"}, 1) == peak(gp, 1)
+    assert peak({"parallel.pp_kept_outputs": "all"}, 0) - peak({}, 0) == 2_097_152
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["--pp-kept-outputs", "all"], ["--pp-kept-outputs", "needs --pp > 1"]),
+    (["--pp", "2", "--pp-schedule", "zbv", "--pp-kept-outputs", "last"],
+     ["--pp-kept-outputs", "zbv", "NOT MODELLED"]),
+    (["--pp", "2", "--pp-kept-outputs", "some"], ["--pp-kept-outputs", "some"]),
+])
+def test_bad_kept_outputs_is_one_line(args, needles):
+    from conftest import one_line_error, run
+
+    r = run("--model", "llama3-8b", "--gpu", "h100-80", "--n", "8", *args)
+    one_line_error(r, 2, *needles)
+
+
 def test_zbv_actions_by_hand():
     """ZBV, pp 2, M 4, rank 0 (stages a = 0 and b = 3), from the phases of
     ``ScheduleZBVZeroBubble._calculate_single_rank_operations`` (n = max(2 x 2 - 1, 4) = 4):

@@ -62,7 +62,7 @@ from planner.memory.moments import Activations
 from planner.memory.states import dtypes, optimizer_state_bytes
 from planner.memory.zero import optimizer_temp_bytes
 from planner.params import block_tensors, numel, root_tensors
-from planner.spec import Checkpointing, ModelSpec, Strategy, TrainingSpec
+from planner.spec import Checkpointing, ModelSpec, PipeKeptOutputs, Strategy, TrainingSpec
 from planner.vec import ceil_div
 
 INPUT_MODULES = ("embed.", "pos_embed.", "type_embed.", "embed_norm")
@@ -142,12 +142,14 @@ class StageBytes:
     """One stage of a rank: a held micro-batch's bytes, its unsharded parameters (held from
     the step's start to its gradient reduction), its unsharded gradients (from its first
     backward to that reduction) and its sharded gradients (the reduction's output, to the
-    optimizer step)."""
+    optimizer step); ``kept``: the part of ``held`` that stays past the micro-batch's
+    backward to the step's end (the stage output, under ``Pipeline.kept_outputs``)."""
 
     held: Any
     gathered: Any
     grads: Any
     sharded_grads: Any
+    kept: Any = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,8 +177,8 @@ class Walk:
 def walk(p: Any, rank: int, stage: dict[int, StageBytes], *, records_only: bool = False,
          last: int = -1, end_extra: Any = None) -> Walk:
     """Walk the rank's forwards and backwards in order. A micro-batch is held from its
-    forward to its backward; a stage's unsharded gradients exist from its first backward;
-    right after its last backward (the M-th) the stage's gradients are reduced and the stage
+    forward to its backward (its ``kept`` bytes to the step's end); a stage's unsharded
+    gradients exist from its first backward; right after its last backward (the M-th) the stage's gradients are reduced and the stage
     resharded: torch 2.13 schedules a REDUCE_GRAD per stage there (``schedules.py``
     ``_add_reduce_grad``: "schedule it just after the last backward-like stage"; the
     single-stage schedules call ``perform_reduce_grad`` after their last backward), which
@@ -223,7 +225,7 @@ def walk(p: Any, rank: int, stage: dict[int, StageBytes], *, records_only: bool 
         if not scalar or key > top_start:
             out.backward_start.append(now(s))
             top_start = max(top_start, key) if scalar else top_start
-        activations = activations - b.held
+        activations = activations - b.held + b.kept
         if s not in started:
             started.add(s)
             gradients = gradients + b.grads
@@ -259,6 +261,23 @@ def units(model: ModelSpec, first: bool, last: bool, blocks: int, tp: int = 1
     embed = sum(numel(s) for n, s, _ in roots if n.startswith(INPUT_MODULES))
     head = sum(numel(s) for n, s, _ in roots if not n.startswith(INPUT_MODULES))
     return max(block if blocks else 0, embed, head), embed if first else block
+
+
+def kept_output(model: ModelSpec, training: TrainingSpec, s: int, c: int, tp: int) -> int:
+    """Bytes of stage ``s``'s output that each micro-batch leaves to the end of the step
+    (``Pipeline.kept_outputs``): ``PipelineStage.forward_one_chunk`` appends the output to
+    ``output_chunks``, which the schedule merges for the caller on the last stage and the
+    next step's ``clear_runtime_states`` empties. Before pytorch PR #153383 (2025-05) every
+    stage appended (a block output: t x h / tp x c); since, only the last stage and only
+    with ``return_outputs`` (its logits: t x V / tp x c, vocab-sharded under loss_parallel),
+    which torchtitan now passes False. The same tensor as the output ``stage_sizes`` counts
+    until the micro-batch's backward, which no longer frees it."""
+    kept = training.pipeline.kept_outputs
+    last = s == training.pipeline.n_stages - 1
+    if kept is PipeKeptOutputs.NONE or (kept is PipeKeptOutputs.LAST and not last):
+        return 0
+    t = training.micro_batch * training.local_seq
+    return t * (model.vocab if last else model.hidden) // tp * c
 
 
 def rank_phases(model: ModelSpec, training: TrainingSpec, rank: int, dp: int,
@@ -310,7 +329,8 @@ def _rank(model: ModelSpec, training: TrainingSpec, rank: int, dp: int, acts: Ac
         # the first stage's embedding gradient is the whole table under TP (whole_table)
         return StageBytes(held=size[s], gathered=el * fd.param,
                           grads=(el + (whole if s == 0 else 0)) * fd.reduce,
-                          sharded_grads=shard * d.grad)
+                          sharded_grads=shard * d.grad,
+                          kept=kept_output(model, training, s, d.compute, tp))
 
     sb = {s: stage_bytes(s) for s in stages}
     # a received activation / its gradient: seq / cp positions under context parallel,
@@ -354,7 +374,8 @@ def _rank(model: ModelSpec, training: TrainingSpec, rank: int, dp: int, acts: Ac
         None for arrays (every rank is walked)."""
         flight = most_in_flight(p, rank)
         held_most = sum(max(0, b.held) * flight.get(s, 0) + b.gathered
-                        + max(b.grads, b.sharded_grads) for s, b in sb.items())
+                        + p.microbatches * b.kept + max(b.grads, b.sharded_grads)
+                        for s, b in sb.items())
         rs_most = max(units(model, x == 0, x == n_stages - 1, layers[x], tp)[0]
                       for x in stages) * fd.reduce
         extras = (acts.loss_fwd if last else 0, acts.loss_bwd if last else 0, acts.ring_fwd,
@@ -367,10 +388,22 @@ def _rank(model: ModelSpec, training: TrainingSpec, rank: int, dp: int, acts: Ac
 
     @functools.cache
     def optimizer_moment() -> Breakdown:
-        return base.plus(gradients=local * d.grad, comm_buffers=p2p,
+        # kept stage outputs live until the next step clears them
+        kept_all = sum(p.microbatches * b.kept for b in sb.values())
+        return base.plus(gradients=local * d.grad, comm_buffers=p2p, activations=kept_all,
                          optimizer_temporaries=optimizer_temp_bytes(
                              max(numel(s) for _, s, _ in groups), local, training,
                              d.state, False, dp))
+
+    def merge_moment() -> list[Breakdown]:
+        """The schedule's return on the last stage when it keeps its outputs: after every
+        backward and reduction, ``_merge_outputs`` concatenates them (``merge_chunks``:
+        ``torch.cat``) beside the chunks themselves."""
+        if n_stages - 1 not in sb or not sb[n_stages - 1].kept:
+            return []
+        kept_all = sum(p.microbatches * b.kept for b in sb.values())
+        return [base.plus(gradients=local * d.grad, comm_buffers=p2p, activations=kept_all,
+                          transients=p.microbatches * sb[n_stages - 1].kept)]
 
     def end_extra(s: int) -> Any:
         return (embed_unit + whole if s == 0 else block_unit) * fd.param
@@ -398,7 +431,8 @@ def _rank(model: ModelSpec, training: TrainingSpec, rank: int, dp: int, acts: Ac
                 # ``to_accumulated_grad_if_needed`` / ``accumulate_unsharded_grad_if_needed``):
                 # the embedding (whole under TP) on the first stage, else a block
                 + [(m, {"transients": end_extra(m.stage)}) for m in w.backward_end]),
-            Phase.BWD_END: largest([b for m in w.reduce for b in reduce_moments(m)])[1],
+            Phase.BWD_END: largest([b for m in w.reduce for b in reduce_moments(m)]
+                                   + merge_moment())[1],
             Phase.OPTIMIZER: optimizer_moment(),
         }
 
