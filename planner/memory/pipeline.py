@@ -178,8 +178,8 @@ def walk(p: Any, rank: int, stage: dict[int, StageBytes], *, records_only: bool 
          last: int = -1, end_extra: Any = None) -> Walk:
     """Walk the rank's forwards and backwards in order. A micro-batch is held from its
     forward to its backward (its ``kept`` bytes to the step's end); a stage's unsharded
-    gradients exist from its first backward; right after its last backward (the M-th) the stage's gradients are reduced and the stage
-    resharded: torch 2.13 schedules a REDUCE_GRAD per stage there (``schedules.py``
+    gradients exist from its first backward; right after its last backward (the M-th) the
+    stage's gradients are reduced and the stage resharded: torch 2.13 schedules a REDUCE_GRAD per stage there (``schedules.py``
     ``_add_reduce_grad``: "schedule it just after the last backward-like stage"; the
     single-stage schedules call ``perform_reduce_grad`` after their last backward), which
     runs FSDP2's ``post_backward`` with ``reshard_after_backward`` set: the unsharded
