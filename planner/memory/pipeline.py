@@ -179,8 +179,9 @@ def walk(p: Any, rank: int, stage: dict[int, StageBytes], *, records_only: bool 
     """Walk the rank's forwards and backwards in order. A micro-batch is held from its
     forward to its backward (its ``kept`` bytes to the step's end); a stage's unsharded
     gradients exist from its first backward; right after its last backward (the M-th) the
-    stage's gradients are reduced and the stage resharded: torch 2.13 schedules a REDUCE_GRAD per stage there (``schedules.py``
-    ``_add_reduce_grad``: "schedule it just after the last backward-like stage"; the
+    stage's gradients are reduced and the stage resharded: torch 2.13 schedules a
+    REDUCE_GRAD per stage there (``schedules.py`` ``_add_reduce_grad``: "schedule it just
+    after the last backward-like stage"; the
     single-stage schedules call ``perform_reduce_grad`` after their last backward), which
     runs FSDP2's ``post_backward`` with ``reshard_after_backward`` set: the unsharded
     parameters and gradients go, the sharded gradients stay. (torch 1963fc8, 2024-12, did
