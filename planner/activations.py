@@ -317,17 +317,18 @@ def _sac_overlap(model: ModelSpec, saved: list[Saved], kept: list[Saved]) -> int
     """Bytes of block_saved that are the very tensors SAC keeps (not recomputed twice)."""
     same = _sac_same(model)
     names = {n for x in kept for n in same.get(x.name, ())}
-    return sum(s.nbytes for s in saved if s.name in names) + _sac_freed_by_rope(model, kept)
+    return sum(s.nbytes for s in saved if s.name in names)
 
 
-def _sac_freed_by_rope(model: ModelSpec, kept: list[Saved]) -> int:
-    """Bytes of kept q / k projection outputs (separate linears) that the block's backward no
-    longer holds under RoPE: the recompute consumes their cache entries (torch/utils/
-    checkpoint.py ``_CachedTorchDispatchMode`` marks them ``_CONSUMED``) and only RoPE reads
-    them, whose multiplications save cos and sin, not their input: each is freed once RoPE's
-    q or k is rebuilt, so the block holds one q-sized tensor, not two (traced: -524,288 B =
-    2 x 1024 x 256 at block_bwd, tests/test_context_parallel.py and docs/model.md §5.6). A
-    fused qkv output stays: its v view is SDPA's v."""
+def sac_freed_by_rope(model: ModelSpec, kept: list[Saved]) -> int:
+    """Bytes of kept q / k projection outputs (separate linears) that a block no longer holds
+    once its recompute has passed RoPE: the recompute consumes their cache entries
+    (torch/utils/checkpoint.py ``_CachedTorchDispatchMode`` marks them ``_CONSUMED``) and only
+    RoPE reads them, whose multiplications save cos and sin, not their input. A fused qkv
+    output stays (its v view is SDPA's v). Counted only at a moment known to come after the
+    recompute: context parallel's ring backward (memory/estimator.py ``with_ring``); the
+    block backward's own moments stay as they are (at 512 tokens the traced peak falls
+    where the kept q is still held: tests/test_sac_list.py)."""
     if not variants_of(model).position.rotary:
         return 0
     return sum(x.nbytes for x in kept if x.name in ("q.out", "k.out"))

@@ -323,6 +323,26 @@ def test_torchtitan_cp_is_read_and_others_are_named(tmp_path):
                for line in j.unmodelled)
 
 
+
+def test_the_ring_backward_runs_without_the_kept_q():
+    """Selective (torchtitan's op-level SAC): the q projection's output is kept (mm 1), and
+    the recompute hands it to RoPE, the only reader, before the ring's backward runs: that
+    moment holds c x t x q_dim less than without checkpointing, where nothing was kept.
+    llama3-8b, seq 8192 / cp 4 = 2048 local tokens, bf16: 2 x 2048 x 4096 = 16,777,216 B.
+    (The rest of the ring's moment is the same: the after-SDPA entries are freed either
+    way.) Without RoPE (learned positions) nothing of it is freed."""
+    m = get_preset("llama3-8b")
+    none, sel = (_plan(m, 8192, cp=4, ckpt=ck) for ck in (Checkpointing.NONE,
+                                                           Checkpointing.SELECTIVE))
+    assert none.ring_backward - sel.ring_backward == 16_777_216
+    import dataclasses
+
+    from planner.spec import PositionKind
+    learned = dataclasses.replace(m, position=PositionKind.LEARNED, max_positions=8192)
+    none, sel = (_plan(learned, 8192, cp=4, ckpt=ck) for ck in (Checkpointing.NONE,
+                                                                 Checkpointing.SELECTIVE))
+    assert none.ring_backward == sel.ring_backward
+
 # ---------------------------------------------------------------------------------------------
 # The whole step under CP (the reference model, FSDP2 over the 4 ranks, the ring in place of
 # SDPA: probes/context_parallel.py ring_sdpa), traced on every cp rank (the process's global
@@ -414,8 +434,9 @@ def test_whole_step_under_cp_with_selective_checkpointing():
     the ring's backward runs as without checkpointing. Measured against the worst cp rank
     (every rank traced): forward -0.5 %, loss backward, end of backward and optimizer step
     exact, block backward +1.06 % (cp 2), +0.28 % (cp 4 all-to-all; cp 4 all-gather, not run
-    here: -0.80 %). Before the planner stopped counting the q projection's kept output beside
-    RoPE's recomputed q (planner/activations.py _sac_overlap): +2.19 %, +1.48 %, +0.33 %."""
+    here: -0.80 %; grouped keys and values +1.66 %). With the q projection's kept output
+    still counted at the ring's backward (it is freed after the recompute's RoPE:
+    planner/activations.py sac_freed_by_rope): +2.13 %, +1.41 %, +0.26 %."""
     for case, ranks in zip(WHOLE_STEP_SELECTIVE, _whole_step(WHOLE_STEP_SELECTIVE)):
         for m, err in _worst_rank_errors(ranks).items():
             assert abs(err) <= 0.02, (case, m, f"{err:+.2%}")

@@ -147,26 +147,3 @@ def test_a_gpu_case_record_names_its_policy_and_sdpa_backend():
     assert rec["sdpa_backend"] == "FLASH_ATTENTION"
     assert "aten._scaled_dot_product_cudnn_attention.default" in rec["sac_save_ops"]
 
-
-def test_the_recompute_excludes_what_the_cache_returns_and_ropes_kept_q():
-    """Llama-2-13B (h 5120, 40 heads, f 13824, RoPE), t = 2048, bf16-amp, per block, by hand:
-    the recompute is the block's saved set less the tensors the SAC cache gives back and the
-    q projection output freed once RoPE's q is rebuilt (docs/model.md §5.6):
-      sdpa.v, sdpa.out, RoPE's q   3 x 2 * 2048 * 5120   =  62,914,560
-      sdpa.logsumexp               4 * 40 * 2048         =     327,680
-      mlp.gate_out                 2 * 2048 * 13824      =  56,623,104  -> 119,865,344
-    module regime (FSDP2 bf16): saved 478,494,720 - 119,865,344 = 358,629,376;
-    autocast (DDP):             saved 583,352,320 - 119,865,344 = 463,486,976
-    (the saved totals: docs/model.md §5.6's "none" column)."""
-    from planner.memory.estimator import activation_plan
-    from planner.spec import Candidate, Checkpointing, Precision, Strategy, TrainingSpec
-
-    m = get_preset("llama2-13b")
-    tr = TrainingSpec(seq=2048, micro_batch=1, precision=Precision.BF16_AMP)
-    for strategy, saved in ((Strategy.FULL_SHARD, 478_494_720), (Strategy.DDP, 583_352_320)):
-        none = activation_plan(m, tr, Candidate(strategy=strategy,
-                                                checkpointing=Checkpointing.NONE))
-        sel = activation_plan(m, tr, Candidate(strategy=strategy,
-                                               checkpointing=Checkpointing.SELECTIVE))
-        assert none.block_kept == saved
-        assert sel.recompute == saved - 119_865_344

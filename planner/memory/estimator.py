@@ -10,7 +10,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from planner.activations import ActivationPlan, plan_activations, regime_for
+from planner.activations import (
+    ActivationPlan,
+    op_sac_kept,
+    plan_activations,
+    regime_for,
+    sac_freed_by_rope,
+)
 from planner.loss_dtype import with_loss_dtype
 from planner.candidates import check_supported, degree_of
 from planner.context_parallel import after_sdpa, ring_backward_bytes, ring_forward_bytes
@@ -144,8 +150,14 @@ def with_ring(plan: ActivationPlan, model: ModelSpec, training: TrainingSpec,
     h, f = model.hidden, model.ffn_hidden
     weight_grads = -(-(model.q_dim * h + (3 if model.mlp.gated else 2) * h * f) * c // tp)
     # what the block saved after its SDPA (its MLP's, the output projection's input) is freed
-    # by then, kept or recomputed alike
+    # by then, kept or recomputed alike; under selective checkpointing with RoPE so is the
+    # kept q (and k) projection output, consumed by the recompute and read only by RoPE
+    # (activations.sac_freed_by_rope; traced: -524,288 B at cp 2, h 256, 1024 local tokens)
     freed = after_sdpa(plan.block_saved)
+    if candidate.checkpointing is Checkpointing.SELECTIVE:
+        kept = op_sac_kept(model, t, training.micro_batch, training.local_seq,
+                           training.attention, c, r, training.sac_list)
+        freed += -(-sac_freed_by_rope(model, kept) // tp)
     return dataclasses.replace(plan, ring_forward=ring_forward_bytes(**shape),
                                ring_backward=grads_in + weight_grads
                                + ring_backward_bytes(**shape) - freed)
