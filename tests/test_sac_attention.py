@@ -146,4 +146,3 @@ def test_a_gpu_case_record_names_its_policy_and_sdpa_backend():
     assert rec["ok"], rec["error"]
     assert rec["sdpa_backend"] == "FLASH_ATTENTION"
     assert "aten._scaled_dot_product_cudnn_attention.default" in rec["sac_save_ops"]
-
