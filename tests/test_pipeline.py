@@ -1061,3 +1061,50 @@ def test_fullest_rank_equals_walking_every_rank(extra):
     want = peaks.index(max(peaks))
     got, phases = fullest_rank(r.model, r.training, dp, acts, ov, tp, ck)
     assert got == want and phases == every[want]
+
+
+@pytest.mark.parametrize("extra", [
+    {}, {"parallel.pp_schedule": "gpipe"}, {"parallel.pp_schedule": "interleaved-1f1b"},
+    {"parallel.pp_schedule": "interleaved-1f1b", "parallel.pp_virtual_stages": 3,
+     "model.layers": 10},
+    {"hardware.n": 16, "parallel.pp": 8, "parallel.pp_microbatches": 8},
+    {"hardware.n": 16, "parallel.pp": 8, "parallel.pp_microbatches": 16},
+    {"hardware.n": 16, "parallel.pp": 4, "parallel.tp": 2},
+    {"hardware.n": 16, "parallel.pp": 4, "parallel.cp": 2},
+    {"hardware.n": 32, "parallel.pp": 4, "parallel.tp": 2, "parallel.cp": 2},
+    {"precision": "bf16", "optimizer": "sgd"},
+])
+@pytest.mark.parametrize("ckpt", ["none", "selective", "full"])
+def test_the_rank_bound_is_never_below_the_walked_peak(extra, ckpt):
+    """fullest_rank skips a rank whose bound (``_rank``'s first function) is below the
+    fullest walked; the bound is sound only if no rank's walked peak exceeds it, at every
+    schedule, TP, CP, checkpointing and precision here. It is also tight where the walk's
+    largest moment is one the bound counts exactly: on 1F1B, whose middle ranks hold their
+    most micro-batches together with their unsharded gradients, some rank's bound equals its
+    peak (so the search walks few ranks)."""
+    from planner.fields import SPEC
+    from planner.memory.breakdown import PHASES, Overheads, largest
+    from planner.memory.estimator import activation_plan
+    from planner.memory.moments import Activations
+    from planner.memory.pipeline import _rank
+    from planner.request import build_request
+    from planner.spec import Candidate, Checkpointing, Strategy
+
+    values = {**SMALL, "hardware.n": 4, "parallel.pp": 2, "parallel.pp_microbatches": 4,
+              "checkpointing": ckpt, **extra}
+    r = build_request(values, SPEC).resolved()
+    tp = values.get("parallel.tp") or 1
+    ck = Checkpointing(ckpt)
+    c = Candidate(strategy=Strategy.FULL_SHARD, checkpointing=ck, tp=tp)
+    acts = Activations.of(activation_plan(r.model, r.training, c))
+    dp = r.cluster.n_gpus // (r.training.pipeline.degree * tp)
+    gaps = []
+    for k in range(r.training.pipeline.degree):
+        bound, phases = _rank(r.model, r.training, k, dp, acts, Overheads(), tp, ck)
+        ph = phases()
+        peak = largest([ph[x] for x in PHASES])[1].total
+        assert bound() >= peak, (k, bound(), peak)
+        gaps.append(bound() - peak)
+    if r.training.pipeline.schedule is PipeSchedule.ONE_F_ONE_B and \
+            r.training.pipeline.degree > 2:
+        assert min(gaps) == 0, gaps

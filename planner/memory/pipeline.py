@@ -283,11 +283,44 @@ def most_in_flight(p: Any, rank: int) -> dict[int, int]:
     return most
 
 
-def _rank(model: ModelSpec, training: TrainingSpec, rank: int, dp: int, acts: Activations,
-          ov: Overheads, tp: int, ckpt: Checkpointing) -> tuple[Callable[[], Any],
-                                                             Callable[[], dict]]:
-    """(an upper bound of the rank's peak without walking its ops, its moments) of a
-    single- or looped-stage schedule (``rank_phases``)."""
+@dataclass(frozen=True, slots=True)
+class RankStates:
+    """What one pipeline rank holds whatever its activations (``rank_states``): shared by
+    every checkpointing mode a plan tries on the same layout."""
+
+    stages: tuple[int, ...]
+    last: bool
+    """It holds the last stage (the norm and head)."""
+    base: Breakdown
+    """Sharded parameters, optimizer state, the cuBLAS workspace."""
+    parts: dict[int, tuple[Any, Any, Any]]
+    """Per stage: (gathered, grads, sharded_grads) of its ``StageBytes``."""
+    rs_units: dict[int, int]
+    """Per stage: its largest FSDP unit's elements (the reduce-scatter input at its
+    reduction)."""
+    p2p: Any
+    """The P2P receive buffers of every micro-batch."""
+    optimizer: Breakdown
+    """The optimizer step's moment."""
+    flight: dict[int, int]
+    """``most_in_flight`` (empty under the split-backward schedules)."""
+    fixed: Any
+    """What every moment of ``Ranks.bound`` counts whatever the activations: base, P2P
+    buffers, and per stage its gathered parameters and the larger of its unsharded and
+    sharded gradients."""
+
+
+@functools.lru_cache(maxsize=256)
+def rank_states(model: ModelSpec, training: TrainingSpec, dp: int, ov: Overheads, tp: int
+                ) -> tuple[RankStates, ...]:
+    """``RankStates`` of every rank of the pipeline (index = rank). Cached: the checkpointing
+    modes of one layout share them (the key is hashed once per pipeline plan)."""
+    return tuple(_states_of(model, training, r, dp, ov, tp)
+                 for r in range(training.pipeline.degree))
+
+
+def _states_of(model: ModelSpec, training: TrainingSpec, rank: int, dp: int, ov: Overheads,
+               tp: int) -> RankStates:
     p = training.pipeline
     n_stages = p.n_stages
     layers = pipeline.stage_layers(model.n_layers, n_stages)
@@ -303,80 +336,117 @@ def _rank(model: ModelSpec, training: TrainingSpec, rank: int, dp: int, acts: Ac
                                                             dp, groups),
                      cublas_workspace=ov.cublas_workspace_bytes)
     whole = whole_table(model, first, tp)
-    size = stage_sizes(model, training, layers, stages, acts, d.compute, tp, ckpt)
 
-    def stage_bytes(s: int) -> StageBytes:
+    def part(s: int) -> tuple[Any, Any, Any]:
         el, shard = group_elements(model, layers[s], s == 0, s == n_stages - 1, tp, dp)
         # the first stage's embedding gradient is the whole table under TP (whole_table)
-        return StageBytes(held=size[s], gathered=el * fd.param,
-                          grads=(el + (whole if s == 0 else 0)) * fd.reduce,
-                          sharded_grads=shard * d.grad)
+        return el * fd.param, (el + (whole if s == 0 else 0)) * fd.reduce, shard * d.grad
 
-    sb = {s: stage_bytes(s) for s in stages}
     # a received activation / its gradient: seq / cp positions under context parallel,
     # / tp under sequence parallel
     boundary = training.micro_batch * training.local_seq * model.hidden // tp * d.compute
     p2p = sum(p.microbatches * boundary * ((s != 0) + (s != n_stages - 1)) for s in stages)
-    embed_unit, _ = units(model, True, False, 0, tp)
-    block_unit = sum(numel(tp_local(n, sh, tp)) for n, sh in block_tensors(model))
+    optimizer = base.plus(gradients=local * d.grad, comm_buffers=p2p,
+                          optimizer_temporaries=optimizer_temp_bytes(
+                              max(numel(s) for _, s, _ in groups), local, training,
+                              d.state, False, dp))
+    parts = {s: part(s) for s in stages}
+    return RankStates(
+        stages=stages, last=last, base=base, parts=parts,
+        rs_units={s: units(model, s == 0, s == n_stages - 1, layers[s], tp)[0] for s in stages},
+        p2p=p2p, optimizer=optimizer,
+        flight={} if p.schedule in pipeline.SPLIT_BACKWARD else most_in_flight(p, rank),
+        fixed=base.total + p2p + sum(g + max(gr, sh) for g, gr, sh in parts.values()))
 
-    def at(m: Moment, **more: Any) -> Breakdown:
-        return base.plus(gathered_params=m.gathered, activations=m.activations,
-                         gradients=m.gradients, comm_buffers=p2p).plus(**more)
 
-    def most(items: list[tuple[Moment, dict[str, Any]]]) -> Breakdown:
-        """``largest([at(m, **more) for m, more in items])[1]``, choosing by the moments'
-        totals before building one breakdown (base and P2P buffers are common to all; the
-        first on ties, as ``largest``); arrays take ``largest`` itself."""
-        keys = [m.gathered + m.activations + m.gradients + sum(more.values())
-                for m, more in items]
-        if not all(isinstance(k, (int, float)) for k in keys):
-            return largest([at(m, **more) for m, more in items])[1]
-        i = keys.index(max(keys))
-        return at(items[i][0], **items[i][1])
+class Ranks:
+    """The ranks of one pipeline plan (one checkpointing mode) under a single- or
+    looped-stage schedule: each rank's upper bound (``bound``) and moments (``phases``)."""
 
-    def reduce_moments(m: Moment) -> list[Breakdown]:
-        # the stage's gradient reduction: each unit's post_backward reshards, then allocates
-        # its reduce-scatter input (``foreach_reduce``) while the stage's unsharded gradients
-        # still exist; under TP the embedding's unit first copies its rows out of its whole
-        # gradient (``unsharded_accumulated_grad_data``) and then drops the whole one
-        # (``FSDPParamGroup.post_backward``: ``unsharded_accumulated_grad = None``)
-        s = m.stage
-        rs_unit, _ = units(model, s == 0, s == n_stages - 1, layers[s], tp)
-        whole_s = whole if s == 0 else 0
-        return [at(m, gradients=-whole_s * fd.reduce, comm_buffers=rs_unit * fd.reduce),
-                at(m, transients=(whole_s and embed_unit) * fd.reduce)]
+    def __init__(self, model: ModelSpec, training: TrainingSpec, dp: int, acts: Activations,
+                 ov: Overheads, tp: int, ckpt: Checkpointing) -> None:
+        self.model, self.training, self.acts, self.tp = model, training, acts, tp
+        self.p = p = training.pipeline
+        self.n_stages = p.n_stages
+        self.states = rank_states(model, training, dp, ov, tp)
+        self.fd = fd = training.fsdp_dtypes
+        layers = pipeline.stage_layers(model.n_layers, p.n_stages)
+        # one micro-batch's bytes on every stage of the pipeline (stage_sizes)
+        self.size = stage_sizes(model, training, layers, tuple(range(p.n_stages)), acts,
+                                dtypes(Strategy.FULL_SHARD, training.precision, fd).compute,
+                                tp, ckpt)
+        self.embed_unit = units(model, True, False, 0, tp)[0]
+        self.whole = whole_table(model, True, tp)
+        block_unit = units(model, False, False, 1, tp)[0]
+        # the last unit's new gradient at a backward's end: the embedding (whole under TP)
+        # on the first stage, else a block
+        self.end_first = (self.embed_unit + self.whole) * fd.param
+        self.end_other = block_unit * fd.param
 
-    def bound() -> Any:
-        """Every moment below is ``at`` a point of the walk plus one group of extras: each
-        stage contributes at most its gathered parameters, its most micro-batches in flight
-        and the larger of its unsharded and sharded gradients; the optimizer step is exact.
-        None for arrays (every rank is walked)."""
-        flight = most_in_flight(p, rank)
-        held_most = sum(max(0, b.held) * flight.get(s, 0) + b.gathered
-                        + max(b.grads, b.sharded_grads) for s, b in sb.items())
-        rs_most = max(units(model, x == 0, x == n_stages - 1, layers[x], tp)[0]
-                      for x in stages) * fd.reduce
-        extras = (acts.loss_fwd if last else 0, acts.loss_bwd if last else 0, acts.ring_fwd,
-                  acts.block_bwd + acts.recompute, (embed_unit + whole) * fd.param,
-                  block_unit * fd.param, rs_most, (whole and embed_unit) * fd.reduce)
-        top = base.total + p2p + held_most + max(max(0, x) for x in extras)
+    def end_extra(self, s: int) -> Any:
+        return self.end_first if s == 0 else self.end_other
+
+    def stage_bytes(self, st: RankStates) -> dict[int, StageBytes]:
+        return {s: StageBytes(self.size[s], *st.parts[s]) for s in st.stages}
+
+    def bound(self, rank: int) -> Any:
+        """An upper bound of the rank's peak without walking its ops. Every moment of
+        ``phases`` is ``at`` a point of the walk plus the extras of its kind. At any point
+        each stage holds at most its gathered parameters, the larger of its unsharded and
+        sharded gradients, and its most micro-batches in flight (``most_in_flight``); at the
+        end of a backward on stage s, one fewer of s's; at s's reduction, none of s's (all M
+        are through their backward). The optimizer step is exact. None for arrays (every
+        rank is walked)."""
+        st, acts, size, reduce = self.states[rank], self.acts, self.size, self.fd.reduce
+        kept = {s: max(0, size[s]) for s in st.stages}
+        held_most = sum(kept[s] * st.flight.get(s, 0) for s in st.stages)
+        # after a forward (with the loss's or a ring's transients), at a backward's start
+        anywhere = max(0, acts.loss_fwd if st.last else 0, acts.loss_bwd if st.last else 0,
+                       acts.ring_fwd, acts.block_bwd + acts.recompute)
+        at_end = max(self.end_extra(s) - kept[s] for s in st.stages)
+        at_reduce = max(max(st.rs_units[s], (s == 0 and self.whole and self.embed_unit))
+                        * reduce - kept[s] * st.flight.get(s, 0) for s in st.stages)
+        top = st.fixed + held_most + max(anywhere, at_end, at_reduce)
         if not isinstance(top, (int, float)):
             return None
-        return max(top, optimizer_moment().total)
+        return max(top, st.optimizer.total)
 
-    @functools.cache
-    def optimizer_moment() -> Breakdown:
-        return base.plus(gradients=local * d.grad, comm_buffers=p2p,
-                         optimizer_temporaries=optimizer_temp_bytes(
-                             max(numel(s) for _, s, _ in groups), local, training,
-                             d.state, False, dp))
+    def phases(self, rank: int) -> dict[Phase, Breakdown]:
+        """The moments of the rank's step, walked along its ops (``walk``)."""
+        st, acts, fd, n_stages = self.states[rank], self.acts, self.fd, self.n_stages
+        base, p2p, last = st.base, st.p2p, st.last
+        embed_unit = self.embed_unit
 
-    def end_extra(s: int) -> Any:
-        return (embed_unit + whole if s == 0 else block_unit) * fd.param
+        def at(m: Moment, **more: Any) -> Breakdown:
+            return base.plus(gathered_params=m.gathered, activations=m.activations,
+                             gradients=m.gradients, comm_buffers=p2p).plus(**more)
 
-    def phases() -> dict[Phase, Breakdown]:
-        w = walk(p, rank, sb, records_only=True, last=n_stages - 1, end_extra=end_extra)
+        def most(items: list[tuple[Moment, dict[str, Any]]]) -> Breakdown:
+            """``largest([at(m, **more) for m, more in items])[1]``, choosing by the moments'
+            totals before building one breakdown (base and P2P buffers are common to all;
+            the first on ties, as ``largest``); arrays take ``largest`` itself."""
+            keys = [m.gathered + m.activations + m.gradients + sum(more.values())
+                    for m, more in items]
+            if not all(isinstance(k, (int, float)) for k in keys):
+                return largest([at(m, **more) for m, more in items])[1]
+            i = keys.index(max(keys))
+            return at(items[i][0], **items[i][1])
+
+        def reduce_moments(m: Moment) -> list[Breakdown]:
+            # the stage's gradient reduction: each unit's post_backward reshards, then
+            # allocates its reduce-scatter input (``foreach_reduce``) while the stage's
+            # unsharded gradients still exist; under TP the embedding's unit first copies its
+            # rows out of its whole gradient (``unsharded_accumulated_grad_data``) and then
+            # drops the whole one (``FSDPParamGroup.post_backward``:
+            # ``unsharded_accumulated_grad = None``)
+            s = m.stage
+            whole_s = self.whole if s == 0 else 0
+            return [at(m, gradients=-whole_s * fd.reduce,
+                       comm_buffers=st.rs_units[s] * fd.reduce),
+                    at(m, transients=(whole_s and embed_unit) * fd.reduce)]
+
+        w = walk(self.p, rank, self.stage_bytes(st), records_only=True, last=n_stages - 1,
+                 end_extra=self.end_extra)
         held = most([(m, {}) for m in w.after_forward])
         # the loss runs right after a forward of the last stage
         on_last = [(m, {}) for m in w.after_forward if m.stage == n_stages - 1]
@@ -395,31 +465,40 @@ def _rank(model: ModelSpec, training: TrainingSpec, rank: int, dp: int, acts: Ac
                 # the end of a backward: that micro-batch's activations are gone, its stage's
                 # unsharded gradients exist (fp32 under -amp), and the stage's last unit's new
                 # gradient in the param dtype is being converted or added into them (FSDP2
-                # ``to_accumulated_grad_if_needed`` / ``accumulate_unsharded_grad_if_needed``):
-                # the embedding (whole under TP) on the first stage, else a block
-                + [(m, {"transients": end_extra(m.stage)}) for m in w.backward_end]),
+                # ``to_accumulated_grad_if_needed`` / ``accumulate_unsharded_grad_if_needed``)
+                + [(m, {"transients": self.end_extra(m.stage)}) for m in w.backward_end]),
             Phase.BWD_END: largest([b for m in w.reduce for b in reduce_moments(m)])[1],
-            Phase.OPTIMIZER: optimizer_moment(),
+            Phase.OPTIMIZER: st.optimizer,
         }
 
-    return bound, phases
+
+def _rank(model: ModelSpec, training: TrainingSpec, rank: int, dp: int, acts: Activations,
+          ov: Overheads, tp: int, ckpt: Checkpointing) -> tuple[Callable[[], Any],
+                                                             Callable[[], dict]]:
+    """(an upper bound of the rank's peak without walking its ops, its moments) of a
+    single- or looped-stage schedule (``rank_phases``; ``Ranks``)."""
+    ranks = Ranks(model, training, dp, acts, ov, tp, ckpt)
+    return functools.partial(ranks.bound, rank), functools.partial(ranks.phases, rank)
 
 
 def fullest_rank(model: ModelSpec, training: TrainingSpec, dp: int, acts: Activations,
                  ov: Overheads, tp: int = 1, ckpt: Checkpointing = Checkpointing.NONE
                  ) -> tuple[int, dict[Phase, Breakdown]]:
     """(rank, its moments) of the pipeline rank with the largest peak (the lowest rank on
-    ties). The ranks are walked in the order of an upper bound of their peaks (``_rank``),
-    and a rank whose bound cannot beat the fullest one walked so far is not walked: the same
-    answer as walking them all (tests/test_pipeline.py), in a few walks instead of pp."""
+    ties). The ranks are walked in the order of an upper bound of their peaks
+    (``Ranks.bound``), and a rank whose bound cannot beat the fullest one walked so far is
+    not walked: the same answer as walking them all (tests/test_pipeline.py), in a few walks
+    instead of pp."""
     p = training.pipeline
     ranks = list(range(p.degree))
     if p.schedule in pipeline.SPLIT_BACKWARD:
-        models = {r: (lambda: None, functools.partial(rank_phases, model, training, r, dp,
-                                                      acts, ov, tp, ckpt)) for r in ranks}
+        bounds: dict[int, Any] = dict.fromkeys(ranks)
+        walked = functools.partial(rank_phases, model, training, dp=dp, acts=acts, ov=ov,
+                                   tp=tp, ckpt=ckpt)
     else:
-        models = {r: _rank(model, training, r, dp, acts, ov, tp, ckpt) for r in ranks}
-    bounds = {r: models[r][0]() for r in ranks}
+        every = Ranks(model, training, dp, acts, ov, tp, ckpt)
+        bounds = {r: every.bound(r) for r in ranks}
+        walked = every.phases
     if any(b is None for b in bounds.values()):
         order, bounds = ranks, dict.fromkeys(ranks)
     else:
@@ -430,7 +509,7 @@ def fullest_rank(model: ModelSpec, training: TrainingSpec, dp: int, acts: Activa
         if best is not None and b is not None and (b < best[0]
                                                    or (b == best[0] and rank > best[1])):
             continue
-        phases = models[rank][1]()
+        phases = walked(rank=rank)
         peak = largest([phases[ph] for ph in PHASES])[1].total
         if best is None or peak > best[0] or (peak == best[0] and rank < best[1]):
             best = (peak, rank, phases)
