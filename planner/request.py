@@ -664,12 +664,16 @@ def split_schedule_problem(p: Pipeline, tp: Any, checkpointing: Checkpointing, c
 
 def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
                   allow_files: bool = True, base_dir: str | None = None,
-                  traced: TracedModel | None = None) -> Request:
+                  traced: TracedModel | None = None,
+                  hardware: dict[tuple, tuple[Runtime, GpuProfile]] | None = None) -> Request:
     """{path: raw value} (planner/fields.py) -> the typed Request, or one error naming the
     field the way the front end calls it (``naming``). With ``allow_files=False`` (the
     webhook) nothing on disk is read: profile ids, presets and ``auto`` calibration only.
     What is trained comes from ``job_from`` (the model: a spec, a config.json or
-    ``traced``), then the hardware, the calibration and the search options."""
+    ``traced``), then the hardware, the calibration and the search options. ``hardware``:
+    a caller's memo of the GPU profile and calibration resolved already, keyed by everything
+    they are read from (the mesh search builds one request per layout of the same GPU,
+    calibration and model: read once, not per layout)."""
     v = parse(values, naming)
     if v["parallel.mesh"] == "auto":
         # a search over whole plans, run by the plan command (planner/mesh.py), which builds
@@ -679,10 +683,18 @@ def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
                           "degrees (--tp, --pp, --cp)")
     job = job_from(v, naming, allow_files=allow_files, base_dir=base_dir, traced=traced)
     model, training, source = job.model, job.training, job.source
-    gpu = resolve_gpu(v["hardware.gpu"], naming, allow_files=allow_files, base_dir=base_dir)
     # a traced module has no architecture family: no activation scale applies
-    runtime, gpu = resolve_runtime(v["calibration"], gpu, None if traced else model, naming,
-                                   allow_files=allow_files)
+    read_by = (v["hardware.gpu"], v["calibration"], None if traced else model, allow_files,
+               base_dir)
+    if hardware is not None and read_by in hardware:
+        runtime, gpu = hardware[read_by]
+    else:
+        gpu = resolve_gpu(v["hardware.gpu"], naming, allow_files=allow_files,
+                          base_dir=base_dir)
+        runtime, gpu = resolve_runtime(v["calibration"], gpu, None if traced else model,
+                                       naming, allow_files=allow_files)
+        if hardware is not None:
+            hardware[read_by] = runtime, gpu
     cluster = resolve_cluster(gpu, v["hardware.n"], v["hardware.gpus_per_node"],
                               v["hardware.host_ram_gib"], naming)
     problem = float8_problem(model, training, gpu)

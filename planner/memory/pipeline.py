@@ -314,9 +314,26 @@ class RankStates:
 def rank_states(model: ModelSpec, training: TrainingSpec, dp: int, ov: Overheads, tp: int
                 ) -> tuple[RankStates, ...]:
     """``RankStates`` of every rank of the pipeline (index = rank). Cached: the checkpointing
-    modes of one layout share them (the key is hashed once per pipeline plan)."""
-    return tuple(_states_of(model, training, r, dp, ov, tp)
-                 for r in range(training.pipeline.degree))
+    modes of one layout share them (the key is hashed once per pipeline plan). Ranks whose
+    stages are alike (blocks, first, last: most ranks of a deep pipeline) share one count."""
+    p = training.pipeline
+    layers = pipeline.stage_layers(model.n_layers, p.n_stages)
+    alike: dict[tuple, RankStates] = {}
+    out = []
+    for r in range(p.degree):
+        stages = pipeline.rank_stages(p, r)
+        kind = tuple((layers[s], s == 0, s == p.n_stages - 1) for s in stages)
+        if kind not in alike:
+            alike[kind] = _states_of(model, training, r, dp, ov, tp)
+        st = alike[kind]
+        out.append(st if st.stages == stages else RankStates(
+            stages=stages, last=st.last, base=st.base,
+            parts=dict(zip(stages, st.parts.values())),
+            rs_units=dict(zip(stages, st.rs_units.values())), p2p=st.p2p,
+            optimizer=st.optimizer,
+            flight={} if p.schedule in pipeline.SPLIT_BACKWARD else most_in_flight(p, r),
+            fixed=st.fixed))
+    return tuple(out)
 
 
 def _states_of(model: ModelSpec, training: TrainingSpec, rank: int, dp: int, ov: Overheads,
