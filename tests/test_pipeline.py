@@ -1108,3 +1108,19 @@ def test_the_rank_bound_is_never_below_the_walked_peak(extra, ckpt):
     if r.training.pipeline.schedule is PipeSchedule.ONE_F_ONE_B and \
             r.training.pipeline.degree > 2:
         assert min(gaps) == 0, gaps
+
+
+def test_breakdown_plus_makes_new_arrays():
+    """``Breakdown.plus`` adds into a copy: a numpy term of the original (the report's sweep
+    shares them between moments) is never changed in place."""
+    import numpy as np
+
+    from planner.memory.breakdown import Breakdown
+
+    a = np.array([1, 2])
+    b = Breakdown(params=a, gradients=5)
+    c = b.plus(params=np.array([10, 20]), gradients=1)
+    assert a.tolist() == [1, 2] and b.params is a and b.gradients == 5
+    assert c.params.tolist() == [11, 22] and c.gradients == 6 and c.activations == 0
+    with pytest.raises(KeyError):
+        b.plus(not_a_term=1)

@@ -308,6 +308,8 @@ class RankStates:
     """What every moment of ``Ranks.bound`` counts whatever the activations: base, P2P
     buffers, and per stage its gathered parameters and the larger of its unsharded and
     sharded gradients."""
+    optimizer_total: Any
+    """``optimizer.total``."""
 
 
 @functools.lru_cache(maxsize=256)
@@ -332,7 +334,7 @@ def rank_states(model: ModelSpec, training: TrainingSpec, dp: int, ov: Overheads
             rs_units=dict(zip(stages, st.rs_units.values())), p2p=st.p2p,
             optimizer=st.optimizer,
             flight={} if p.schedule in pipeline.SPLIT_BACKWARD else most_in_flight(p, r),
-            fixed=st.fixed))
+            fixed=st.fixed, optimizer_total=st.optimizer_total))
     return tuple(out)
 
 
@@ -373,7 +375,8 @@ def _states_of(model: ModelSpec, training: TrainingSpec, rank: int, dp: int, ov:
         rs_units={s: units(model, s == 0, s == n_stages - 1, layers[s], tp)[0] for s in stages},
         p2p=p2p, optimizer=optimizer,
         flight={} if p.schedule in pipeline.SPLIT_BACKWARD else most_in_flight(p, rank),
-        fixed=base.total + p2p + sum(g + max(gr, sh) for g, gr, sh in parts.values()))
+        fixed=base.total + p2p + sum(g + max(gr, sh) for g, gr, sh in parts.values()),
+        optimizer_total=optimizer.total)
 
 
 class Ranks:
@@ -399,6 +402,11 @@ class Ranks:
         # on the first stage, else a block
         self.end_first = (self.embed_unit + self.whole) * fd.param
         self.end_other = block_unit * fd.param
+        # ``bound``'s extras after a forward (with the loss's or a ring's transients) and at a
+        # backward's start, on a rank without and with the last stage
+        self.anywhere = tuple(max(0, acts.loss_fwd if last else 0,
+                                  acts.loss_bwd if last else 0, acts.ring_fwd,
+                                  acts.block_bwd + acts.recompute) for last in (False, True))
 
     def end_extra(self, s: int) -> Any:
         return self.end_first if s == 0 else self.end_other
@@ -414,19 +422,20 @@ class Ranks:
         end of a backward on stage s, one fewer of s's; at s's reduction, none of s's (all M
         are through their backward). The optimizer step is exact. None for arrays (every
         rank is walked)."""
-        st, acts, size, reduce = self.states[rank], self.acts, self.size, self.fd.reduce
-        kept = {s: max(0, size[s]) for s in st.stages}
-        held_most = sum(kept[s] * st.flight.get(s, 0) for s in st.stages)
-        # after a forward (with the loss's or a ring's transients), at a backward's start
-        anywhere = max(0, acts.loss_fwd if st.last else 0, acts.loss_bwd if st.last else 0,
-                       acts.ring_fwd, acts.block_bwd + acts.recompute)
-        at_end = max(self.end_extra(s) - kept[s] for s in st.stages)
-        at_reduce = max(max(st.rs_units[s], (s == 0 and self.whole and self.embed_unit))
-                        * reduce - kept[s] * st.flight.get(s, 0) for s in st.stages)
-        top = st.fixed + held_most + max(anywhere, at_end, at_reduce)
+        st, size, reduce = self.states[rank], self.size, self.fd.reduce
+        held_most, extra = 0, self.anywhere[st.last]
+        for s in st.stages:
+            kept = max(0, size[s])
+            flight = kept * st.flight.get(s, 0)
+            held_most += flight
+            extra = max(extra, self.end_extra(s) - kept,  # at the end of a backward on s
+                        # at s's reduction
+                        max(st.rs_units[s], (s == 0 and self.whole and self.embed_unit))
+                        * reduce - flight)
+        top = st.fixed + held_most + extra
         if not isinstance(top, (int, float)):
             return None
-        return max(top, st.optimizer.total)
+        return max(top, st.optimizer_total)
 
     def phases(self, rank: int) -> dict[Phase, Breakdown]:
         """The moments of the rank's step, walked along its ops (``walk``)."""
@@ -434,9 +443,19 @@ class Ranks:
         base, p2p, last = st.base, st.p2p, st.last
         embed_unit = self.embed_unit
 
+        start = base.as_dict()
+
         def at(m: Moment, **more: Any) -> Breakdown:
-            return base.plus(gathered_params=m.gathered, activations=m.activations,
-                             gradients=m.gradients, comm_buffers=p2p).plus(**more)
+            """``base.plus(gathered_params=m.gathered, activations=m.activations,
+            gradients=m.gradients, comm_buffers=p2p).plus(**more)``, built once."""
+            v = dict(start)
+            v["gathered_params"] = v["gathered_params"] + m.gathered
+            v["activations"] = v["activations"] + m.activations
+            v["gradients"] = v["gradients"] + m.gradients
+            v["comm_buffers"] = v["comm_buffers"] + p2p
+            for k, x in more.items():
+                v[k] = v[k] + x
+            return Breakdown(**v)
 
         def most(items: list[tuple[Moment, dict[str, Any]]]) -> Breakdown:
             """``largest([at(m, **more) for m, more in items])[1]``, choosing by the moments'
