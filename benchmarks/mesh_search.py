@@ -108,13 +108,18 @@ def main() -> None:
         return
     if a.compare:
         sys.exit(compare(a.compare))
-    from planner.memory.pipeline import rank_states
     from planner.mesh import search
+
+    try:
+        from planner.memory.pipeline import rank_states
+    except ImportError:  # a version before the cache (the script times it too)
+        rank_states = None
 
     search(VALUES)  # warm the imports and caches
     warm, tried = [], 0
     for _ in range(a.runs):
-        rank_states.cache_clear()  # a fresh process has none of this search's states
+        if rank_states is not None:
+            rank_states.cache_clear()  # a fresh process has none of this search's states
         t = time.perf_counter()
         tried = len(search(VALUES).tried)
         warm.append(time.perf_counter() - t)
