@@ -9,6 +9,7 @@ The planner (plan, find), the gate, the report and the probes all start from it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections.abc import Mapping
 from dataclasses import field
@@ -308,9 +309,8 @@ def training_from(v: Mapping[str, Any]) -> TrainingSpec:
         lora_fp32=v["finetune.lora_dtype"], lora_dropout=bool(v["finetune.lora_dropout"]),
         quantize_base=v["finetune.quantize_base"], double_quant=bool(v["finetune.double_quant"]),
         freeze_embeddings=emb, freeze_layers=first, train_last_layers=last)
-    given = {f.key: bool(v[f.path]) if f.is_flag else v[f.path] for f in FIELDS
-             if f.section == "training" and f.key in TRAINING_ATTRS and f.key != "loss"
-             and not (f.key == "attention" and v[f.path] is None)}  # the model's: job_from
+    given = {key: bool(v[path]) if flag else v[path] for path, key, flag in _training_fields()
+             if not (key == "attention" and v[path] is None)}  # the model's: job_from
     return TrainingSpec(**given, loss=loss, loss_chunks=chunks, finetune=finetune,
                         deepspeed=deepspeed_from(v), cp=v["parallel.cp"],
                         cp_rotate=v["parallel.cp_rotate"], ep=v["parallel.ep"],
@@ -452,11 +452,24 @@ def float8_problem(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile
     return None
 
 
+@functools.cache
+def _training_fields() -> tuple[tuple[str, str, bool], ...]:
+    """(path, key, is_flag) of the ``training.*`` fields ``training_from`` passes as they are
+    (made on first use, not at import: the mesh search builds a request per layout)."""
+    return tuple((f.path, f.key, f.is_flag) for f in FIELDS if f.section == "training"
+                 and f.key in TRAINING_ATTRS and f.key != "loss")
+
+
+@functools.cache
+def _deepspeed_fields() -> tuple[tuple[str, str], ...]:
+    """(path, key) of the ``deepspeed.*`` fields."""
+    return tuple((f.path, f.key) for f in FIELDS if f.section == "deepspeed")
+
+
 def deepspeed_from(v: Mapping[str, Any]) -> DeepSpeedConfig:
     """The DeepSpeed settings given (``deepspeed.*`` fields); DeepSpeed's defaults for the
     rest. "auto" stays until ``resolve_deepspeed`` knows the model."""
-    given = {f.key: v[f.path] for f in FIELDS if f.section == "deepspeed"
-             and v.get(f.path) is not None}
+    given = {key: v[path] for path, key in _deepspeed_fields() if v.get(path) is not None}
     return DeepSpeedConfig(**given)
 
 

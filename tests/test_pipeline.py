@@ -1124,3 +1124,22 @@ def test_breakdown_plus_makes_new_arrays():
     assert c.params.tolist() == [11, 22] and c.gradients == 6 and c.activations == 0
     with pytest.raises(KeyError):
         b.plus(not_a_term=1)
+
+
+def test_most_in_flight_equals_walking_the_rank_s_ops():
+    """``most_in_flight`` reads GPipe's and 1F1B's most from ``peak_in_flight`` instead of
+    walking ``rank_ops``: the same counts for every rank (and the interleaved schedule, still
+    walked, for comparison)."""
+    from planner.memory.pipeline import most_in_flight
+
+    for schedule, v in ((PipeSchedule.GPIPE, 1), (PipeSchedule.ONE_F_ONE_B, 1),
+                        (PipeSchedule.INTERLEAVED_1F1B, 2)):
+        for pp, m in ((2, 2), (2, 5), (4, 4), (4, 9), (8, 8), (8, 16), (16, 16)):
+            p = Pipeline(degree=pp, schedule=schedule, virtual=v, microbatches=m)
+            for rank in range(pp):
+                held: dict[int, int] = {}
+                most: dict[int, int] = {}
+                for kind, s in pipeline.rank_ops(p, rank):
+                    held[s] = held.get(s, 0) + (1 if kind == "F" else -1)
+                    most[s] = max(most.get(s, 0), held[s])
+                assert most_in_flight(p, rank) == most, (schedule, pp, m, rank)

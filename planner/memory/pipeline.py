@@ -62,7 +62,7 @@ from planner.memory.moments import Activations
 from planner.memory.states import dtypes, optimizer_state_bytes
 from planner.memory.zero import optimizer_temp_bytes
 from planner.params import block_tensors, numel, root_tensors
-from planner.spec import Checkpointing, ModelSpec, Strategy, TrainingSpec
+from planner.spec import Checkpointing, ModelSpec, PipeSchedule, Strategy, TrainingSpec
 from planner.vec import ceil_div
 
 INPUT_MODULES = ("embed.", "pos_embed.", "type_embed.", "embed_norm")
@@ -274,7 +274,11 @@ def rank_phases(model: ModelSpec, training: TrainingSpec, rank: int, dp: int,
 
 @functools.lru_cache(maxsize=4096)
 def most_in_flight(p: Any, rank: int) -> dict[int, int]:
-    """The most micro-batches each of the rank's stages holds at once (``rank_ops``)."""
+    """The most micro-batches each of the rank's stages holds at once (``rank_ops``). GPipe
+    and 1F1B hold one stage per rank: its most is the rank's (``pipeline.peak_in_flight``:
+    M, or min(M, pp - rank) forwards before 1F1B's first backward), without the walk."""
+    if p.schedule in (PipeSchedule.GPIPE, PipeSchedule.ONE_F_ONE_B) and p.microbatches > 0:
+        return {pipeline.rank_stages(p, rank)[0]: pipeline.peak_in_flight(p, rank)}
     held: dict[int, int] = {}
     most: dict[int, int] = {}
     for kind, s in pipeline.rank_ops(p, rank):
