@@ -9,8 +9,8 @@ search gives the same answers.
 Prints, as medians of ``--runs`` runs, the wall seconds of the command as a user runs it
 (a fresh interpreter: ``python -m planner ...`` in the current directory), with and without
 ``--mesh auto``, and of the search alone in this process (``planner.mesh.search``, imports
-warm; the per-layout cache of the pipeline ranks' states cleared before each run, as a fresh
-process starts without it), with the number of layouts it planned. Quote it from an idle
+warm; the pipeline rank states kept between plans cleared before each run, as a fresh
+process starts without them), with the number of layouts it planned. Quote it from an idle
 machine: on a loaded one every figure grows; compare two versions in the same minute.
 
 ``--record DIR`` writes the text and ``--json`` output (and exit status) of every command of
@@ -111,15 +111,15 @@ def main() -> None:
     from planner.mesh import search
 
     try:
-        from planner.memory.pipeline import rank_states
-    except ImportError:  # a version before the cache (the script times it too)
-        rank_states = None
+        from planner.memory.pipeline import clear_caches
+    except ImportError:  # a version before these caches (the script times it too)
+        clear_caches = None
 
     search(VALUES)  # warm the imports and caches
     warm, tried = [], 0
     for _ in range(a.runs):
-        if rank_states is not None:
-            rank_states.cache_clear()  # a fresh process has none of this search's states
+        if clear_caches is not None:
+            clear_caches()  # a fresh process has none of the rank states kept between plans
         t = time.perf_counter()
         tried = len(search(VALUES).tried)
         warm.append(time.perf_counter() - t)

@@ -50,10 +50,11 @@ Every rank is evaluated; the fullest decides the fit. Scalars only (the report r
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 from collections import Counter
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from planner import pipeline
 from planner.lazy_dataclass import dataclass
@@ -288,26 +289,24 @@ def most_in_flight(p: Any, rank: int) -> dict[int, int]:
 
 
 @dataclass(frozen=True, slots=True)
-class RankStates:
-    """What one pipeline rank holds whatever its activations (``rank_states``): shared by
-    every checkpointing mode a plan tries on the same layout."""
+class KindStates:
+    """What a pipeline rank holds whatever its activations, alike for every rank whose stages
+    are alike (blocks, first, last of each: most ranks of a deep pipeline). Per stage of the
+    rank, in its order (``RankStates.stages``)."""
 
-    stages: tuple[int, ...]
     last: bool
     """It holds the last stage (the norm and head)."""
     base: Breakdown
     """Sharded parameters, optimizer state, the cuBLAS workspace."""
-    parts: dict[int, tuple[Any, Any, Any]]
-    """Per stage: (gathered, grads, sharded_grads) of its ``StageBytes``."""
-    rs_units: dict[int, int]
-    """Per stage: its largest FSDP unit's elements (the reduce-scatter input at its
+    parts: tuple[tuple[Any, Any, Any], ...]
+    """(gathered, grads, sharded_grads) of each stage's ``StageBytes``."""
+    rs_units: tuple[int, ...]
+    """Each stage's largest FSDP unit's elements (the reduce-scatter input at its
     reduction)."""
     p2p: Any
     """The P2P receive buffers of every micro-batch."""
     optimizer: Breakdown
     """The optimizer step's moment."""
-    flight: dict[int, int]
-    """``most_in_flight`` (empty under the split-backward schedules)."""
     fixed: Any
     """What every moment of ``Ranks.bound`` counts whatever the activations: base, P2P
     buffers, and per stage its gathered parameters and the larger of its unsharded and
@@ -316,40 +315,71 @@ class RankStates:
     """``optimizer.total``."""
 
 
+class RankStates(NamedTuple):
+    """One rank's stages, the most micro-batches each holds at once (``most_in_flight``;
+    zeros under the split-backward schedules, which ``Ranks`` does not walk) and what the
+    rank holds whatever its activations."""
+
+    stages: tuple[int, ...]
+    flight: tuple[int, ...]
+    kind: KindStates
+
+
 @functools.lru_cache(maxsize=256)
 def rank_states(model: ModelSpec, training: TrainingSpec, dp: int, ov: Overheads, tp: int
                 ) -> tuple[RankStates, ...]:
     """``RankStates`` of every rank of the pipeline (index = rank). Cached: the checkpointing
     modes of one layout share them (the key is hashed once per pipeline plan). Ranks whose
-    stages are alike (blocks, first, last: most ranks of a deep pipeline) share one count."""
-    p = training.pipeline
-    layers = pipeline.stage_layers(model.n_layers, p.n_stages)
-    alike: dict[tuple, RankStates] = {}
-    out = []
-    for r in range(p.degree):
-        stages = pipeline.rank_stages(p, r)
-        kind = tuple((layers[s], s == 0, s == p.n_stages - 1) for s in stages)
-        if kind not in alike:
-            alike[kind] = _states_of(model, training, r, dp, ov, tp)
-        st = alike[kind]
-        out.append(st if st.stages == stages else RankStates(
-            stages=stages, last=st.last, base=st.base,
-            parts=dict(zip(stages, st.parts.values())),
-            rs_units=dict(zip(stages, st.rs_units.values())), p2p=st.p2p,
-            optimizer=st.optimizer,
-            flight={} if p.schedule in pipeline.SPLIT_BACKWARD else most_in_flight(p, r),
-            fixed=st.fixed, optimizer_total=st.optimizer_total))
-    return tuple(out)
-
-
-def _states_of(model: ModelSpec, training: TrainingSpec, rank: int, dp: int, ov: Overheads,
-               tp: int) -> RankStates:
+    stages are alike share one ``KindStates``, and everything of it but the P2P buffers (seq
+    / cp long) is shared with the layouts that differ from this one in CP alone
+    (``_kind_parts``)."""
     p = training.pipeline
     n_stages = p.n_stages
     layers = pipeline.stage_layers(model.n_layers, n_stages)
-    stages = pipeline.rank_stages(p, rank)
-    first, last = 0 in stages, n_stages - 1 in stages
-    blocks = sum(layers[s] for s in stages)
+    fd = training.fsdp_dtypes
+    d = dtypes(Strategy.FULL_SHARD, training.precision, fd)
+    no_cp = training if training.cp == 1 else dataclasses.replace(training, cp=1)
+    # a received activation / its gradient: seq / cp positions under context parallel,
+    # / tp under sequence parallel
+    boundary = training.micro_batch * training.local_seq * model.hidden // tp * d.compute
+    split = p.schedule in pipeline.SPLIT_BACKWARD
+    alike: dict[tuple, KindStates] = {}
+    out = []
+    for r in range(p.degree):
+        stages = pipeline.rank_stages(p, r)
+        kind = tuple((layers[s], s == 0, s == n_stages - 1) for s in stages)
+        if kind not in alike:
+            base, parts, rs_units, grads, temps = _kind_parts(model, no_cp, kind, dp, ov, tp)
+            p2p = sum(p.microbatches * boundary * ((not first) + (not last))
+                      for _, first, last in kind)
+            optimizer = base.plus(gradients=grads, comm_buffers=p2p,
+                                  optimizer_temporaries=temps)
+            alike[kind] = KindStates(
+                last=any(last for _, _, last in kind), base=base, parts=parts,
+                rs_units=rs_units, p2p=p2p, optimizer=optimizer,
+                fixed=base.total + p2p + sum(g + max(gr, sh) for g, gr, sh in parts),
+                optimizer_total=optimizer.total)
+        most = {} if split else most_in_flight(p, r)
+        out.append(RankStates(stages, tuple(most.get(s, 0) for s in stages), alike[kind]))
+    return tuple(out)
+
+
+def clear_caches() -> None:
+    """Forget the rank states kept between plans (``rank_states``, ``_kind_parts``): a
+    benchmark times a search as a fresh process runs it."""
+    rank_states.cache_clear()
+    _kind_parts.cache_clear()
+
+
+@functools.lru_cache(maxsize=1024)
+def _kind_parts(model: ModelSpec, training: TrainingSpec, kind: tuple[tuple[int, bool, bool],
+                                                                       ...],
+                dp: int, ov: Overheads, tp: int) -> tuple[Breakdown, tuple, tuple, Any, Any]:
+    """(base, parts, rs_units, the optimizer step's gradients and temporaries) of
+    ``KindStates`` for a rank whose stages are ``kind`` ((blocks, first, last) each);
+    ``training`` without CP (nothing here depends on the sequence)."""
+    blocks = sum(b for b, _, _ in kind)
+    first, last = any(f for _, f, _ in kind), any(x for _, _, x in kind)
     groups = rank_groups(model, blocks, first, last, tp)
     fd = training.fsdp_dtypes
     d = dtypes(Strategy.FULL_SHARD, training.precision, fd)
@@ -360,27 +390,15 @@ def _states_of(model: ModelSpec, training: TrainingSpec, rank: int, dp: int, ov:
                      cublas_workspace=ov.cublas_workspace_bytes)
     whole = whole_table(model, first, tp)
 
-    def part(s: int) -> tuple[Any, Any, Any]:
-        el, shard = group_elements(model, layers[s], s == 0, s == n_stages - 1, tp, dp)
+    def part(b: int, is_first: bool, is_last: bool) -> tuple[Any, Any, Any]:
+        el, shard = group_elements(model, b, is_first, is_last, tp, dp)
         # the first stage's embedding gradient is the whole table under TP (whole_table)
-        return el * fd.param, (el + (whole if s == 0 else 0)) * fd.reduce, shard * d.grad
+        return el * fd.param, (el + (whole if is_first else 0)) * fd.reduce, shard * d.grad
 
-    # a received activation / its gradient: seq / cp positions under context parallel,
-    # / tp under sequence parallel
-    boundary = training.micro_batch * training.local_seq * model.hidden // tp * d.compute
-    p2p = sum(p.microbatches * boundary * ((s != 0) + (s != n_stages - 1)) for s in stages)
-    optimizer = base.plus(gradients=local * d.grad, comm_buffers=p2p,
-                          optimizer_temporaries=optimizer_temp_bytes(
-                              max(numel(s) for _, s, _ in groups), local, training,
-                              d.state, False, dp))
-    parts = {s: part(s) for s in stages}
-    return RankStates(
-        stages=stages, last=last, base=base, parts=parts,
-        rs_units={s: units(model, s == 0, s == n_stages - 1, layers[s], tp)[0] for s in stages},
-        p2p=p2p, optimizer=optimizer,
-        flight={} if p.schedule in pipeline.SPLIT_BACKWARD else most_in_flight(p, rank),
-        fixed=base.total + p2p + sum(g + max(gr, sh) for g, gr, sh in parts.values()),
-        optimizer_total=optimizer.total)
+    temps = optimizer_temp_bytes(max(numel(s) for _, s, _ in groups), local, training,
+                                 d.state, False, dp)
+    return (base, tuple(part(*k) for k in kind),
+            tuple(units(model, f, x, b, tp)[0] for b, f, x in kind), local * d.grad, temps)
 
 
 class Ranks:
@@ -416,7 +434,7 @@ class Ranks:
         return self.end_first if s == 0 else self.end_other
 
     def stage_bytes(self, st: RankStates) -> dict[int, StageBytes]:
-        return {s: StageBytes(self.size[s], *st.parts[s]) for s in st.stages}
+        return {s: StageBytes(self.size[s], *part) for s, part in zip(st.stages, st.kind.parts)}
 
     def bound(self, rank: int) -> Any:
         """An upper bound of the rank's peak without walking its ops. Every moment of
@@ -427,24 +445,26 @@ class Ranks:
         are through their backward). The optimizer step is exact. None for arrays (every
         rank is walked)."""
         st, size, reduce = self.states[rank], self.size, self.fd.reduce
-        held_most, extra = 0, self.anywhere[st.last]
-        for s in st.stages:
+        kind = st.kind
+        held_most, extra = 0, self.anywhere[kind.last]
+        for s, most, rs in zip(st.stages, st.flight, kind.rs_units):
             kept = max(0, size[s])
-            flight = kept * st.flight.get(s, 0)
+            flight = kept * most
             held_most += flight
             extra = max(extra, self.end_extra(s) - kept,  # at the end of a backward on s
                         # at s's reduction
-                        max(st.rs_units[s], (s == 0 and self.whole and self.embed_unit))
-                        * reduce - flight)
-        top = st.fixed + held_most + extra
+                        max(rs, (s == 0 and self.whole and self.embed_unit)) * reduce - flight)
+        top = kind.fixed + held_most + extra
         if not isinstance(top, (int, float)):
             return None
-        return max(top, st.optimizer_total)
+        return max(top, kind.optimizer_total)
 
     def phases(self, rank: int) -> dict[Phase, Breakdown]:
         """The moments of the rank's step, walked along its ops (``walk``)."""
         st, acts, fd, n_stages = self.states[rank], self.acts, self.fd, self.n_stages
-        base, p2p, last = st.base, st.p2p, st.last
+        kind = st.kind
+        base, p2p, last = kind.base, kind.p2p, kind.last
+        rs_units = dict(zip(st.stages, kind.rs_units))
         embed_unit = self.embed_unit
 
         start = base.as_dict()
@@ -482,7 +502,7 @@ class Ranks:
             s = m.stage
             whole_s = self.whole if s == 0 else 0
             return [at(m, gradients=-whole_s * fd.reduce,
-                       comm_buffers=st.rs_units[s] * fd.reduce),
+                       comm_buffers=rs_units[s] * fd.reduce),
                     at(m, transients=(whole_s and embed_unit) * fd.reduce)]
 
         w = walk(self.p, rank, self.stage_bytes(st), records_only=True, last=n_stages - 1,
@@ -508,7 +528,7 @@ class Ranks:
                 # ``to_accumulated_grad_if_needed`` / ``accumulate_unsharded_grad_if_needed``)
                 + [(m, {"transients": self.end_extra(m.stage)}) for m in w.backward_end]),
             Phase.BWD_END: largest([b for m in w.reduce for b in reduce_moments(m)])[1],
-            Phase.OPTIMIZER: st.optimizer,
+            Phase.OPTIMIZER: kind.optimizer,
         }
 
 
