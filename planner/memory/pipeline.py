@@ -54,7 +54,7 @@ import dataclasses
 import functools
 
 from collections import Counter
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 from planner import pipeline
 from planner.lazy_dataclass import dataclass
@@ -315,14 +315,16 @@ class KindStates:
     """``optimizer.total``."""
 
 
-class RankStates(NamedTuple):
+class RankStates:
     """One rank's stages, the most micro-batches each holds at once (``most_in_flight``;
     zeros under the split-backward schedules, which ``Ranks`` does not walk) and what the
-    rank holds whatever its activations."""
+    rank holds whatever its activations (a plain class: one per rank of every layout)."""
 
-    stages: tuple[int, ...]
-    flight: tuple[int, ...]
-    kind: KindStates
+    __slots__ = ("stages", "flight", "kind")
+
+    def __init__(self, stages: tuple[int, ...], flight: tuple[int, ...],
+                 kind: KindStates) -> None:
+        self.stages, self.flight, self.kind = stages, flight, kind
 
 
 @functools.lru_cache(maxsize=256)
