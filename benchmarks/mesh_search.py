@@ -10,8 +10,10 @@ Prints, as medians of ``--runs`` runs, the wall seconds of the command as a user
 (a fresh interpreter: ``python -m planner ...`` in the current directory), with and without
 ``--mesh auto``, and of the search alone in this process (``planner.mesh.search``, imports
 warm; the pipeline rank states kept between plans cleared before each run, as a fresh
-process starts without them), with the number of layouts it planned. Quote it from an idle
-machine: on a loaded one every figure grows; compare two versions in the same minute.
+process starts without them), with the number of layouts it planned. The cold runs also
+print their CPU seconds (user + system), which a loaded machine inflates far less than the
+wall time. Quote it from an idle machine: on a loaded one every figure grows; compare two
+versions in the same minute.
 
 ``--record DIR`` writes the text and ``--json`` output (and exit status) of every command of
 ``CORPUS`` to DIR; ``--compare DIR`` runs them again and names each output that is not
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -59,11 +62,19 @@ CORPUS = [
 """Commands whose output a faster search must leave byte-identical (each also with --json)."""
 
 
-def cold_s(args: list[str]) -> float:
+def cold_s(args: list[str]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds: user + system) of one fresh ``python -m planner``."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     subprocess.run([sys.executable, "-m", "planner", *args], check=False,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return time.perf_counter() - t
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def medians(runs: list[tuple[float, float]]) -> tuple[float, float]:
+    return statistics.median(w for w, _ in runs), statistics.median(c for _, c in runs)
 
 
 def outputs() -> dict[str, bytes]:
@@ -123,11 +134,12 @@ def main() -> None:
         t = time.perf_counter()
         tried = len(search(VALUES).tried)
         warm.append(time.perf_counter() - t)
-    plain = statistics.median(cold_s(ARGS) for _ in range(a.runs))
-    mesh = statistics.median(cold_s([*ARGS, "--mesh", "auto"]) for _ in range(a.runs))
-    print(f"fitcheck {' '.join(ARGS)}:              {plain:.3f} s (cold, median of {a.runs})")
+    plain, plain_cpu = medians([cold_s(ARGS) for _ in range(a.runs)])
+    mesh, mesh_cpu = medians([cold_s([*ARGS, "--mesh", "auto"]) for _ in range(a.runs)])
+    print(f"fitcheck {' '.join(ARGS)}:              {plain:.3f} s (cold, median of {a.runs}; "
+          f"CPU {plain_cpu:.3f} s)")
     print(f"fitcheck {' '.join(ARGS)} --mesh auto:  {mesh:.3f} s (cold, median of {a.runs}; "
-          f"limit {LIMIT_S:.0f} s)")
+          f"CPU {mesh_cpu:.3f} s; limit {LIMIT_S:.0f} s)")
     print(f"planner.mesh.search alone: {statistics.median(warm):.3f} s warm, {tried} layouts")
 
 
