@@ -409,7 +409,7 @@ class Ranks:
 
     def __init__(self, model: ModelSpec, training: TrainingSpec, dp: int, acts: Activations,
                  ov: Overheads, tp: int, ckpt: Checkpointing) -> None:
-        self.model, self.training, self.acts, self.tp = model, training, acts, tp
+        self.acts = acts
         self.p = p = training.pipeline
         self.n_stages = p.n_stages
         self.states = rank_states(model, training, dp, ov, tp)
