@@ -28,7 +28,7 @@ from planner.errors import FitcheckError
 from planner.fields import FLAGS, Naming, parse
 from planner.lazy_dataclass import dataclass
 from planner.pipeline import bubble_ratio
-from planner.plan import TIE, Answer, Recommendation, plan, why_not
+from planner.plan import TIE, Answer, Recommendation, plan, why_not, with_references
 from planner.request import build_request
 
 MESH_TP = (1,) + TP_DEGREES
@@ -176,8 +176,10 @@ def search(values: Mapping[str, Any], naming: Naming = FLAGS, rank: str = "throu
             raise naming.fail(path, "--mesh auto searches the TP, PP, CP and EP degrees itself; "
                               "give none of them (or --mesh given)")
     n, seq = v["hardware.n"], v["training.seq"]
-    base = build_request({**values, "parallel.mesh": "given"}, naming)  # the plan as given
-    tried = [_plan(values, naming, lay, rank)
+    hardware: dict = {}  # the GPU profile and calibration, read once for every layout
+    base = build_request({**values, "parallel.mesh": "given"}, naming,  # the plan as given
+                         hardware=hardware)
+    tried = [_plan(values, naming, lay, rank, hardware)
              for lay in layouts(n, base.cluster.gpus_per_node, seq, base.model.n_experts)]
     fit = [t for t in tried if t.tokens_per_s_per_gpu is not None]
     i = pick([(t.layout, t.tokens_per_s_per_gpu) for t in fit])
@@ -187,7 +189,7 @@ def search(values: Mapping[str, Any], naming: Naming = FLAGS, rank: str = "throu
         return MeshAnswer(tried=tuple(tried), chosen=None, answer=none, reasons=reasons)
     best = fit[i]
     reasons = (_winner(best, fit, n),) + tuple(_line(t, best, n) for t in tried if t is not best)
-    ans = best.answer
+    ans = with_references(best.answer)  # the plan shown: its DDP reference steps too
     rec = ans.recommendation
     ans = dataclasses.replace(ans, recommendation=Recommendation(
         candidate=rec.candidate, reasons=_shown(best, tried, fit, n) + rec.reasons))
@@ -208,7 +210,8 @@ def _shown(best: Tried, tried: list[Tried], fit: list[Tried], n: int) -> tuple[s
     return (_winner(best, fit, n),) + tuple(_line(t, best, n) for t in simpler + others)
 
 
-def _plan(values: Mapping[str, Any], naming: Naming, lay: Layout, rank: str) -> Tried:
+def _plan(values: Mapping[str, Any], naming: Naming, lay: Layout, rank: str,
+          hardware: dict | None = None) -> Tried:
     given = {**values, "parallel.mesh": "given", "parallel.tp": lay.tp,
              "parallel.pp": lay.pp, "parallel.cp": lay.cp, "parallel.ep": lay.ep}
     if lay.pp == 1:
@@ -216,10 +219,10 @@ def _plan(values: Mapping[str, Any], naming: Naming, lay: Layout, rank: str) -> 
     if lay.ep == 1:
         given["parallel.ep_imbalance"] = None  # given for the EP layouts only
     try:
-        r = build_request(given, naming)
+        r = build_request(given, naming, hardware=hardware)
     except FitcheckError as exc:
         return Tried(layout=lay, problem=str(exc))
-    return Tried(layout=lay, answer=plan(r, rank, search_fewest=False))
+    return Tried(layout=lay, answer=plan(r, rank, search_fewest=False, references=False))
 
 
 def _winner(best: Tried, fit: list[Tried], n: int) -> str:

@@ -18,6 +18,7 @@ code and a report row cannot disagree with the plan of its configuration.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
@@ -625,25 +626,39 @@ def recommend(estimates: Sequence[Estimate], steps: Sequence[StepEstimate], mult
     return Recommendation(candidate=c, reasons=tuple(reasons))
 
 
-def plan(r: Request, rank: str = "throughput", *, search_fewest: bool = True) -> Answer:
+def plan(r: Request, rank: str = "throughput", *, search_fewest: bool = True,
+         references: bool = True) -> Answer:
     """The plan of a request; ``search_fewest=False`` skips the fewest-GPUs search when
-    nothing fits (``min_gpus`` None: the mesh search plans many layouts and asks it once)."""
+    nothing fits (``min_gpus`` None: the mesh search plans many layouts and asks it once);
+    ``references=False`` leaves ``ddp_steps`` empty (the mesh search shows the plan of one
+    layout and adds them to it: ``with_references``)."""
     at = One(r)
     r = at.request
     skipped: list[str] = []
     estimates = [at.estimate(g.tries[g.pick]) for g in listing(at, skipped)]
     steps = tuple(at.step(e.candidate) for e in estimates)
+    rec = recommend(estimates, steps, r.cluster.n_nodes > 1, rank)
+    need = None if rec is not None or not search_fewest else min_gpus(
+        r, start=r.cluster.n_gpus + 1)
+    return Answer(request=r, estimates=tuple(estimates), steps=steps,
+                  ddp_steps=reference_steps(at, estimates) if references else (),
+                  recommendation=rec, min_gpus=need, skipped=tuple(skipped))
+
+
+def reference_steps(at: One, estimates: Sequence[Estimate]) -> tuple[StepEstimate, ...]:
+    """``Answer.ddp_steps``: per estimate, DDP's step with its checkpointing (one per mode)."""
     ddp: dict = {}
     for e in estimates:
         ck = e.candidate.checkpointing
         if ck not in ddp:
             ddp[ck] = at.step(Candidate(strategy=Strategy.DDP, checkpointing=ck))
-    rec = recommend(estimates, steps, r.cluster.n_nodes > 1, rank)
-    need = None if rec is not None or not search_fewest else min_gpus(
-        r, start=r.cluster.n_gpus + 1)
-    return Answer(request=r, estimates=tuple(estimates), steps=steps,
-                  ddp_steps=tuple(ddp[e.candidate.checkpointing] for e in estimates),
-                  recommendation=rec, min_gpus=need, skipped=tuple(skipped))
+    return tuple(ddp[e.candidate.checkpointing] for e in estimates)
+
+
+def with_references(a: Answer) -> Answer:
+    """``a`` (planned with ``references=False``) with its ``ddp_steps``, as ``plan`` gives
+    them."""
+    return dataclasses.replace(a, ddp_steps=reference_steps(One(a.request), a.estimates))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

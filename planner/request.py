@@ -9,6 +9,7 @@ The planner (plan, find), the gate, the report and the probes all start from it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections.abc import Mapping
 from dataclasses import field
@@ -309,9 +310,8 @@ def training_from(v: Mapping[str, Any]) -> TrainingSpec:
         lora_fp32=v["finetune.lora_dtype"], lora_dropout=bool(v["finetune.lora_dropout"]),
         quantize_base=v["finetune.quantize_base"], double_quant=bool(v["finetune.double_quant"]),
         freeze_embeddings=emb, freeze_layers=first, train_last_layers=last)
-    given = {f.key: bool(v[f.path]) if f.is_flag else v[f.path] for f in FIELDS
-             if f.section == "training" and f.key in TRAINING_ATTRS and f.key != "loss"
-             and not (f.key == "attention" and v[f.path] is None)}  # the model's: job_from
+    given = {key: bool(v[path]) if flag else v[path] for path, key, flag in _training_fields()
+             if not (key == "attention" and v[path] is None)}  # the model's: job_from
     return TrainingSpec(**given, loss=loss, loss_chunks=chunks, finetune=finetune,
                         deepspeed=deepspeed_from(v), cp=v["parallel.cp"],
                         cp_rotate=v["parallel.cp_rotate"], cp_kv=v["parallel.cp_kv"],
@@ -454,11 +454,24 @@ def float8_problem(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile
     return None
 
 
+@functools.cache
+def _training_fields() -> tuple[tuple[str, str, bool], ...]:
+    """(path, key, is_flag) of the ``training.*`` fields ``training_from`` passes as they are
+    (made on first use, not at import: the mesh search builds a request per layout)."""
+    return tuple((f.path, f.key, f.is_flag) for f in FIELDS if f.section == "training"
+                 and f.key in TRAINING_ATTRS and f.key != "loss")
+
+
+@functools.cache
+def _deepspeed_fields() -> tuple[tuple[str, str], ...]:
+    """(path, key) of the ``deepspeed.*`` fields."""
+    return tuple((f.path, f.key) for f in FIELDS if f.section == "deepspeed")
+
+
 def deepspeed_from(v: Mapping[str, Any]) -> DeepSpeedConfig:
     """The DeepSpeed settings given (``deepspeed.*`` fields); DeepSpeed's defaults for the
     rest. "auto" stays until ``resolve_deepspeed`` knows the model."""
-    given = {f.key: v[f.path] for f in FIELDS if f.section == "deepspeed"
-             and v.get(f.path) is not None}
+    given = {key: v[path] for path, key in _deepspeed_fields() if v.get(path) is not None}
     return DeepSpeedConfig(**given)
 
 
@@ -670,12 +683,16 @@ def split_schedule_problem(p: Pipeline, tp: Any, checkpointing: Checkpointing, c
 
 def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
                   allow_files: bool = True, base_dir: str | None = None,
-                  traced: TracedModel | None = None) -> Request:
+                  traced: TracedModel | None = None,
+                  hardware: dict[tuple, tuple[Runtime, GpuProfile]] | None = None) -> Request:
     """{path: raw value} (planner/fields.py) -> the typed Request, or one error naming the
     field the way the front end calls it (``naming``). With ``allow_files=False`` (the
     webhook) nothing on disk is read: profile ids, presets and ``auto`` calibration only.
     What is trained comes from ``job_from`` (the model: a spec, a config.json or
-    ``traced``), then the hardware, the calibration and the search options."""
+    ``traced``), then the hardware, the calibration and the search options. ``hardware``:
+    a caller's memo of the GPU profile and calibration resolved already, keyed by everything
+    they are read from (the mesh search builds one request per layout of the same GPU,
+    calibration and model: read once, not per layout)."""
     v = parse(values, naming)
     if v["parallel.mesh"] == "auto":
         # a search over whole plans, run by the plan command (planner/mesh.py), which builds
@@ -685,10 +702,18 @@ def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
                           "degrees (--tp, --pp, --cp)")
     job = job_from(v, naming, allow_files=allow_files, base_dir=base_dir, traced=traced)
     model, training, source = job.model, job.training, job.source
-    gpu = resolve_gpu(v["hardware.gpu"], naming, allow_files=allow_files, base_dir=base_dir)
     # a traced module has no architecture family: no activation scale applies
-    runtime, gpu = resolve_runtime(v["calibration"], gpu, None if traced else model, naming,
-                                   allow_files=allow_files)
+    read_by = (v["hardware.gpu"], v["calibration"], None if traced else model, allow_files,
+               base_dir)
+    if hardware is not None and read_by in hardware:
+        runtime, gpu = hardware[read_by]
+    else:
+        gpu = resolve_gpu(v["hardware.gpu"], naming, allow_files=allow_files,
+                          base_dir=base_dir)
+        runtime, gpu = resolve_runtime(v["calibration"], gpu, None if traced else model,
+                                       naming, allow_files=allow_files)
+        if hardware is not None:
+            hardware[read_by] = runtime, gpu
     cluster = resolve_cluster(gpu, v["hardware.n"], v["hardware.gpus_per_node"],
                               v["hardware.host_ram_gib"], naming)
     problem = float8_problem(model, training, gpu)

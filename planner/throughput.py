@@ -1126,15 +1126,15 @@ def pipeline_step(model: ModelSpec, training: TrainingSpec, cluster: Cluster,
             # core would divide by a zero step time
             continue
         if (blocks, last) not in cores:  # ranks alike in blocks and head time alike
-            core = step_core(dataclasses.replace(solo, n_layers=float(blocks),
-                                                 p_head=x.p_head if last else 0.0,
-                                                 ga=float(p.microbatches)))
+            rank_x = dataclasses.replace(solo, n_layers=float(blocks),
+                                         p_head=x.p_head if last else 0.0,
+                                         ga=float(p.microbatches))
+            core = step_core(rank_x)
             sp = tp_collectives_s(x, float(blocks), float(p.microbatches))
             # context parallel: the key/value rotation of the rank's blocks for every
-            # micro-batch, on the critical path as without the pipeline (*assumed* not hidden)
-            sp = sp + cp_rotation_s(dataclasses.replace(solo, n_layers=float(blocks),
-                                                         ga=float(p.microbatches)),
-                                    x.recompute.attention)
+            # micro-batch, on the critical path as without the pipeline (*assumed* not hidden;
+            # cp_rotation_s reads no head term)
+            sp = sp + cp_rotation_s(rank_x, x.recompute.attention)
             cores[blocks, last] = core, sp
         core, sp = cores[blocks, last]
         if slowest is None or core.compute_s + sp > busy + tp_s:

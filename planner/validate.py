@@ -77,15 +77,20 @@ def number(raw: Any, *, low: float, high: float, low_open: bool = False,
 
 def choice(raw: Any, enum_cls: type[E], extra: tuple[str, ...] = ()) -> E | str:
     """One of the enum's values (case-insensitive), or one of ``extra`` (returned as str)."""
-    names = tuple(str(e.value) for e in enum_cls) + extra
     if not isinstance(raw, str) or not raw.strip():
+        names = tuple(str(e.value) for e in enum_cls) + extra
         raise ValueError(f"must be one of {', '.join(names)}, got {_type(raw)} {_show(raw)}")
     key = raw.strip().lower()
     if key in extra:
         return key
-    for e in enum_cls:
+    # the member whose value is key, looked up (the map holds every member by its value)
+    found = enum_cls._value2member_map_.get(key)  # type: ignore[attr-defined]
+    if found is not None:
+        return found
+    for e in enum_cls:  # values the map cannot hold
         if e.value == key:
             return e
+    names = tuple(str(e.value) for e in enum_cls) + extra
     raise ValueError(f"unknown value {_show(raw)}; choose from {', '.join(names)}")
 
 

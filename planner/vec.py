@@ -23,8 +23,14 @@ def _np() -> Any:
     return numpy
 
 
+_SCALARS = (int, float, bool)
+
+
 def _scalar(*xs: Any) -> bool:
-    return all(isinstance(x, (int, float, bool)) for x in xs)
+    for x in xs:  # a loop, not all(...) over a generator: called on every plan's every term
+        if not isinstance(x, _SCALARS):
+            return False
+    return True
 
 
 def ceil_div(x: Num, s: Num) -> Num:
@@ -33,13 +39,13 @@ def ceil_div(x: Num, s: Num) -> Num:
 
 
 def maximum(a: Num, b: Num) -> Num:
-    if _scalar(a, b):
+    if isinstance(a, _SCALARS) and isinstance(b, _SCALARS):
         return a if a >= b else b
     return _np().maximum(a, b)
 
 
 def minimum(a: Num, b: Num) -> Num:
-    if _scalar(a, b):
+    if isinstance(a, _SCALARS) and isinstance(b, _SCALARS):
         return a if a <= b else b
     return _np().minimum(a, b)
 

@@ -176,3 +176,40 @@ def test_other_front_ends_refuse_mesh_auto_by_name() -> None:
     with pytest.raises(UsageError, match="--mesh: auto is a search over whole plans"):
         build_request({"model.preset": "llama3-8b", "hardware.gpu": "h100-80",
                        "hardware.n": 8, "parallel.mesh": "auto"})
+
+
+def test_each_layout_is_the_plan_of_its_request_and_the_shown_one_has_its_references() -> None:
+    """The search plans a layout it does not choose without the DDP reference steps
+    (``plan(references=False)``) and reads the GPU profile and calibration once for every
+    layout (``build_request``'s ``hardware`` memo): each layout's answer is still the plan
+    of its own request but for those steps, and the plan shown (the chosen layout's) has
+    them as ``plan`` gives them."""
+    import dataclasses
+
+    values = {"model.preset": "llama3-8b", "hardware.gpu": "h100-80", "hardware.n": 16,
+              "training.seq": 8192}
+    m = search(values)
+    planned = [t for t in m.tried if t.answer is not None]
+    assert len(planned) > 10 and any(t.layout.pp > 1 for t in planned)
+    for t in planned:
+        alone = plan(t.answer.request, search_fewest=False)
+        assert t.answer.ddp_steps == () and alone.ddp_steps
+        assert dataclasses.replace(t.answer, ddp_steps=alone.ddp_steps) == alone
+    lay = m.chosen.layout
+    r = build_request({**values, "parallel.tp": lay.tp, "parallel.pp": lay.pp,
+                       "parallel.cp": lay.cp, "parallel.ep": lay.ep})
+    assert m.answer.request == r
+    assert m.answer.ddp_steps == plan(r).ddp_steps
+
+
+def test_the_hardware_memo_gives_the_request_built_without_it() -> None:
+    """``build_request(..., hardware=memo)``: the same request as without the memo, one
+    entry per GPU profile (a different --gpu is read, not served from the memo)."""
+    memo: dict = {}
+    base = {"model.preset": "llama3-8b", "hardware.gpu": "h100-80", "hardware.n": 16}
+    for more in ({}, {"parallel.tp": 2}, {"parallel.pp": 2}, {"hardware.gpu": "a100-40"}):
+        given = {**base, **more}
+        assert build_request(given, hardware=memo) == build_request(given)
+    assert len(memo) == 2
+    assert build_request({**base, "hardware.gpu": "a100-40"},
+                         hardware=memo).cluster.gpu.id == "a100-40"

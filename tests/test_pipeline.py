@@ -1083,6 +1083,11 @@ def test_the_recorded_walk_keeps_each_kind_s_first_largest_moment():
     {"hardware.n": 16, "parallel.pp": 4, "parallel.tp": 2},
     {"hardware.n": 16, "parallel.pp": 4, "parallel.pp_schedule": "interleaved-1f1b",
      "model.layers": 14},
+    # every stage's outputs kept to the step's end (torch before PR #153383), or the last's
+    {"hardware.n": 16, "parallel.pp": 4, "parallel.pp_kept_outputs": "all"},
+    {"hardware.n": 16, "parallel.pp": 4, "parallel.pp_schedule": "interleaved-1f1b",
+     "model.layers": 14, "parallel.pp_kept_outputs": "all"},
+    {"parallel.pp_kept_outputs": "last"},
 ])
 def test_fullest_rank_equals_walking_every_rank(extra):
     """fullest_rank skips the ranks whose upper bound cannot beat the fullest walked so far;
@@ -1111,3 +1116,90 @@ def test_fullest_rank_equals_walking_every_rank(extra):
     want = peaks.index(max(peaks))
     got, phases = fullest_rank(r.model, r.training, dp, acts, ov, tp, ck)
     assert got == want and phases == every[want]
+
+
+@pytest.mark.parametrize("extra", [
+    {}, {"parallel.pp_schedule": "gpipe"}, {"parallel.pp_schedule": "interleaved-1f1b"},
+    {"parallel.pp_schedule": "interleaved-1f1b", "parallel.pp_virtual_stages": 3,
+     "model.layers": 10},
+    {"hardware.n": 16, "parallel.pp": 8, "parallel.pp_microbatches": 8},
+    {"hardware.n": 16, "parallel.pp": 8, "parallel.pp_microbatches": 16},
+    {"hardware.n": 16, "parallel.pp": 4, "parallel.tp": 2},
+    {"hardware.n": 16, "parallel.pp": 4, "parallel.cp": 2},
+    {"hardware.n": 32, "parallel.pp": 4, "parallel.tp": 2, "parallel.cp": 2},
+    {"precision": "bf16", "optimizer": "sgd"},
+    {"parallel.pp_kept_outputs": "all"}, {"parallel.pp_kept_outputs": "last"},
+    {"parallel.pp_schedule": "interleaved-1f1b", "parallel.pp_kept_outputs": "all"},
+    {"hardware.n": 16, "parallel.pp": 8, "parallel.pp_microbatches": 8,
+     "parallel.pp_kept_outputs": "all"},
+])
+@pytest.mark.parametrize("ckpt", ["none", "selective", "full"])
+def test_the_rank_bound_is_never_below_the_walked_peak(extra, ckpt):
+    """fullest_rank skips a rank whose bound (``_rank``'s first function) is below the
+    fullest walked; the bound is sound only if no rank's walked peak exceeds it, at every
+    schedule, TP, CP, checkpointing and precision here. It is also tight where the walk's
+    largest moment is one the bound counts exactly: on 1F1B, whose middle ranks hold their
+    most micro-batches together with their unsharded gradients, some rank's bound equals its
+    peak (so the search walks few ranks)."""
+    from planner.fields import SPEC
+    from planner.memory.breakdown import PHASES, Overheads, largest
+    from planner.memory.estimator import activation_plan
+    from planner.memory.moments import Activations
+    from planner.memory.pipeline import _rank
+    from planner.request import build_request
+    from planner.spec import Candidate, Checkpointing, Strategy
+
+    values = {**SMALL, "hardware.n": 4, "parallel.pp": 2, "parallel.pp_microbatches": 4,
+              "checkpointing": ckpt, **extra}
+    r = build_request(values, SPEC).resolved()
+    tp = values.get("parallel.tp") or 1
+    ck = Checkpointing(ckpt)
+    c = Candidate(strategy=Strategy.FULL_SHARD, checkpointing=ck, tp=tp)
+    acts = Activations.of(activation_plan(r.model, r.training, c))
+    dp = r.cluster.n_gpus // (r.training.pipeline.degree * tp)
+    gaps = []
+    for k in range(r.training.pipeline.degree):
+        bound, phases = _rank(r.model, r.training, k, dp, acts, Overheads(), tp, ck)
+        ph = phases()
+        peak = largest([ph[x] for x in PHASES])[1].total
+        assert bound() >= peak, (k, bound(), peak)
+        gaps.append(bound() - peak)
+    # (kept stage outputs are bounded by all M of each stage: no longer tight)
+    if r.training.pipeline.schedule is PipeSchedule.ONE_F_ONE_B and \
+            r.training.pipeline.degree > 2 and "parallel.pp_kept_outputs" not in extra:
+        assert min(gaps) == 0, gaps
+
+
+def test_breakdown_plus_makes_new_arrays():
+    """``Breakdown.plus`` adds into a copy: a numpy term of the original (the report's sweep
+    shares them between moments) is never changed in place."""
+    import numpy as np
+
+    from planner.memory.breakdown import Breakdown
+
+    a = np.array([1, 2])
+    b = Breakdown(params=a, gradients=5)
+    c = b.plus(params=np.array([10, 20]), gradients=1)
+    assert a.tolist() == [1, 2] and b.params is a and b.gradients == 5
+    assert c.params.tolist() == [11, 22] and c.gradients == 6 and c.activations == 0
+    with pytest.raises(KeyError):
+        b.plus(not_a_term=1)
+
+
+def test_most_in_flight_equals_walking_the_rank_s_ops():
+    """``most_in_flight`` reads GPipe's and 1F1B's most from ``peak_in_flight`` instead of
+    walking ``rank_ops``: the same counts for every rank (and the interleaved schedule, still
+    walked, for comparison)."""
+    from planner.memory.pipeline import most_in_flight
+
+    for schedule, v in ((PipeSchedule.GPIPE, 1), (PipeSchedule.ONE_F_ONE_B, 1),
+                        (PipeSchedule.INTERLEAVED_1F1B, 2)):
+        for pp, m in ((2, 2), (2, 5), (4, 4), (4, 9), (8, 8), (8, 16), (16, 16)):
+            p = Pipeline(degree=pp, schedule=schedule, virtual=v, microbatches=m)
+            for rank in range(pp):
+                held: dict[int, int] = {}
+                most: dict[int, int] = {}
+                for kind, s in pipeline.rank_ops(p, rank):
+                    held[s] = held.get(s, 0) + (1 if kind == "F" else -1)
+                    most[s] = max(most.get(s, 0), held[s])
+                assert most_in_flight(p, rank) == most, (schedule, pp, m, rank)

@@ -87,10 +87,14 @@ class Breakdown:
 
     def plus(self, **terms: Any) -> Breakdown:
         """A copy with the given terms added (negative to remove)."""
-        return dataclasses.replace(self, **{k: getattr(self, k) + v for k, v in terms.items()})
+        values = self.as_dict()
+        for k, v in terms.items():
+            # a new value, never in place (an array may be shared); KeyError: not a term
+            values[k] = values[k] + v
+        return Breakdown(**values)
 
     def as_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {k: getattr(self, k) for k in BREAKDOWN_FIELDS}
 
 
 BREAKDOWN_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Breakdown))

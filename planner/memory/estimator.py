@@ -31,7 +31,6 @@ from planner.error_bands import DEFAULT_MARGIN, is_finetune, risk_band
 from planner.memory.breakdown import PHASES, Breakdown, Estimate, Overheads, Phase, pick
 from planner.memory.compiled_model import graph_gradients, table_backward
 from planner.memory.moments import MOMENTS, Activations, Step
-from planner.memory.pipeline import fullest_rank
 from planner.pipeline import peak_in_flight, rank_stages
 from planner.memory.states import (
     FP32,
@@ -466,6 +465,8 @@ def pipeline_estimate(model: ModelSpec, training: TrainingSpec, candidate: Candi
     FSDP2 over its n / (pp x tp) data-parallel ranks, each stage tensor-parallel over
     ``candidate.tp``. One NCCL communicator for the stage's FSDP group, one for the
     pipeline's send/recv and one for the TP group."""
+    from planner.memory.pipeline import fullest_rank  # pipeline plans only (cold start)
+
     p = training.pipeline
     tp = candidate.tp
     dp = n_gpus // (p.degree * tp)

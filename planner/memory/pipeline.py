@@ -50,6 +50,7 @@ Every rank is evaluated; the fullest decides the fit. Scalars only (the report r
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 from collections import Counter
@@ -62,7 +63,8 @@ from planner.memory.moments import Activations
 from planner.memory.states import dtypes, optimizer_state_bytes
 from planner.memory.zero import optimizer_temp_bytes
 from planner.params import block_tensors, numel, root_tensors
-from planner.spec import Checkpointing, ModelSpec, PipeKeptOutputs, Strategy, TrainingSpec
+from planner.spec import (Checkpointing, ModelSpec, PipeKeptOutputs, PipeSchedule, Strategy,
+                          TrainingSpec)
 from planner.vec import ceil_div
 
 INPUT_MODULES = ("embed.", "pos_embed.", "type_embed.", "embed_norm")
@@ -264,6 +266,18 @@ def units(model: ModelSpec, first: bool, last: bool, blocks: int, tp: int = 1
     return max(block if blocks else 0, embed, head), embed if first else block
 
 
+def rank_phases(model: ModelSpec, training: TrainingSpec, rank: int, dp: int,
+                acts: Activations, ov: Overheads, tp: int = 1,
+                ckpt: Checkpointing = Checkpointing.NONE) -> dict[Phase, Breakdown]:
+    """The moments of one step on pipeline rank ``rank`` (of ``dp`` data-parallel ranks, each
+    stage tensor-parallel over ``tp``; ``acts`` counted for that tp and checkpointing)."""
+    p = training.pipeline
+    if p.schedule in pipeline.SPLIT_BACKWARD:
+        return split_rank_phases(model, training, rank, dp, acts, ov)
+    return _rank(model, training, rank, dp, acts, ov, tp, ckpt)[1]()
+
+
+@functools.lru_cache(maxsize=4096)
 def kept_output(model: ModelSpec, training: TrainingSpec, s: int, c: int, tp: int) -> int:
     """Bytes of stage ``s``'s output that each micro-batch leaves to the end of the step
     (``Pipeline.kept_outputs``): ``PipelineStage.forward_one_chunk`` appends the output to
@@ -281,20 +295,12 @@ def kept_output(model: ModelSpec, training: TrainingSpec, s: int, c: int, tp: in
     return t * (model.vocab if last else model.hidden) // tp * c
 
 
-def rank_phases(model: ModelSpec, training: TrainingSpec, rank: int, dp: int,
-                acts: Activations, ov: Overheads, tp: int = 1,
-                ckpt: Checkpointing = Checkpointing.NONE) -> dict[Phase, Breakdown]:
-    """The moments of one step on pipeline rank ``rank`` (of ``dp`` data-parallel ranks, each
-    stage tensor-parallel over ``tp``; ``acts`` counted for that tp and checkpointing)."""
-    p = training.pipeline
-    if p.schedule in pipeline.SPLIT_BACKWARD:
-        return split_rank_phases(model, training, rank, dp, acts, ov)
-    return _rank(model, training, rank, dp, acts, ov, tp, ckpt)[1]()
-
-
-@functools.lru_cache(maxsize=4096)
 def most_in_flight(p: Any, rank: int) -> dict[int, int]:
-    """The most micro-batches each of the rank's stages holds at once (``rank_ops``)."""
+    """The most micro-batches each of the rank's stages holds at once (``rank_ops``). GPipe
+    and 1F1B hold one stage per rank: its most is the rank's (``pipeline.peak_in_flight``:
+    M, or min(M, pp - rank) forwards before 1F1B's first backward), without the walk."""
+    if p.schedule in (PipeSchedule.GPIPE, PipeSchedule.ONE_F_ONE_B) and p.microbatches > 0:
+        return {pipeline.rank_stages(p, rank)[0]: pipeline.peak_in_flight(p, rank)}
     held: dict[int, int] = {}
     most: dict[int, int] = {}
     for kind, s in pipeline.rank_ops(p, rank):
@@ -303,17 +309,100 @@ def most_in_flight(p: Any, rank: int) -> dict[int, int]:
     return most
 
 
-def _rank(model: ModelSpec, training: TrainingSpec, rank: int, dp: int, acts: Activations,
-          ov: Overheads, tp: int, ckpt: Checkpointing) -> tuple[Callable[[], Any],
-                                                             Callable[[], dict]]:
-    """(an upper bound of the rank's peak without walking its ops, its moments) of a
-    single- or looped-stage schedule (``rank_phases``)."""
+@dataclass(frozen=True, slots=True)
+class KindStates:
+    """What a pipeline rank holds whatever its activations, alike for every rank whose stages
+    are alike (blocks, first, last of each: most ranks of a deep pipeline). Per stage of the
+    rank, in its order (``RankStates.stages``)."""
+
+    last: bool
+    """It holds the last stage (the norm and head)."""
+    base: Breakdown
+    """Sharded parameters, optimizer state, the cuBLAS workspace."""
+    parts: tuple[tuple[Any, Any, Any], ...]
+    """(gathered, grads, sharded_grads) of each stage's ``StageBytes``."""
+    rs_units: tuple[int, ...]
+    """Each stage's largest FSDP unit's elements (the reduce-scatter input at its
+    reduction)."""
+    p2p: Any
+    """The P2P receive buffers of every micro-batch."""
+    optimizer: Breakdown
+    """The optimizer step's moment."""
+    fixed: Any
+    """What every moment of ``Ranks.bound`` counts whatever the activations: base, P2P
+    buffers, and per stage its gathered parameters and the larger of its unsharded and
+    sharded gradients."""
+    optimizer_total: Any
+    """``optimizer.total``."""
+
+
+class RankStates:
+    """One rank's stages, the most micro-batches each holds at once (``most_in_flight``;
+    zeros under the split-backward schedules, which ``Ranks`` does not walk) and what the
+    rank holds whatever its activations (a plain class: one per rank of every layout)."""
+
+    __slots__ = ("stages", "flight", "kind")
+
+    def __init__(self, stages: tuple[int, ...], flight: tuple[int, ...],
+                 kind: KindStates) -> None:
+        self.stages, self.flight, self.kind = stages, flight, kind
+
+
+@functools.lru_cache(maxsize=256)
+def rank_states(model: ModelSpec, training: TrainingSpec, dp: int, ov: Overheads, tp: int
+                ) -> tuple[RankStates, ...]:
+    """``RankStates`` of every rank of the pipeline (index = rank). Cached: the checkpointing
+    modes of one layout share them (the key is hashed once per pipeline plan). Ranks whose
+    stages are alike share one ``KindStates``, and everything of it but the P2P buffers (seq
+    / cp long) is shared with the layouts that differ from this one in CP alone
+    (``_kind_parts``)."""
     p = training.pipeline
     n_stages = p.n_stages
     layers = pipeline.stage_layers(model.n_layers, n_stages)
-    stages = pipeline.rank_stages(p, rank)
-    first, last = 0 in stages, n_stages - 1 in stages
-    blocks = sum(layers[s] for s in stages)
+    fd = training.fsdp_dtypes
+    d = dtypes(Strategy.FULL_SHARD, training.precision, fd)
+    no_cp = training if training.cp == 1 else dataclasses.replace(training, cp=1)
+    # a received activation / its gradient: seq / cp positions under context parallel,
+    # / tp under sequence parallel
+    boundary = training.micro_batch * training.local_seq * model.hidden // tp * d.compute
+    split = p.schedule in pipeline.SPLIT_BACKWARD
+    alike: dict[tuple, KindStates] = {}
+    out = []
+    for r in range(p.degree):
+        stages = pipeline.rank_stages(p, r)
+        kind = tuple((layers[s], s == 0, s == n_stages - 1) for s in stages)
+        if kind not in alike:
+            base, parts, rs_units, grads, temps = _kind_parts(model, no_cp, kind, dp, ov, tp)
+            p2p = sum(p.microbatches * boundary * ((not first) + (not last))
+                      for _, first, last in kind)
+            optimizer = base.plus(gradients=grads, comm_buffers=p2p,
+                                  optimizer_temporaries=temps)
+            alike[kind] = KindStates(
+                last=any(last for _, _, last in kind), base=base, parts=parts,
+                rs_units=rs_units, p2p=p2p, optimizer=optimizer,
+                fixed=base.total + p2p + sum(g + max(gr, sh) for g, gr, sh in parts),
+                optimizer_total=optimizer.total)
+        most = {} if split else most_in_flight(p, r)
+        out.append(RankStates(stages, tuple(most.get(s, 0) for s in stages), alike[kind]))
+    return tuple(out)
+
+
+def clear_caches() -> None:
+    """Forget the rank states kept between plans (``rank_states``, ``_kind_parts``): a
+    benchmark times a search as a fresh process runs it."""
+    rank_states.cache_clear()
+    _kind_parts.cache_clear()
+
+
+@functools.lru_cache(maxsize=1024)
+def _kind_parts(model: ModelSpec, training: TrainingSpec, kind: tuple[tuple[int, bool, bool],
+                                                                       ...],
+                dp: int, ov: Overheads, tp: int) -> tuple[Breakdown, tuple, tuple, Any, Any]:
+    """(base, parts, rs_units, the optimizer step's gradients and temporaries) of
+    ``KindStates`` for a rank whose stages are ``kind`` ((blocks, first, last) each);
+    ``training`` without CP (nothing here depends on the sequence)."""
+    blocks = sum(b for b, _, _ in kind)
+    first, last = any(f for _, f, _ in kind), any(x for _, _, x in kind)
     groups = rank_groups(model, blocks, first, last, tp)
     fd = training.fsdp_dtypes
     d = dtypes(Strategy.FULL_SHARD, training.precision, fd)
@@ -323,94 +412,152 @@ def _rank(model: ModelSpec, training: TrainingSpec, rank: int, dp: int, acts: Ac
                                                             dp, groups),
                      cublas_workspace=ov.cublas_workspace_bytes)
     whole = whole_table(model, first, tp)
-    size = stage_sizes(model, training, layers, stages, acts, d.compute, tp, ckpt)
 
-    def stage_bytes(s: int) -> StageBytes:
-        el, shard = group_elements(model, layers[s], s == 0, s == n_stages - 1, tp, dp)
+    def part(b: int, is_first: bool, is_last: bool) -> tuple[Any, Any, Any]:
+        el, shard = group_elements(model, b, is_first, is_last, tp, dp)
         # the first stage's embedding gradient is the whole table under TP (whole_table)
-        return StageBytes(held=size[s], gathered=el * fd.param,
-                          grads=(el + (whole if s == 0 else 0)) * fd.reduce,
-                          sharded_grads=shard * d.grad,
-                          kept=kept_output(model, training, s, d.compute, tp))
+        return el * fd.param, (el + (whole if is_first else 0)) * fd.reduce, shard * d.grad
 
-    sb = {s: stage_bytes(s) for s in stages}
-    # a received activation / its gradient: seq / cp positions under context parallel,
-    # / tp under sequence parallel
-    boundary = training.micro_batch * training.local_seq * model.hidden // tp * d.compute
-    p2p = sum(p.microbatches * boundary * ((s != 0) + (s != n_stages - 1)) for s in stages)
-    embed_unit, _ = units(model, True, False, 0, tp)
-    block_unit = sum(numel(tp_local(n, sh, tp)) for n, sh in block_tensors(model))
+    temps = optimizer_temp_bytes(max(numel(s) for _, s, _ in groups), local, training,
+                                 d.state, False, dp)
+    return (base, tuple(part(*k) for k in kind),
+            tuple(units(model, f, x, b, tp)[0] for b, f, x in kind), local * d.grad, temps)
 
-    def at(m: Moment, **more: Any) -> Breakdown:
-        return base.plus(gathered_params=m.gathered, activations=m.activations,
-                         gradients=m.gradients, comm_buffers=p2p).plus(**more)
 
-    def most(items: list[tuple[Moment, dict[str, Any]]]) -> Breakdown:
-        """``largest([at(m, **more) for m, more in items])[1]``, choosing by the moments'
-        totals before building one breakdown (base and P2P buffers are common to all; the
-        first on ties, as ``largest``); arrays take ``largest`` itself."""
-        keys = [m.gathered + m.activations + m.gradients + sum(more.values())
-                for m, more in items]
-        if not all(isinstance(k, (int, float)) for k in keys):
-            return largest([at(m, **more) for m, more in items])[1]
-        i = keys.index(max(keys))
-        return at(items[i][0], **items[i][1])
+class Ranks:
+    """The ranks of one pipeline plan (one checkpointing mode) under a single- or
+    looped-stage schedule: each rank's upper bound (``bound``) and moments (``phases``)."""
 
-    def reduce_moments(m: Moment) -> list[Breakdown]:
-        # the stage's gradient reduction: each unit's post_backward reshards, then allocates
-        # its reduce-scatter input (``foreach_reduce``) while the stage's unsharded gradients
-        # still exist; under TP the embedding's unit first copies its rows out of its whole
-        # gradient (``unsharded_accumulated_grad_data``) and then drops the whole one
-        # (``FSDPParamGroup.post_backward``: ``unsharded_accumulated_grad = None``)
-        s = m.stage
-        rs_unit, _ = units(model, s == 0, s == n_stages - 1, layers[s], tp)
-        whole_s = whole if s == 0 else 0
-        return [at(m, gradients=-whole_s * fd.reduce, comm_buffers=rs_unit * fd.reduce),
-                at(m, transients=(whole_s and embed_unit) * fd.reduce)]
+    def __init__(self, model: ModelSpec, training: TrainingSpec, dp: int, acts: Activations,
+                 ov: Overheads, tp: int, ckpt: Checkpointing) -> None:
+        self.acts = acts
+        self.p = p = training.pipeline
+        self.n_stages = p.n_stages
+        self.states = rank_states(model, training, dp, ov, tp)
+        self.fd = fd = training.fsdp_dtypes
+        layers = pipeline.stage_layers(model.n_layers, p.n_stages)
+        compute = dtypes(Strategy.FULL_SHARD, training.precision, fd).compute
+        # one micro-batch's bytes on every stage of the pipeline (stage_sizes)
+        self.size = stage_sizes(model, training, layers, tuple(range(p.n_stages)), acts,
+                                compute, tp, ckpt)
+        # the stage outputs each micro-batch leaves to the step's end (kept_output)
+        self.kept = tuple(kept_output(model, training, s, compute, tp)
+                          for s in range(p.n_stages))
+        self.embed_unit = units(model, True, False, 0, tp)[0]
+        self.whole = whole_table(model, True, tp)
+        block_unit = units(model, False, False, 1, tp)[0]
+        # the last unit's new gradient at a backward's end: the embedding (whole under TP)
+        # on the first stage, else a block
+        self.end_first = (self.embed_unit + self.whole) * fd.param
+        self.end_other = block_unit * fd.param
+        # ``bound``'s extras after a forward (with the loss's or a ring's transients) and at a
+        # backward's start, on a rank without and with the last stage
+        self.anywhere = tuple(max(0, acts.loss_fwd if last else 0,
+                                  acts.loss_bwd if last else 0, acts.ring_fwd,
+                                  acts.block_bwd + acts.recompute) for last in (False, True))
 
-    def bound() -> Any:
-        """Every moment below is ``at`` a point of the walk plus one group of extras: each
-        stage contributes at most its gathered parameters, its most micro-batches in flight
-        and the larger of its unsharded and sharded gradients; the optimizer step is exact.
-        None for arrays (every rank is walked)."""
-        flight = most_in_flight(p, rank)
-        held_most = sum(max(0, b.held) * flight.get(s, 0) + b.gathered
-                        + p.microbatches * b.kept + max(b.grads, b.sharded_grads)
-                        for s, b in sb.items())
-        rs_most = max(units(model, x == 0, x == n_stages - 1, layers[x], tp)[0]
-                      for x in stages) * fd.reduce
-        extras = (acts.loss_fwd if last else 0, acts.loss_bwd if last else 0, acts.ring_fwd,
-                  acts.block_bwd + acts.recompute, (embed_unit + whole) * fd.param,
-                  block_unit * fd.param, rs_most, (whole and embed_unit) * fd.reduce)
-        top = base.total + p2p + held_most + max(max(0, x) for x in extras)
-        if not isinstance(top, (int, float)):
-            return None
-        return max(top, optimizer_moment().total)
+    def end_extra(self, s: int) -> Any:
+        return self.end_first if s == 0 else self.end_other
 
-    @functools.cache
-    def optimizer_moment() -> Breakdown:
-        # kept stage outputs live until the next step clears them
-        kept_all = sum(p.microbatches * b.kept for b in sb.values())
-        return base.plus(gradients=local * d.grad, comm_buffers=p2p, activations=kept_all,
-                         optimizer_temporaries=optimizer_temp_bytes(
-                             max(numel(s) for _, s, _ in groups), local, training,
-                             d.state, False, dp))
+    def stage_bytes(self, st: RankStates) -> dict[int, StageBytes]:
+        return {s: StageBytes(self.size[s], *part, kept=self.kept[s])
+                for s, part in zip(st.stages, st.kind.parts)}
 
-    def merge_moment() -> list[Breakdown]:
-        """The schedule's return on the last stage when it keeps its outputs: after every
+    def kept_all(self, st: RankStates) -> Any:
+        """Every micro-batch's kept stage outputs of the rank's stages, alive from their
+        backward until the next step clears them."""
+        return sum(self.p.microbatches * self.kept[s] for s in st.stages)
+
+    def end_moments(self, st: RankStates) -> tuple[Breakdown, list[Breakdown]]:
+        """(the optimizer step, the schedule's merge of the kept outputs) when the rank keeps
+        stage outputs: the optimizer step holds them too; on the last stage, after every
         backward and reduction, ``_merge_outputs`` concatenates them (``merge_chunks``:
         ``torch.cat``) beside the chunks themselves."""
-        if n_stages - 1 not in sb or not sb[n_stages - 1].kept:
-            return []
-        kept_all = sum(p.microbatches * b.kept for b in sb.values())
-        return [base.plus(gradients=local * d.grad, comm_buffers=p2p, activations=kept_all,
-                          transients=p.microbatches * sb[n_stages - 1].kept)]
+        kind, kept_all = st.kind, self.kept_all(st)
+        if not kept_all:
+            return kind.optimizer, []
+        merge = []
+        last = self.n_stages - 1
+        if last in st.stages and self.kept[last]:
+            merge = [kind.base.plus(gradients=kind.optimizer.gradients, comm_buffers=kind.p2p,
+                                    activations=kept_all,
+                                    transients=self.p.microbatches * self.kept[last])]
+        return kind.optimizer.plus(activations=kept_all), merge
 
-    def end_extra(s: int) -> Any:
-        return (embed_unit + whole if s == 0 else block_unit) * fd.param
+    def bound(self, rank: int) -> Any:
+        """An upper bound of the rank's peak without walking its ops. Every moment of
+        ``phases`` is ``at`` a point of the walk plus the extras of its kind. At any point
+        each stage holds at most its gathered parameters, the larger of its unsharded and
+        sharded gradients, and its most micro-batches in flight (``most_in_flight``); at the
+        end of a backward on stage s, one fewer of s's; at s's reduction, none of s's (all M
+        are through their backward). Kept stage outputs: at most all M of each stage (the
+        one whose backward just ended among them). The optimizer step and the merge of the
+        kept outputs are exact. None for arrays (every rank is walked)."""
+        st, size, reduce = self.states[rank], self.size, self.fd.reduce
+        kind = st.kind
+        held_most, extra = self.kept_all(st), self.anywhere[kind.last]
+        for s, most, rs in zip(st.stages, st.flight, kind.rs_units):
+            kept = max(0, size[s])
+            flight = kept * most
+            held_most += flight
+            extra = max(extra, self.end_extra(s) - kept,  # at the end of a backward on s
+                        # at s's reduction
+                        max(rs, (s == 0 and self.whole and self.embed_unit)) * reduce - flight)
+        top = kind.fixed + held_most + extra
+        if not isinstance(top, (int, float)):
+            return None
+        optimizer, merge = self.end_moments(st)
+        return max(top, optimizer.total, *(m.total for m in merge))
 
-    def phases() -> dict[Phase, Breakdown]:
-        w = walk(p, rank, sb, records_only=True, last=n_stages - 1, end_extra=end_extra)
+    def phases(self, rank: int) -> dict[Phase, Breakdown]:
+        """The moments of the rank's step, walked along its ops (``walk``)."""
+        st, acts, fd, n_stages = self.states[rank], self.acts, self.fd, self.n_stages
+        kind = st.kind
+        base, p2p, last = kind.base, kind.p2p, kind.last
+        rs_units = dict(zip(st.stages, kind.rs_units))
+        embed_unit = self.embed_unit
+
+        start = base.as_dict()
+
+        def at(m: Moment, **more: Any) -> Breakdown:
+            """``base.plus(gathered_params=m.gathered, activations=m.activations,
+            gradients=m.gradients, comm_buffers=p2p).plus(**more)``, built once."""
+            v = dict(start)
+            v["gathered_params"] = v["gathered_params"] + m.gathered
+            v["activations"] = v["activations"] + m.activations
+            v["gradients"] = v["gradients"] + m.gradients
+            v["comm_buffers"] = v["comm_buffers"] + p2p
+            for k, x in more.items():
+                v[k] = v[k] + x
+            return Breakdown(**v)
+
+        def most(items: list[tuple[Moment, dict[str, Any]]]) -> Breakdown:
+            """``largest([at(m, **more) for m, more in items])[1]``, choosing by the moments'
+            totals before building one breakdown (base and P2P buffers are common to all;
+            the first on ties, as ``largest``); arrays take ``largest`` itself."""
+            keys = [m.gathered + m.activations + m.gradients + sum(more.values())
+                    for m, more in items]
+            if not all(isinstance(k, (int, float)) for k in keys):
+                return largest([at(m, **more) for m, more in items])[1]
+            i = keys.index(max(keys))
+            return at(items[i][0], **items[i][1])
+
+        def reduce_moments(m: Moment) -> list[Breakdown]:
+            # the stage's gradient reduction: each unit's post_backward reshards, then
+            # allocates its reduce-scatter input (``foreach_reduce``) while the stage's
+            # unsharded gradients still exist; under TP the embedding's unit first copies its
+            # rows out of its whole gradient (``unsharded_accumulated_grad_data``) and then
+            # drops the whole one (``FSDPParamGroup.post_backward``:
+            # ``unsharded_accumulated_grad = None``)
+            s = m.stage
+            whole_s = self.whole if s == 0 else 0
+            return [at(m, gradients=-whole_s * fd.reduce,
+                       comm_buffers=rs_units[s] * fd.reduce),
+                    at(m, transients=(whole_s and embed_unit) * fd.reduce)]
+
+        w = walk(self.p, rank, self.stage_bytes(st), records_only=True, last=n_stages - 1,
+                 end_extra=self.end_extra)
+        optimizer, merge = self.end_moments(st)
         held = most([(m, {}) for m in w.after_forward])
         # the loss runs right after a forward of the last stage
         on_last = [(m, {}) for m in w.after_forward if m.stage == n_stages - 1]
@@ -429,32 +576,41 @@ def _rank(model: ModelSpec, training: TrainingSpec, rank: int, dp: int, acts: Ac
                 # the end of a backward: that micro-batch's activations are gone, its stage's
                 # unsharded gradients exist (fp32 under -amp), and the stage's last unit's new
                 # gradient in the param dtype is being converted or added into them (FSDP2
-                # ``to_accumulated_grad_if_needed`` / ``accumulate_unsharded_grad_if_needed``):
-                # the embedding (whole under TP) on the first stage, else a block
-                + [(m, {"transients": end_extra(m.stage)}) for m in w.backward_end]),
+                # ``to_accumulated_grad_if_needed`` / ``accumulate_unsharded_grad_if_needed``)
+                + [(m, {"transients": self.end_extra(m.stage)}) for m in w.backward_end]),
             Phase.BWD_END: largest([b for m in w.reduce for b in reduce_moments(m)]
-                                   + merge_moment())[1],
-            Phase.OPTIMIZER: optimizer_moment(),
+                                   + merge)[1],
+            Phase.OPTIMIZER: optimizer,
         }
 
-    return bound, phases
+
+def _rank(model: ModelSpec, training: TrainingSpec, rank: int, dp: int, acts: Activations,
+          ov: Overheads, tp: int, ckpt: Checkpointing) -> tuple[Callable[[], Any],
+                                                             Callable[[], dict]]:
+    """(an upper bound of the rank's peak without walking its ops, its moments) of a
+    single- or looped-stage schedule (``rank_phases``; ``Ranks``)."""
+    ranks = Ranks(model, training, dp, acts, ov, tp, ckpt)
+    return functools.partial(ranks.bound, rank), functools.partial(ranks.phases, rank)
 
 
 def fullest_rank(model: ModelSpec, training: TrainingSpec, dp: int, acts: Activations,
                  ov: Overheads, tp: int = 1, ckpt: Checkpointing = Checkpointing.NONE
                  ) -> tuple[int, dict[Phase, Breakdown]]:
     """(rank, its moments) of the pipeline rank with the largest peak (the lowest rank on
-    ties). The ranks are walked in the order of an upper bound of their peaks (``_rank``),
-    and a rank whose bound cannot beat the fullest one walked so far is not walked: the same
-    answer as walking them all (tests/test_pipeline.py), in a few walks instead of pp."""
+    ties). The ranks are walked in the order of an upper bound of their peaks
+    (``Ranks.bound``), and a rank whose bound cannot beat the fullest one walked so far is
+    not walked: the same answer as walking them all (tests/test_pipeline.py), in a few walks
+    instead of pp."""
     p = training.pipeline
     ranks = list(range(p.degree))
     if p.schedule in pipeline.SPLIT_BACKWARD:
-        models = {r: (lambda: None, functools.partial(rank_phases, model, training, r, dp,
-                                                      acts, ov, tp, ckpt)) for r in ranks}
+        bounds: dict[int, Any] = dict.fromkeys(ranks)
+        walked = functools.partial(rank_phases, model, training, dp=dp, acts=acts, ov=ov,
+                                   tp=tp, ckpt=ckpt)
     else:
-        models = {r: _rank(model, training, r, dp, acts, ov, tp, ckpt) for r in ranks}
-    bounds = {r: models[r][0]() for r in ranks}
+        every = Ranks(model, training, dp, acts, ov, tp, ckpt)
+        bounds = {r: every.bound(r) for r in ranks}
+        walked = every.phases
     if any(b is None for b in bounds.values()):
         order, bounds = ranks, dict.fromkeys(ranks)
     else:
@@ -465,7 +621,7 @@ def fullest_rank(model: ModelSpec, training: TrainingSpec, dp: int, acts: Activa
         if best is not None and b is not None and (b < best[0]
                                                    or (b == best[0] and rank > best[1])):
             continue
-        phases = models[rank][1]()
+        phases = walked(rank=rank)
         peak = largest([phases[ph] for ph in PHASES])[1].total
         if best is None or peak > best[0] or (peak == best[0] and rank < best[1]):
             best = (peak, rank, phases)
