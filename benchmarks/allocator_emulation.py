@@ -1,0 +1,192 @@
+"""Peak reserved memory: the caching-allocator emulator (probes/alloc_emu.py) fed with the
+fake-tensor trace's allocation stream, against the GPU records and the planner.
+
+    PYTHONPATH=. python benchmarks/allocator_emulation.py [--ids ID,ID] [--json OUT]
+    PYTHONPATH=. python benchmarks/allocator_emulation.py --loss-only
+
+Per GPU record (benchmarks/gpu_runs/*/run*-records.jsonl, record "case"; a case measured
+identically on several GPUs or runs is traced once and scored on each record): the reference
+model's training step is traced (probes/trace.py ``trace_step``, ``warmup="iteration"``: the
+optimizer state is created inside the first tracked step, as on the GPU; as many steps as the
+record ran, warm-up and measured; ``record_events=True``) and its allocation stream replayed through the emulator with the
+record's allocator (default or expandable segments) and the device's capacity (memory total
+minus what was used before the case). Printed per record: measured max allocated / max
+reserved (``torch.cuda.max_memory_*``), the emulator's, and the planner's
+(``Estimate.peak_allocated_bytes`` / ``peak_reserved_bytes``), and the reserved-beyond-allocated
+"overhead" each predicts (emulated max reserved - emulated max allocated; the planner's
+allocator terms) added to the *measured* allocated peak, which scores the allocator mechanism
+apart from the trace's or the planner's allocated bytes. Nothing is fitted to the records.
+
+``--loss-only``: the loss region alone (probes/alloc_loss.py ``loss_region``): torchtitan
+9dec370's fp32 cross-entropy forward and backward at 32768 tokens x 128256 vocab, traced on
+fake tensors and replayed under expandable segments and the default allocator.
+
+Default ids: the single-GPU Llama-3.2-1B cases of the default allocator and every expandable
+one (cheap to trace on two CPU cores: about a minute each).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from planner.hardware import load_gpu  # noqa: E402
+from planner.spec import Allocator  # noqa: E402
+from probes.alloc_emu import CachingAllocator  # noqa: E402
+from probes.alloc_loss import loss_region  # noqa: E402
+from probes.gpu_records import read_runs, row_of  # noqa: E402
+
+GiB = 1 << 30
+RUNS = {"2026-11-26-h100": "h100-80", "2026-11-26-h100-b": "h100-80",
+        "2026-11-26-h200": "h200"}
+DEFAULT_IDS = ("w1-1b-ddp-none", "w1-1b-fsdp-none", "w1-1b-ddp-full", "w1-1b-fsdp-full",
+               "w1-1b-ddp-sel", "w1-1b-fsdp-sel", "w1-1b-ddp-none-bf16",
+               "w1-1b-fsdp-none-bf16", "w1-1b-sgo-none", "w1-1b-fsdp-none-ga2-last",
+               "exp-1b-ddp-none", "exp-1b-fsdp-full", "exp-1b-fsdp-none-ga2-last")
+
+
+def records(ids: set[str] | None) -> list[tuple[dict[str, Any], str, int]]:
+    """(record, profile id, device bytes) of every successful case record with these ids
+    (None: all)."""
+    out = []
+    for folder, profile in RUNS.items():
+        recs = read_runs(REPO / "benchmarks" / "gpu_runs" / folder)
+        env = next((r for r in recs if r.get("record") == "env"), {})
+        total = int(env.get("memory_total_mib", 0)) << 20
+        for r in recs:
+            if r.get("record") == "case" and r.get("ok") and (ids is None or r["id"] in ids):
+                out.append((r, profile, total))
+    return out
+
+
+def emulate(events: list, expandable: bool, capacity: int) -> CachingAllocator:
+    return CachingAllocator(expandable=expandable, capacity=capacity).replay(events)
+
+
+def trace_events(row: Any) -> tuple[list, float]:
+    from probes.trace import trace_step
+
+    t0 = time.perf_counter()
+    steps = row.rec.get("steps") or {}
+    n_steps = int(steps.get("warmup", 1)) + int(steps.get("measured", 1))
+    res = trace_step(row.model, row.training, row.cand, world_size=row.cluster.n_gpus,
+                     gpus_per_node=row.cluster.gpus_per_node, warmup="iteration",
+                     warmup_iterations=max(1, n_steps - 1), record_events=True)
+    return res["alloc_events"], time.perf_counter() - t0
+
+
+def err(pred: float, meas: float) -> float:
+    return (pred - meas) / meas
+
+
+def p90(xs: list[float]) -> float:
+    s = sorted(abs(x) for x in xs)
+    return s[min(len(s) - 1, int(round(0.9 * (len(s) - 1))))]
+
+
+def compare(ids: set[str] | None, skipped: dict[str, str]) -> list[dict[str, Any]]:
+    """The rows of every record with these ids (None: every successful case record);
+    ``skipped`` collects the ids the trace could not run, with the reason."""
+    rows_out: list[dict[str, Any]] = []
+    traced: dict[str, tuple[list, float]] = {}
+    for rec, profile, total in records(ids):
+        gpu = load_gpu(profile)
+        row = row_of(rec, gpu)
+        if rec["id"] not in traced:
+            try:
+                traced[rec["id"]] = trace_events(row)
+            except Exception as exc:  # a case the fake-tensor trace does not run
+                traced[rec["id"]] = ([], 0.0)
+                skipped[rec["id"]] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+                print(f"not traced {rec['id']}: {skipped[rec['id']]}", file=sys.stderr)
+                continue
+            print(f"traced {rec['id']}: {len(traced[rec['id']][0])} events in "
+                  f"{traced[rec['id']][1]:.0f} s", file=sys.stderr)
+        events, _ = traced[rec["id"]]
+        if not events:
+            continue
+        expandable = row.training.allocator is Allocator.EXPANDABLE
+        capacity = total - int(rec["before"]["device_used"]) if total else 1 << 62
+        emu = emulate(events, expandable, capacity)
+        est = row.est()
+        a, res = rec["max_allocated_bytes"], rec["max_reserved_bytes"]
+        emu_over = emu.max_reserved - emu.max_allocated
+        plan_over = est.peak_reserved_bytes - est.peak_allocated_bytes
+        rows_out.append({
+            "id": rec["id"], "run": f"{profile}/{rec['_run']}", "allocator":
+            row.training.allocator.value, "measured_allocated": a, "measured_reserved": res,
+            "emu_allocated": emu.max_allocated, "emu_reserved": emu.max_reserved,
+            "plan_allocated": int(est.peak_allocated_bytes),
+            "plan_reserved": int(est.peak_reserved_bytes),
+            "emu_overhead": emu_over, "plan_overhead": int(plan_over),
+            "measured_overhead": res - a,
+            "err_emu_reserved": err(emu.max_reserved, res),
+            "err_plan_reserved": err(est.peak_reserved_bytes, res),
+            "err_emu_overhead": err(a + emu_over, res),
+            "err_plan_overhead": err(a + plan_over, res),
+        })
+    return rows_out
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    g = lambda b: f"{b / GiB:.2f}"  # noqa: E731
+    pc = lambda x: f"{x * 100:+.1f}%"  # noqa: E731
+    lines = ["| case | GPU/run | alloc. | measured alloc. / reserved GiB | emulated alloc. / "
+             "reserved | err | planner alloc. / reserved | err | overhead GiB: measured / "
+             "emulated / planner | err of meas. alloc. + overhead: emulated / planner |",
+             "|---|---|---|---|---|---:|---|---:|---|---|"]
+    for r in rows:
+        lines.append(
+            f"| {r['id']} | {r['run']} | {r['allocator']} | {g(r['measured_allocated'])} / "
+            f"{g(r['measured_reserved'])} | {g(r['emu_allocated'])} / {g(r['emu_reserved'])} "
+            f"| {pc(r['err_emu_reserved'])} | {g(r['plan_allocated'])} / "
+            f"{g(r['plan_reserved'])} | {pc(r['err_plan_reserved'])} | "
+            f"{g(r['measured_overhead'])} / {g(r['emu_overhead'])} / {g(r['plan_overhead'])} "
+            f"| {pc(r['err_emu_overhead'])} / {pc(r['err_plan_overhead'])} |")
+    lines.append("")
+    for k, label in (("err_emu_reserved", "emulated reserved"),
+                     ("err_plan_reserved", "planner reserved"),
+                     ("err_emu_overhead", "measured allocated + emulated overhead"),
+                     ("err_plan_overhead", "measured allocated + planner overhead")):
+        xs = [r[k] for r in rows]
+        if xs:
+            lines.append(f"- {label}: median |error| {statistics.median(abs(x) for x in xs) * 100:.1f}%"
+                         f", p90 {p90(xs) * 100:.1f}% over {len(xs)} records")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ids", default=",".join(DEFAULT_IDS),
+                    help="comma-separated record ids, or 'all'")
+    ap.add_argument("--json", default=None, help="write the per-record numbers here")
+    ap.add_argument("--loss-only", action="store_true")
+    args = ap.parse_args(argv)
+    if args.loss_only:
+        for exp in (True, False):
+            r = loss_region(expandable=exp)  # 32768 tokens x 128256 vocab, hidden 4096
+            print(f"loss region, {'expandable' if exp else 'default'}: "
+                  f"max allocated {r['max_allocated'] / GiB:.2f} GiB, max reserved "
+                  f"{r['max_reserved'] / GiB:.2f} GiB, reserved beyond allocated "
+                  f"{r['overhead'] / GiB:.2f} GiB ({r['overhead_per_logit']:.3f} B per logit)")
+        return 0
+    skipped: dict[str, str] = {}
+    rows = compare(None if args.ids == "all" else set(args.ids.split(",")), skipped)
+    print(table(rows))
+    for k, v in sorted(skipped.items()):
+        print(f"- not traced: {k}: {v}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
