@@ -3,6 +3,7 @@ fake-tensor trace's allocation stream, against the GPU records and the planner.
 
     PYTHONPATH=. python benchmarks/allocator_emulation.py [--ids ID,ID] [--json OUT]
     PYTHONPATH=. python benchmarks/allocator_emulation.py --loss-only
+    PYTHONPATH=. python benchmarks/allocator_emulation.py --table2 [--steps N]
 
 Per GPU record (benchmarks/gpu_runs/*/run*-records.jsonl, record "case"; a case measured
 identically on several GPUs or runs is traced once and scored on each record): the reference
@@ -119,6 +120,7 @@ def compare(ids: set[str] | None, skipped: dict[str, str]) -> list[dict[str, Any
         est = row.est()
         a, res = rec["max_allocated_bytes"], rec["max_reserved_bytes"]
         emu_over = emu.max_reserved - emu.max_allocated
+        cached = emu.cached_at_peak()
         plan_over = est.peak_reserved_bytes - est.peak_allocated_bytes
         rows_out.append({
             "id": rec["id"], "run": f"{profile}/{rec['_run']}", "allocator":
@@ -128,6 +130,8 @@ def compare(ids: set[str] | None, skipped: dict[str, str]) -> list[dict[str, Any
             "plan_reserved": int(est.peak_reserved_bytes),
             "emu_overhead": emu_over, "plan_overhead": int(plan_over),
             "measured_overhead": res - a,
+            "emu_cached_default_stream": cached.get(0, 0),
+            "emu_cached_other_streams": sum(v for k, v in cached.items() if k != 0),
             "err_emu_reserved": err(emu.max_reserved, res),
             "err_plan_reserved": err(est.peak_reserved_bytes, res),
             "err_emu_overhead": err(a + emu_over, res),
@@ -141,8 +145,9 @@ def table(rows: list[dict[str, Any]]) -> str:
     pc = lambda x: f"{x * 100:+.1f}%"  # noqa: E731
     lines = ["| case | GPU/run | alloc. | measured alloc. / reserved GiB | emulated alloc. / "
              "reserved | err | planner alloc. / reserved | err | overhead GiB: measured / "
-             "emulated / planner | err of meas. alloc. + overhead: emulated / planner |",
-             "|---|---|---|---|---|---:|---|---:|---|---|"]
+             "emulated / planner | err of meas. alloc. + overhead: emulated / planner | "
+             "emulated cache at the peak GiB: default stream / other streams |",
+             "|---|---|---|---|---|---:|---|---:|---|---|---|"]
     for r in rows:
         lines.append(
             f"| {r['id']} | {r['run']} | {r['allocator']} | {g(r['measured_allocated'])} / "
@@ -150,7 +155,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"| {pc(r['err_emu_reserved'])} | {g(r['plan_allocated'])} / "
             f"{g(r['plan_reserved'])} | {pc(r['err_plan_reserved'])} | "
             f"{g(r['measured_overhead'])} / {g(r['emu_overhead'])} / {g(r['plan_overhead'])} "
-            f"| {pc(r['err_emu_overhead'])} / {pc(r['err_plan_overhead'])} |")
+            f"| {pc(r['err_emu_overhead'])} / {pc(r['err_plan_overhead'])} | "
+            f"{g(r['emu_cached_default_stream'])} / {g(r['emu_cached_other_streams'])} |")
     lines.append("")
     for k, label in (("err_emu_reserved", "emulated reserved"),
                      ("err_plan_reserved", "planner reserved"),
@@ -163,13 +169,78 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+TABLE2 = ("tt-h100-llama3.1-8b-fsdp8-cp1-seq32k-float8-compiled",
+          "tt-h100-llama3.1-8b-fsdp4-cp2-seq64k-float8-compiled",
+          "tt-h100-llama3.1-8b-fsdp2-cp4-seq128k-float8-compiled",
+          "tt-h100-llama3.1-8b-fsdp1-cp8-seq256k-float8-compiled")
+
+
+def table2(steps: int = 2) -> str:
+    """torchtitan's Table 2 rows (benchmarks/memory_measurements.csv): each row's request as
+    benchmarks/memory_accuracy.py builds it, traced eager (its full checkpointing keeps only
+    the blocks' inputs, compiled or not) for ``steps`` steps, replayed under the row's
+    allocator (expandable segments)."""
+    import csv
+    import dataclasses
+
+    from benchmarks.memory_accuracy import predict_request
+    from planner.spec import Candidate, CompileMode
+    from probes.models import reference_spec
+    from probes.trace import trace_step
+
+    rows = {r["id"]: r for r in csv.DictReader(
+        (REPO / "benchmarks" / "memory_measurements.csv").open())}
+    out = ["| row | measured max reserved GiB | planner reserved | emulated allocated | "
+           "emulated reserved | error | emulated cache at the peak GiB: per stream |",
+           "|---|---:|---:|---:|---:|---:|---|"]
+    for rid in TABLE2:
+        row = rows[rid]
+        req, est = predict_request(row)
+        cand = Candidate(strategy=req.options.strategies[0], offload=req.options.offloads[0],
+                         checkpointing=req.options.checkpointing, tp=req.options.tp or 1)
+        training = dataclasses.replace(req.training, compile=CompileMode.NONE)
+        res = trace_step(reference_spec(req.model), training, cand,
+                         world_size=req.cluster.n_gpus,
+                         gpus_per_node=req.cluster.gpus_per_node, warmup="iteration",
+                         warmup_iterations=steps - 1, record_events=True)
+        emu = emulate(res["alloc_events"], training.allocator is Allocator.EXPANDABLE,
+                      1 << 62)
+        meas = int(row["value_bytes"])
+        cached = ", ".join(f"{k}: {v / GiB:.2f}" for k, v in sorted(emu.cached_at_peak().items()))
+        out.append(f"| {rid} | {meas / GiB:.1f} | {est.peak_reserved_bytes / GiB:.2f} "
+                   f"({err(est.peak_reserved_bytes, meas) * 100:+.1f}%) | "
+                   f"{emu.max_allocated / GiB:.2f} | {emu.max_reserved / GiB:.2f} | "
+                   f"{err(emu.max_reserved, meas) * 100:+.1f}% | {cached} |")
+        print(out[-1], file=sys.stderr)
+    return "\n".join(out)
+
+
+def write_block(path: Path, body: str) -> None:
+    begin, end = "<!-- allocator-emulation:begin -->", "<!-- allocator-emulation:end -->"
+    text = path.read_text()
+    if begin not in text or end not in text:
+        raise SystemExit(f"allocator_emulation: {path} has no {begin} ... {end} block")
+    head, rest = text.split(begin, 1)
+    tail = rest.split(end, 1)[1]
+    path.write_text(f"{head}{begin}\n{body}\n{end}{tail}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ids", default=",".join(DEFAULT_IDS),
                     help="comma-separated record ids, or 'all'")
     ap.add_argument("--json", default=None, help="write the per-record numbers here")
     ap.add_argument("--loss-only", action="store_true")
+    ap.add_argument("--table2", action="store_true",
+                    help="torchtitan's Table 2 rows (minutes each) instead of the GPU records")
+    ap.add_argument("--steps", type=int, default=2, help="steps traced for --table2")
+    ap.add_argument("--write", default=None, metavar="MD",
+                    help="also put the table between the allocator-emulation markers of MD "
+                    "(docs/accuracy.md)")
     args = ap.parse_args(argv)
+    if args.table2:
+        print(table2(args.steps))
+        return 0
     if args.loss_only:
         for exp in (True, False):
             r = loss_region(expandable=exp)  # 32768 tokens x 128256 vocab, hidden 4096
@@ -180,9 +251,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     skipped: dict[str, str] = {}
     rows = compare(None if args.ids == "all" else set(args.ids.split(",")), skipped)
-    print(table(rows))
-    for k, v in sorted(skipped.items()):
-        print(f"- not traced: {k}: {v}")
+    body = table(rows) + "".join(f"\n- not traced: {k}: {v}" for k, v in sorted(skipped.items()))
+    print(body)
+    if args.write:
+        write_block(Path(args.write), body)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0

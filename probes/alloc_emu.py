@@ -155,6 +155,8 @@ class CachingAllocator:
         """Per stream: [allocated, reserved] bytes now."""
         self.at_peak: dict[Hashable, tuple[int, int]] = {}
         """Per stream: (allocated, reserved) when reserved last reached its peak."""
+        self.peak_request: tuple[Hashable, int] = (0, 0)
+        """The (stream, rounded size) of the request that made reserved reach its peak."""
 
     # ------------------------------------------------------------------ the public calls
 
@@ -196,6 +198,15 @@ class CachingAllocator:
         for other in (block.prev, block.next):
             self._merge(pool, block, other)
         pool.insert(block)
+
+    def cached_at_peak(self) -> dict[Hashable, int]:
+        """Per stream: reserved - allocated when reserved reached its peak, the request that
+        reached it counted as allocated (what that stream's pool held free then)."""
+        out = {s: r - a for s, (a, r) in self.at_peak.items()}
+        s, size = self.peak_request
+        if s in out:
+            out[s] -= size
+        return out
 
     def empty_cache(self) -> None:
         self._release_cached_blocks()
@@ -369,6 +380,7 @@ class CachingAllocator:
             self.max_reserved = self.reserved
             # the request being served is not counted as allocated yet
             self.at_peak = {s: (a, r) for s, (a, r) in self.by_stream.items()}
+            self.peak_request = (stream, self._request)
         self.growths.append((self.n_requests, nbytes, self._request, self.allocated))
 
     # ------------------------------------------------------------------ releasing the cache

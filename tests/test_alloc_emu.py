@@ -197,3 +197,12 @@ def test_loss_region_by_hand():
     # grad_h (100) fits no free segment (80, 80, 60): a new one, 500 + the small 2 MiB = 502
     d = loss_region(10240, 2048, 5120, expandable=False)
     assert d["max_reserved"] == 502 * M
+
+
+def test_other_streams_cache_counts_at_the_peak():
+    # stream 1 frees 100 MiB (cached, its own pool); stream 0 then needs 100 MiB: a new
+    # segment. At the peak (200 MiB reserved) stream 1 holds 100 MiB free, stream 0 none.
+    a = CachingAllocator().replay([("alloc", "g", 100 * MiB, 1), ("free", "g"),
+                                   ("alloc", "x", 100 * MiB, 0)])
+    assert a.max_reserved == 200 * MiB
+    assert a.cached_at_peak() == {1: 100 * MiB, 0: 0}
