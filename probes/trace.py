@@ -476,6 +476,34 @@ def _tracker_class(base: type) -> type:
                 self.peak_phase = self.phase
                 self.peak_module = self.innermost()
 
+        alloc_events: list | None = None
+        """When a list: every storage allocation and free in order, for the allocator
+        emulator (probes/alloc_emu.py): ``("alloc", key, bytes, stream)`` / ``("free", key)``;
+        ``stream`` 0 is the default stream, others numbered as first seen (FSDP2's all-gather
+        and reduce-scatter streams: ``torch.cpu``'s stream stubs, which FSDP2 enters with
+        ``device_handle.stream(...)`` on fake CPU tensors as on CUDA). A ``resize_`` of a
+        storage (FSDP2's unsharded parameters) is a free and a new allocation, as on CUDA."""
+
+        def _update_snap(self, u_type: Any, winfo: Any, old_mem_consumed: Any = None,
+                         old_reftype: Any = None) -> None:
+            super()._update_snap(u_type, winfo, old_mem_consumed=old_mem_consumed,
+                                 old_reftype=old_reftype)
+            if self.alloc_events is not None and u_type.name != "REF":
+                self._record_event(u_type.name, winfo)
+
+        def _record_event(self, kind: str, winfo: Any) -> None:
+            ev = self.alloc_events
+            key = getattr(winfo, "emu_key", None)
+            if key is not None and kind in ("DEL", "SIZE"):
+                ev.append(("free", key))
+                winfo.emu_key = None
+            if kind in ("ADD", "SIZE") and winfo.mem_consumed > 0:
+                streams = self.__dict__.setdefault("_emu_streams", {})
+                cur = torch.cpu.current_stream()
+                sid = streams.setdefault(id(cur), (len(streams), cur))[0]
+                winfo.emu_key = len(ev)
+                ev.append(("alloc", winfo.emu_key, int(winfo.mem_consumed), sid))
+
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
                                kwargs: Any = None) -> Any:
             self.last_op = func  # named in the error if it fails
@@ -787,6 +815,8 @@ def trace_training_step(
     local_optimizer: bool = True,
     warmup: str = "optimizer",
     selective_policy: str = "op",
+    record_events: bool = False,
+    warmup_iterations: int = 1,
 ) -> dict[str, Any]:
     """One rank's memory for one training step of the model ``factory`` builds (module doc).
 
@@ -797,12 +827,18 @@ def trace_training_step(
     ``selective_policy``: what ``checkpointing="selective"`` means: "op" (default:
     torchtitan's op-level SAC, the policy the planner models) or "regions" (attention core +
     MLP activation product, Megatron-style; reference model only); see probes/models.py.
+    ``record_events``: also return ``alloc_events`` (every storage allocation and free in
+    order, with its stream: ``_Tracker.alloc_events``) and ``alloc_events_measured_from`` (the
+    first event of the measured iteration), for probes/alloc_emu.py. ``warmup_iterations``:
+    how many tracked warm-up iterations ``warmup="iteration"`` runs (the allocator's cache
+    settles over the first steps).
     """
     had_pg = dist.is_initialized()
     try:
         return _trace(factory, training, candidate, world_size, gpus_per_node,
                       local_optimizer=local_optimizer, warmup=warmup,
-                      selective_policy=selective_policy)
+                      selective_policy=selective_policy, record_events=record_events,
+                      warmup_iterations=warmup_iterations)
     finally:
         # The fake process group this call created is torn down, so that one process can
         # trace several FSDP configurations (tests, batches); the CLI runs one per process.
@@ -825,7 +861,8 @@ def trace_step(
 
 def _trace(factory: ModelFactory, training: TrainingSpec, candidate: Candidate,
            world_size: int, gpus_per_node: int, *, local_optimizer: bool, warmup: str,
-           selective_policy: str) -> dict[str, Any]:
+           selective_policy: str, record_events: bool = False,
+           warmup_iterations: int = 1) -> dict[str, Any]:
     """See trace_training_step."""
     if warmup not in ("optimizer", "iteration"):
         raise ValueError(f"warmup must be 'optimizer' or 'iteration', got {warmup!r}")
@@ -920,6 +957,12 @@ def _trace(factory: ModelFactory, training: TrainingSpec, candidate: Candidate,
             tracker = _tracker_class(MemTracker)()
             tracker.track_external(net, optimizer, *batch)
         _watch_blocks(tm.blocks, tracker)
+        if record_events:
+            default = torch.cpu.current_stream()
+            tracker._emu_streams = {id(default): (0, default)}
+            tracker.alloc_events = []
+            for winfo, _ in list(tracker._WINFO.values()):  # tracked before recording began
+                tracker._record_event("ADD", winfo)
 
         sync_last = fsdp and training.grad_sync is GradSync.LAST and n_micro > 1
 
@@ -963,8 +1006,10 @@ def _trace(factory: ModelFactory, training: TrainingSpec, candidate: Candidate,
         with tracker, untracked:
             try:
                 if warmup == "iteration":
-                    iteration()  # full warm-up iteration
+                    for _ in range(warmup_iterations):
+                        iteration()  # full warm-up iteration(s)
                 t1 = time.perf_counter()
+                measured_from = len(tracker.alloc_events or ())
                 tracker.reset_peak()
                 iteration()  # measured
             except (UnsupportedConfig, TraceFailure):
@@ -994,7 +1039,10 @@ def _trace(factory: ModelFactory, training: TrainingSpec, candidate: Candidate,
         for v in st.values()
         if isinstance(v, torch.Tensor) and v.dim() == 0
     )
+    events = {} if tracker.alloc_events is None else {
+        "alloc_events": tracker.alloc_events, "alloc_events_measured_from": measured_from}
     return {
+        **events,
         "ok": True,
         "peak_bytes": int(peak),
         "peak_phase": tracker.peak_phase,
