@@ -322,6 +322,11 @@ def check_supported(training: TrainingSpec, candidate: Candidate) -> None:
         )
     if candidate.checkpointing is Checkpointing.AUTO:
         raise UnsupportedConfig("checkpointing 'auto' must be expanded before tracing")
+    if training.activation_offload:
+        # the step would run without the offloading hooks: a different run
+        raise UnsupportedConfig("activation offloading: not run by the step's trace "
+                                "(probes/offload_trace.py emulates the hooks' host and device "
+                                "bytes)")
     if training.ep > 1:
         # the step under torchtitan's EP is not traced (probes/expert_parallel.py checks
         # the dispatch alone): a trace without it would be a different run

@@ -238,3 +238,15 @@ def test_autocast_block_casts_leave_the_gpu_with_the_region():
     assert b.phases[Phase.LOSS_BWD].gathered_params == 32_768_000
     # at the loss itself (inside the region) the cache is whole either way
     assert b.phases[Phase.FORWARD].gathered_params == a.phases[Phase.FORWARD].gathered_params
+
+
+@pytest.mark.trace
+def test_the_step_trace_refuses_activation_offloading():
+    """The fake-tensor step does not run the offloading hooks: a trace of it would be a run
+    without offloading, so it is refused by name (probes/offload_trace.py emulates them)."""
+    from probes.trace import UnsupportedConfig, check_supported
+    from planner.spec import Candidate, Strategy, TrainingSpec
+
+    with pytest.raises(UnsupportedConfig, match="activation offloading: not run"):
+        check_supported(TrainingSpec(activation_offload=True),
+                        Candidate(strategy=Strategy.FULL_SHARD))
