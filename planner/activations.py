@@ -115,6 +115,10 @@ class ActivationPlan:
     ring_backward: int = 0
     """Context parallel: one block's backward transient while its ring attention runs
     backward (the ring's peak, the gradients flowing in); 0 without CP."""
+    checkpointed_forward: int = 0
+    """Full or (op-level) selective checkpointing: what one block's forward holds at once
+    inside its checkpoint (``checkpointed_forward``) beyond what it keeps (``block_kept``,
+    counted with every block's); 0 without checkpointing."""
 
     def scaled(self, k: float) -> ActivationPlan:
         """Every activation term times k (a calibration's correction)."""
@@ -138,7 +142,8 @@ class ActivationPlan:
             offload_host=int(self.offload_host * k),
             offload_back=int(self.offload_back * k),
             ring_forward=int(self.ring_forward * k),
-            ring_backward=int(self.ring_backward * k))
+            ring_backward=int(self.ring_backward * k),
+            checkpointed_forward=int(self.checkpointed_forward * k))
 
     @property
     def block_bytes(self) -> int:
@@ -493,6 +498,25 @@ _TP_FULL = ("attn.qkv.input", "attn.q.input_cast", "attn.k.input_cast", "attn.v.
             "lm_head.input_cast", "rope.cos_sin")
 
 
+OP_INTERNAL = (".input_fp32", ".rstd", ".mean_rstd", "sdpa.logsumexp", ".gelu.half_x",
+               ".gelu.pow_input", ".gelu.tanh_out", ".gelu.one_plus_tanh")
+"""Saved tensors no variable of the module code outlives their op for: a norm's fp32 copy
+and statistics (made and used inside the norm's forward), SDPA's logsumexp (an output the
+functional call drops), the op-by-op GELU's inner terms. Only autograd keeps them."""
+
+
+def checkpointed_forward(saved: list[Saved]) -> int:
+    """What one block's forward holds at once inside a full checkpoint: its saved set less
+    what only autograd would keep (``OP_INTERNAL``). Inside ``torch.utils.checkpoint``'s
+    non-reentrant forward nothing is saved (its pack hook drops every tensor), so a tensor
+    lives as long as the block's code refers to it; the block's own tensors (the norms'
+    outputs, q, k, v, the attention output, the MLP's intermediates) are alive when the
+    MLP runs. A bound: the tensors made after the MLP's activation (its down projection's
+    output) are counted too. Traced (probes/ep_trace.py; the reference model at seq 4096:
+    the forward's peak is inside a checkpointed block's MLP)."""
+    return sum(s.nbytes for s in saved if not s.name.endswith(OP_INTERNAL))
+
+
 def tp_saved(saved: list[Saved], tp: int) -> list[Saved]:
     """Per GPU under tensor + sequence parallel (Korthikanti et al. 2022, sec. 4.2.2: every
     activation split tp ways). As torchtitan runs it (``SequenceParallel`` norms,
@@ -546,6 +570,7 @@ def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Preci
         kept = -(-r * t * h // tp)
         kept_list = [Saved("block.input", kept)]
         recompute = block_total
+        ckpt_fwd = checkpointed_forward(saved)
     elif checkpointing is Checkpointing.SELECTIVE:
         sac = op_sac_kept(model, t, batch, seq, attention, c, r, sac_list)
         kept_list = tp_saved(sac, tp)
@@ -553,9 +578,13 @@ def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Preci
         # in backward the block is re-run: everything it saves comes back, except what the
         # policy kept (already counted in `kept`)
         recompute = block_total - -(-_sac_overlap(model, eager_saved, sac) // tp)
+        # torchtitan's op-level SAC runs the whole block in one checkpoint: its forward holds
+        # what a full checkpoint's does, the policy's cache (``kept``, counted with every
+        # block's) among it
+        ckpt_fwd = max(checkpointed_forward(saved) - kept, 0)
     else:
         kept = block_total
-        recompute = 0
+        recompute = ckpt_fwd = 0
         if compiled and (not ft.full or tp > 1):
             notes.append("compiled block's saved set measured for full training without TP: "
                          "the eager saved set is counted")
@@ -625,6 +654,7 @@ def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Preci
         first_block_less=first_less,
         root_saved=tuple(root) + (loss_saved,),
         recompute=recompute,
+        checkpointed_forward=ckpt_fwd,
         loss_forward_transient=-(-(lt.forward + tp_loss) // tp),
         loss_backward_transient=-(-(lt.backward + tp_loss) // tp),
         block_backward_transient=block_bwd,

@@ -30,7 +30,13 @@ group lands on one rank). The terms below are derived by hand from the source; t
 (probes/expert_parallel.py) runs the dispatcher's ops on fake tensors over a fake process
 group with the split sizes given (the count exchange's ``.tolist()`` is data-dependent),
 EP against the local dispatcher, and checks the differences (tests/test_expert_parallel.py).
-The whole training step under EP is not traced.
+The whole training step under EP is traced too (probes/ep_trace.py: the reference
+transformer with torchtitan's dispatcher in every MoE block, FSDP2 with the per-parameter
+mesh over 8 fake ranks, AdamW's step): at small widths the planner is within 2 % of it at
+every moment for EP 2/4/8, balanced and imbalanced, no and full checkpointing, Mixtral's,
+DeepSeek-V3's and Llama-4 Scout's expert shapes, selective checkpointing balanced
+(tests/test_ep_trace.py); selective checkpointing's block backward at imbalance 2 misses by
+up to 3.3 % (strict xfails there).
 """
 
 from __future__ import annotations

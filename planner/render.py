@@ -379,9 +379,9 @@ def ep_assumption(t: TrainingSpec) -> str:
             f"the busiest GPU's experts receiving {t.ep_imbalance:g} x the balanced "
             "tokens x top_k, *assumed*; the all-to-alls counted on the critical path, "
             "assumed not overlapped; FSDP2 over every GPU for the dense parameters and over "
-            "GPUs / ep for each GPU's experts; derived from torchtitan's source, the dispatch "
-            "checked on fake tensors, the whole step not traced (docs/model.md \"Expert "
-            "parallel\"))")
+            "GPUs / ep for each GPU's experts; derived from torchtitan's source and checked "
+            "against the whole step traced on fake tensors at small widths (docs/model.md "
+            "\"Expert parallel\"))")
 
 
 def deepspeed_assumption(t) -> str | None:

@@ -156,6 +156,10 @@ def reference_factory(spec: ModelSpec) -> ModelFactory:
 
         net = build_model(spec, device="meta")
         tr = opts.training or TrainingSpec()
+        if tr.ep > 1:
+            from probes.ep_trace import install
+
+            install(net, spec, tr)  # torchtitan's all-to-all dispatch in every MoE MLP
         net.configure(checkpointing=opts.checkpointing, attention=opts.attention.value,
                       context_fn=opts.recompute_context,
                       selective_policy=opts.selective_policy,
@@ -209,6 +213,18 @@ def reference_factory(spec: ModelSpec) -> ModelFactory:
             kernel_context = functools.partial(ring_sdpa, tr.cp, tr.cp_rotate.value,
                                                tr.cp_kv is CpKv.REPEATED)
             effects.add("cp")
+
+        if tr.ep > 1:
+            from probes.ep_trace import ep_parallelize
+
+            strategy = opts.candidate.strategy if opts.candidate else Strategy.FULL_SHARD
+            if parallelize is not None or strategy not in (
+                    Strategy.FULL_SHARD, Strategy.SHARD_GRAD_OP):
+                raise UnsupportedConfig("expert parallel is traced with FSDP2 (full_shard / "
+                                        "shard_grad_op), with or without CP: no TP or "
+                                        "fine-tune")
+            parallelize = ep_parallelize(net, spec, tr, strategy, fsdp_policies(tr))
+            effects.add("ep")
 
         def make_batch(b: int, t: int) -> tuple:
             return (torch.randint(0, spec.vocab, (b, t), dtype=torch.int64),
@@ -295,6 +311,10 @@ def effects_asked(training: TrainingSpec, candidate: Candidate) -> dict[str, str
         out["compile_model"] = "compile model"
     if training.cp > 1:
         out["cp"] = f"context parallel degree {training.cp}"
+    if training.ep > 1:
+        # the reference model implements it (probes/ep_trace.py); a Hugging Face class's
+        # own MoE does not: a trace without it would be a different run
+        out["ep"] = f"expert parallel degree {training.ep}"
     return out
 
 
@@ -327,11 +347,6 @@ def check_supported(training: TrainingSpec, candidate: Candidate) -> None:
         raise UnsupportedConfig("activation offloading: not run by the step's trace "
                                 "(probes/offload_trace.py emulates the hooks' host and device "
                                 "bytes)")
-    if training.ep > 1:
-        # the step under torchtitan's EP is not traced (probes/expert_parallel.py checks
-        # the dispatch alone): a trace without it would be a different run
-        raise UnsupportedConfig(f"expert parallel degree {training.ep}: not traced; use the "
-                                "analytic model")
     if training.cp > 1 and not candidate.strategy.is_fsdp:
         raise UnsupportedConfig("context parallel is traced with FSDP only")
     opt = training.optimizer
@@ -425,6 +440,9 @@ def _tracker_class(base: type) -> type:
             self.closing = False
             self.first_block: Any = None
             self.last_op: Any = None
+            self.alias_waits = False
+            """Return ``wait_tensor``'s input as its output (set for expert parallel's
+            functional all-to-alls)."""
 
         def _moment(self) -> tuple[str, int]:
             phase = self.phase
@@ -512,7 +530,14 @@ def _tracker_class(base: type) -> type:
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
                                kwargs: Any = None) -> Any:
             self.last_op = func  # named in the error if it fails
-            return super().__torch_dispatch__(func, types, args, kwargs)
+            out = super().__torch_dispatch__(func, types, args, kwargs)
+            if self.alias_waits and func is torch.ops._c10d_functional.wait_tensor.default:
+                # CUDA's wait_tensor returns its input (the collective's output buffer);
+                # the fake kernel makes a new tensor: hand back the input, as on a GPU (a
+                # selective-checkpoint cache holds the collective's output, the forward
+                # goes on with the wait's: one buffer, counted once)
+                return args[0]
+            return out
 
         def innermost(self) -> str:
             """The deepest module active now ('' outside any)."""
@@ -968,6 +993,7 @@ def _trace(factory: ModelFactory, training: TrainingSpec, candidate: Candidate,
             tracker.alloc_events = []
             for winfo, _ in list(tracker._WINFO.values()):  # tracked before recording began
                 tracker._record_event("ADD", winfo)
+        tracker.alias_waits = "ep" in tm.effects
 
         sync_last = fsdp and training.grad_sync is GradSync.LAST and n_micro > 1
 
@@ -1008,7 +1034,12 @@ def _trace(factory: ModelFactory, training: TrainingSpec, candidate: Candidate,
         stack = _ModuleStack(net)
         untracked = _untracked_sharding_propagation() if tm.parallelize is not None \
             else nullcontext()
-        with tracker, untracked:
+        groups = nullcontext()
+        if "ep" in tm.effects:
+            from probes.ep_trace import per_param_mesh_view
+
+            groups = per_param_mesh_view()  # torchtitan's EP block: two param groups
+        with groups, tracker, untracked:
             try:
                 if warmup == "iteration":
                     for _ in range(warmup_iterations):

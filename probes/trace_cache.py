@@ -6,7 +6,8 @@ canonical JSON of:
 
 - ``format``: this module's ``FORMAT`` (bumped when the result layout changes);
 - ``code``: sha256 of the probe sources that produce the numbers (probes/trace.py, hf.py,
-  models.py, autocast_emul.py, context_parallel.py): any edit to them invalidates every entry;
+  models.py, autocast_emul.py, context_parallel.py, ep_trace.py): any edit to them
+  invalidates every entry;
 - ``torch``, ``transformers`` and ``torchao`` versions (the kernels and classes traced; torchao's
   Float8Linear under ``--float8``);
 - the job: the model (the config.json's digest and the depth traced, or the reference spec),
@@ -39,7 +40,8 @@ from typing import Any
 
 FORMAT = 1
 ENV = "FITCHECK_TRACE_CACHE"
-CODE_FILES = ("trace.py", "hf.py", "models.py", "autocast_emul.py", "context_parallel.py")
+CODE_FILES = ("trace.py", "hf.py", "models.py", "autocast_emul.py", "context_parallel.py",
+              "ep_trace.py")
 
 
 def default_dir() -> Path | None:

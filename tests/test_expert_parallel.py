@@ -1,8 +1,9 @@
 """Expert parallel (--ep, --ep-imbalance): torchtitan's EP for MoE models, FSDP2 over the rest.
 
-Not traced (planner/expert_parallel.py says why): every expected number below is derived by
-hand from torchtitan's source (parallel_dims.py, distributed/fsdp.py, models/common/
-token_dispatcher.py), the arithmetic in each test."""
+Every expected number below is derived by hand from torchtitan's source (parallel_dims.py,
+distributed/fsdp.py, models/common/token_dispatcher.py), the arithmetic in each test; the
+dispatch alone is checked against its referee below (probes/expert_parallel.py), the whole
+step against its trace in tests/test_ep_trace.py (probes/ep_trace.py)."""
 
 from __future__ import annotations
 
@@ -102,8 +103,20 @@ def test_block_unit_holds_the_local_experts():
     d = dtypes(Strategy.FULL_SHARD, Precision.BF16, training().fsdp_dtypes)
     w1 = fsdp_working(MIXTRAL, count(MIXTRAL), cand, Precision.BF16, d, 8)
     w2 = fsdp_working(MIXTRAL, count(MIXTRAL), cand, Precision.BF16, d, 8, ep=2)
-    assert w1.gathered_fwd - w2.gathered_fwd == 1_409_286_144
+    assert w1.gathered_bwd_first - w2.gathered_bwd_first == 1_409_286_144
     assert w1.unsharded_block_grads - w2.unsharded_block_grads == 1_409_286_144
+    # after forward FSDP2 keeps the last all-gather output until the next copy-out; under
+    # EP the block has two parameter groups and the experts' is copied out last, freeing the
+    # dense group's: only the experts' output (1,409,286,144 B) is kept beside the root, not
+    # the dense part, Mixtral's attention 2 x 4096^2 + 2 x 1024 x 4096 = 41,943,040, router
+    # 8 x 4096 = 32,768, norms 2 x 4096 = 8,192: 41,984,000 elements, 83,968,000 B (traced:
+    # probes/ep_trace.py, tests/test_ep_trace.py)
+    assert w2.gathered_fwd == w2.gathered_bwd_first - 83_968_000
+    # EP 8 on 8 GPUs: efsdp 1, the experts' group all-gathers nothing: nothing is kept
+    w8 = fsdp_working(MIXTRAL, count(MIXTRAL), cand, Precision.BF16, d, 8, ep=8)
+    # beside the root: embeddings and head 2 x 32000 x 4096 + norm 4096 = 262,148,096
+    # elements, 524,296,192 B
+    assert w8.gathered_fwd == 524_296_192
 
 
 # ---------------------------------------------------------------------------------------------
@@ -275,17 +288,33 @@ def test_from_trace_refuses_ep():
                        "--from-trace"), 2, "--from-trace", "--ep")
     from probes.trace import UnsupportedConfig, check_supported
 
+    from probes.trace import effects_asked
+
     cand = Candidate(strategy=Strategy.FULL_SHARD, offload=Offload.NONE,
                      checkpointing=Checkpointing.FULL)
-    with pytest.raises(UnsupportedConfig, match="expert parallel degree 2"):
-        check_supported(training(ep=2), cand)
+    # the reference model traces EP (probes/ep_trace.py); a model whose trace does not
+    # implement it (a Hugging Face class's own MoE) is refused by name
+    check_supported(training(ep=2), cand)
+    assert effects_asked(training(ep=2), cand) == {"ep": "expert parallel degree 2"}
+    with pytest.raises(UnsupportedConfig, match="expert parallel degree 2: not implemented"):
+        from probes.trace import TraceModel, trace_training_step
+
+        def factory(opts):
+            import torch
+
+            net = torch.nn.Sequential(torch.nn.Linear(4, 4))
+            return TraceModel(module=net, blocks=list(net), block_path="0",
+                              make_batch=lambda b, t: (torch.zeros(b, 4),),
+                              loss=lambda m, batch: m(*batch).sum(), info={"source": "test"})
+
+        trace_training_step(factory, training(ep=2), cand, 2)
 
 
 def test_assumption_line_says_so():
     out = run("--model", "mixtral-8x7b", "--gpu", "h100-80", "--n", "8", "--ep", "4").stdout
     flat = " ".join(out.split())
     assert "expert parallel: 4 (torchtitan's all-to-all token dispatch" in flat
-    assert "not traced" in flat
+    assert "whole step traced on fake tensors" in flat
 
 
 def test_report_refuses_ep():

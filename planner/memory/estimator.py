@@ -25,6 +25,7 @@ from planner.expert_parallel import (
     ep_expert_padding,
     ep_sac_kept,
     ep_saved,
+    rows,
 )
 from planner import float8, vec
 from planner.error_bands import DEFAULT_MARGIN, is_finetune, risk_band
@@ -178,17 +179,50 @@ def with_dispatch(plan: ActivationPlan, model: ModelSpec, training: TrainingSpec
     # no checkpointing keeps the whole saved set; full recomputes it in backward; selective
     # keeps the all-to-alls' outputs more (torchtitan's save list: ep_sac_kept)
     kept = plan.block_kept + more if plan.block_kept == plan.block_bytes else plan.block_kept
+    recompute = plan.recompute + more if plan.recompute else 0
     if checkpointing is Checkpointing.SELECTIVE:
         kept += sum(s.nbytes for s in ep_sac_kept(model, training, c))
-    recompute = plan.recompute + more if plan.recompute else 0
+        # the combine's rows are the reverse all-to-all's output, which the policy keeps: the
+        # recompute reuses the kept tensor (counted in ``kept``), it does not make another
+        recompute -= sum(s.nbytes for s in saved if s.name == "moe.expert_out")
+        # and the dispatch all-to-all's kept output is handed to the recompute (the policy's
+        # cache pops it), where only the expert-major gather reads it, saving its indices:
+        # freed once the block is recomputed
+        recompute -= sum(s.nbytes for s in ep_sac_kept(model, training, c)
+                         if s.name == "moe.ep.a2a_dispatched")
+    # inside a checkpointed block's forward the peak is at the experts' activation product;
+    # the reference's capacity dispatch holds its repeated rows (c t k h) beside the dispatch
+    # buffer there, in place of the combine's rows (``moe.expert_out``, made after it);
+    # torchtitan's EP dispatch holds the expert-major rows alone (the sorted rows and the
+    # all-to-all's output are dropped as each is re-bound): the combine's rows less (traced,
+    # probes/ep_trace.py)
+    combine = sum(s.nbytes for s in saved if s.name == "moe.expert_out")
+    # ... or at the experts' down projection, where its output (c R h) is alive beside the
+    # gate and up outputs and their product, the activation's own output freed (a
+    # temporary of the activation function): the larger where h > ffn (DeepSeek's shape)
+    _, r_rows = rows(training, model)
+    act = sum(s.nbytes for s in saved if s.name == "mlp.act_out")
+    down = max(c * r_rows * model.hidden * model.n_moe_layers // model.n_layers - act, 0)
+    ckpt_fwd = plan.checkpointed_forward + more - combine + down \
+        if plan.checkpointed_forward else 0
     # the MLP's backward pair of intermediate gradients (activations.py) over R = imbalance
     # x the t x top_k rows it counts, in the MoE blocks
     pair = (2 if model.mlp.gated else 1) * c * training.micro_batch * training.local_seq \
         * model.experts_per_token * model.ffn_hidden
     more_bwd = int((training.ep_imbalance - 1.0) * pair)
+    # torchtitan's combine backward (token_dispatcher.py ``combine``: the score multiply,
+    # ``scatter_add``): the incoming gradient gathered to the N routed rows, the rows'
+    # gradient (x score) and the product summed over h for the scores' gradient, 3 c N h
+    # at that sum, beside the gradient flowing into the block and its branch's (traced,
+    # probes/ep_trace.py: the backward's peak at DeepSeek-V3's shape, ffn < h and top 6,
+    # where the MLP's pair 2 c N f is smaller)
+    t = training.micro_batch * training.local_seq
+    n_rows, _ = rows(training, model)
+    combine = 2 * plan.residual_bytes * t * model.hidden + 3 * c * n_rows * model.hidden
     return dataclasses.replace(
         plan, block_saved=saved, block_kept=kept, recompute=recompute,
-        block_backward_transient=plan.block_backward_transient + more_bwd,
+        checkpointed_forward=ckpt_fwd,
+        block_backward_transient=max(plan.block_backward_transient + more_bwd, combine),
         ring_forward=dispatch_forward_bytes(model, training, c))
 
 

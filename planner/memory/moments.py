@@ -46,6 +46,8 @@ class Activations:
     """Pinned host RAM of one rank for offloaded activations (--activation-offload)."""
     ring_fwd: Any = 0
     """Context parallel: the ring attention's forward peak above its inputs (0 without)."""
+    ckpt_fwd: Any = 0
+    """Full checkpointing: one block's forward inside its checkpoint (0 otherwise)."""
     gpu_per_block: Any = None
     """What one block holds on the GPU until its backward ends (``kept_per_block``; with
     activation offloading its tensors too small to offload)."""
@@ -75,6 +77,7 @@ class Activations:
                    loss_fwd=plan.loss_forward_transient, loss_bwd=plan.loss_backward_transient,
                    block_bwd=vec.maximum(plan.block_backward_transient, plan.ring_backward),
                    recompute=plan.recompute, ring_fwd=plan.ring_forward,
+                   ckpt_fwd=plan.checkpointed_forward,
                    residual_bytes=plan.residual_bytes, kept_logits=plan.kept_logits)
 
 
@@ -182,13 +185,14 @@ def forward(s: Step) -> Breakdown:
     """At the loss, end of forward: every activation and the logits being reduced. Under
     FSDP2 also the last block's all-gather, where two all-gather outputs and the unit being
     filled are alive (``Working.fwd_gather``; the larger of the two: at 64 ranks a padded
-    Mixtral unit is 21 GiB)."""
+    Mixtral unit is 21 GiB). Under checkpointing, also inside the last blocks' checkpointed
+    forward (``_checkpointed_block``)."""
     at_loss = s.base.plus(gathered_params=s.work.gathered_fwd, activations=s.activations_all,
                           gradients=s.accumulated, transients=s.acts.loss_fwd,
                           comm_buffers=s.work.buckets)
     # context parallel's ring in the last block (without CP never above the loss's moment,
     # which is listed first and wins ties)
-    at_loss = largest([at_loss, _ring_forward(s)])[1]
+    at_loss = largest([at_loss, _ring_forward(s), *_checkpointed_block(s)])[1]
     if not (s.fsdp and s.fsdp_version == 2):
         return at_loss
     # the last block's input (the residual stream) and what the blocks before it kept
@@ -197,6 +201,25 @@ def forward(s: Step) -> Breakdown:
     at_gather = s.base.plus(gathered_params=s.work.fwd_gather, activations=acts,
                             gradients=s.accumulated, comm_buffers=s.work.buckets)
     return largest([at_loss, at_gather])[1]
+
+
+def _checkpointed_block(s: Step) -> list[Breakdown]:
+    """Checkpointing: inside the last block's checkpointed forward, its own tensors
+    (``ActivationPlan.checkpointed_forward``) on top of what every block keeps and the
+    root's tensors from before the blocks, its unit gathered beside the all-gather output
+    kept (``Working.gathered_in_block``); under EP also the block before it, one block's
+    kept tensors fewer and the next unit's all-gather output more
+    (``Working.fwd_prefetched``). A zero transient without checkpointing."""
+    last = s.base.plus(gathered_params=vec.maximum(s.work.gathered_in_block,
+                                                   s.work.gathered_fwd),
+                       activations=s.acts.kept_blocks + s.acts.root_before,
+                       gradients=s.accumulated, transients=s.acts.ckpt_fwd,
+                       comm_buffers=s.work.buckets)
+    if s.n_layers < 2:
+        return [last]
+    before = last.plus(gathered_params=s.work.fwd_prefetched,
+                       activations=-s.acts.gpu_per_block)
+    return [last, before]  # without a prefetch ``before`` is below ``last``
 
 
 def _ring_forward(s: Step) -> Breakdown:

@@ -59,6 +59,12 @@ class Working:
     lingering_first: Any = 0
     """FSDP1 FULL_SHARD: the first block's all-gather output still allocated at its
     post-backward (nothing is prefetched after it to replace it)."""
+    gathered_in_block: Any = 0
+    """Inside the last block's forward: its unit unsharded (FSDP2) and its all-gather output
+    kept until the next copy-out; without FSDP2, as ``gathered_fwd``."""
+    fwd_prefetched: Any = 0
+    """FSDP2 under EP: the next block's all-gather output, alive in every block's forward
+    but the last's (torchtitan's explicit forward prefetch); 0 otherwise."""
     fwd_gather: Any = 0
     """FSDP2: gathered at the last block's forward all-gather (0: no such moment). The
     previous unit's all-gather output is kept until this copy-out has run
@@ -246,20 +252,40 @@ def fsdp_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate,
     # FSDP2's forward all-gather of the last block: its output and the previous unit's
     # (the root's when there is one block) alive while the unsharded parameters are filled
     prev_out = unit if L > 1 else root
+    # the all-gather output FSDP2 keeps after a unit's forward copy-out until the next one
+    # (``wait_for_unshard``: ``comm_ctx.all_gather_state``, set only where the group's world
+    # size is above 1): the whole unit's; under EP the unit has two parameter groups (the
+    # dense ones on n ranks, the experts on efsdp = n / ep, torchtitan's per-parameter
+    # mesh), the experts' copied out last, which frees the dense group's kept output and
+    # keeps its own, or nothing where efsdp is 1 (traced: probes/ep_trace.py)
+    kept_out = prefetched = unit
+    if ep > 1:
+        experts_out = ceil_div(gathered * c, tp)
+        kept_out = experts_out * (degree // ep > 1)
+        # a unit prefetched in backward: a group of one rank gathers nothing until its own
+        # wait (``unshard`` records an event; ``wait_for_unshard`` copies the shard in)
+        prefetched = unit - experts_out * (degree // ep == 1)
     if candidate.strategy in (Strategy.FULL_SHARD, Strategy.HYBRID_SHARD):
         # Resharded after forward, but the last all-gather output is kept until the next
         # all-gather (at the loss: one block); in backward the current block + the one
         # prefetched (traced).
-        fwd = loss = unit
-        bwd = 2 * unit
+        fwd = loss = kept_out
+        bwd = unit + prefetched
+        # inside a block's forward: its unit and its kept all-gather output; under EP, but
+        # for the last block, the next unit prefetched (torchtitan's
+        # set_modules_to_forward_prefetch; a group of one rank gathers nothing before its
+        # own wait)
+        in_block = unit + kept_out
+        fwd_prefetched = prefetched if ep > 1 else 0
         freed, lingering = 0, unit
         gather_fwd = root + 2 * unit + prev_out
     else:  # SHARD_GRAD_OP, NO_SHARD: kept unsharded from forward until post-backward
         fwd = loss = bwd = L * unit
         # the last block's all-gather output lingers until backward (traced)
-        fwd = fwd + unit * (degree > 1)
+        fwd = fwd + kept_out * (degree > 1)
         freed, lingering = unit, 0
         gather_fwd = root + (L - 1) * unit + unit + (unit + prev_out) * (degree > 1)
+        in_block, fwd_prefetched = fwd, 0
     fsdp2 = version == 2
     # the reduce-scatter input in reduce_dtype (MixedPrecisionPolicy; --precision's default)
     rs_b = reduce_bytes if reduce_bytes is not None else (
@@ -288,6 +314,8 @@ def fsdp_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate,
         gathered_bwd_first=root + unit + delayed * unit + dq,
         freed_per_block=freed, lingering_first=0 if fsdp2 else lingering, gathered_end=root,
         fwd_gather=gather_fwd if fsdp2 else 0, post_freed=unit if fsdp2 else 0,
+        gathered_in_block=root + in_block if fsdp2 else 0,
+        fwd_prefetched=fwd_prefetched if fsdp2 else 0,
         grad_layout_copy=layout,
         unsharded_block_grads=grads_unit, rs_unit=(1 + delayed) * Tb * rs_b, rs_root=Tr * rs_b,
         root_grad_bwd=ceil_div(model.vocab * model.hidden * c, tp)

@@ -1,0 +1,86 @@
+"""The planner against the whole training step under torchtitan's expert parallel, traced on
+fake tensors (probes/ep_trace.py), at widths larger than the tests' (tests/test_ep_trace.py):
+every moment of the step, 8 fake ranks. Writes its section of docs/accuracy.md (between the
+ep-trace markers) with ``--out``.
+
+    python benchmarks/ep_trace_accuracy.py [--quick] [--out docs/accuracy.md]
+
+Each configuration is traced in its own subprocess (probes.runner). Target: |error| <= 2 % at
+every moment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from benchmarks.trace_accuracy import write_section
+from planner.hardware import load_gpu
+from planner.spec import Candidate, Checkpointing, Cluster, ModelSpec, Strategy, TrainingSpec
+from probes.compare import compare
+from probes.runner import run_trace
+
+SHAPES = {
+    "mixtral-like": ModelSpec(name="mixtral-like", n_layers=4, hidden=1024, n_heads=8,
+                              n_kv_heads=2, ffn_hidden=3584, vocab=8192, n_experts=8,
+                              experts_per_token=2),
+    "dsv3-like": ModelSpec(name="dsv3-like", n_layers=4, hidden=1024, n_heads=8, n_kv_heads=8,
+                           ffn_hidden=288, vocab=8192, n_experts=16, experts_per_token=6),
+}
+CASES = [  # (shape, ep, imbalance, checkpointing, seq)
+    ("mixtral-like", 2, 1.0, "none", 2048),
+    ("mixtral-like", 8, 1.0, "none", 2048),
+    ("mixtral-like", 4, 2.0, "none", 2048),
+    ("mixtral-like", 2, 1.0, "full", 4096),
+    ("mixtral-like", 4, 1.0, "full", 4096),
+    ("mixtral-like", 8, 1.0, "full", 4096),
+    ("mixtral-like", 8, 2.0, "selective", 2048),
+    ("dsv3-like", 8, 1.0, "none", 2048),
+    ("dsv3-like", 4, 2.0, "full", 2048),
+]
+MOMENTS = ("forward", "loss_bwd", "block_bwd", "bwd_end", "optimizer")
+BEGIN, END = "<!-- ep-trace-accuracy:begin -->", "<!-- ep-trace-accuracy:end -->"
+
+
+def row(shape: str, ep: int, imb: float, ck: str, seq: int) -> str:
+    model = SHAPES[shape]
+    training = TrainingSpec(seq=seq, micro_batch=1, ep=ep, ep_imbalance=imb)
+    cand = Candidate(strategy=Strategy.FULL_SHARD, checkpointing=Checkpointing(ck))
+    gpu = load_gpu("h200")
+    cluster = Cluster(gpu=gpu, n_gpus=8, gpus_per_node=8,
+                      host_ram_bytes_per_node=gpu.host_ram_bytes_per_node)
+    r = run_trace(model, training, cand, 8, 8, timeout_s=1200)
+    data = r.data if r.ok else {"ok": False, "reason": r.reason}
+    c = compare(model, training, cluster, cand, data, wall_s=r.wall_s)
+    head = f"| {shape} | {ep} | {imb:g} | {ck} | {seq} |"
+    if not c.ok:
+        return head + f" failed: {c.reason} |" + " |" * len(MOMENTS)
+    cells = " | ".join(f"{c.moments[m].rel_error * 100:+.2f} %" if m in c.moments else "-"
+                       for m in MOMENTS)
+    return f"{head} {c.peak.traced_bytes / 2**30:.3f} | {cells} | {r.wall_s:.0f} s |"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="the first three cases only")
+    ap.add_argument("--out", help="write the table into this Markdown file's section")
+    args = ap.parse_args(argv)
+    cases = CASES[:3] if args.quick else CASES
+    lines = ["| shape (h 1024, 4 blocks) | EP | imbalance | checkpointing | seq | traced peak "
+             "GiB | " + " | ".join(MOMENTS) + " | trace |",
+             "|---" * (7 + len(MOMENTS)) + "|"]
+    for case in cases:
+        lines.append(row(*case))
+        print(lines[-1], flush=True)
+    body = ("Planner − trace over trace per moment, 8 fake ranks, full_shard, bf16-amp AdamW "
+            "(`python benchmarks/ep_trace_accuracy.py`; docs/model.md \"Expert parallel\"):"
+            "\n\n" + "\n".join(lines))
+    if args.out:
+        text = write_section(args.out, body, BEGIN, END)
+        with open(args.out, "w") as fh:
+            fh.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,273 @@
+"""The whole training step under torchtitan's expert parallel, on fake tensors over a fake
+process group: the reference transformer (probes/models.py) with each MoE MLP replaced by
+torchtitan's all-to-all token dispatch and its routed experts placed as torchtitan places
+them (docs/model.md "Expert parallel", docs/trace.md).
+
+torchtitan (snapshot b5bcd76):
+
+- ``torchtitan/distributed/parallel_dims.py``: the routed experts live on the sparse mesh
+  ``(efsdp, ep)``, efsdp = n / ep, ep innermost; the rest on the dense ``dp`` mesh of n ranks.
+- ``torchtitan/models/common/moe_sharding.py``: the expert stacks ``(E, ., .)`` are
+  ``Shard(0)`` on ep: this rank holds its E / ep experts (here: the module is built with the
+  local E / ep experts, the local tensor a ``Shard(0)`` DTensor would have).
+- ``torchtitan/distributed/fsdp.py`` ``apply_fsdp``: each MoE block is ONE ``fully_shard``
+  unit whose ``shard_placement_fn`` returns, for an expert weight, ``Shard(0)`` (``Shard(1)``
+  where efsdp x ep > E) on the efsdp mesh (``ShardPlacementResult`` with that mesh's info),
+  and ``Shard(0)`` on the dp mesh for every other parameter; then the root. Under EP it sets
+  explicit prefetching: forward, each block the next; backward, each block the previous.
+- ``torchtitan/models/common/token_dispatcher.py`` ``AllToAllTokenDispatcher``: sort the
+  t x top_k routed rows by expert (``argsort``, ``x[idx]``), the count exchange, the rows'
+  all-to-all (``all_to_all_single_autograd``), the expert-major gather
+  (``routed[permuted_indices]``), the grouped GEMM; combine: ``new_empty`` + index
+  assignment, the reverse all-to-all, the score multiply, ``scatter_add``.
+
+Emulated as the referee for the dispatch alone (probes/expert_parallel.py) does: the split
+sizes are given (the count exchange's ``.tolist()`` is data-dependent): this rank sends every
+EP rank N / ep rows and receives R / ep from each, R = imbalance x N (this process is rank
+0, the busiest); the permutation indices are an ``arange`` of R; the grouped GEMM is a
+``bmm`` over the local experts, R / (E / ep) rows each (the reference MoE's ``bmm``: the
+same saved inputs). The router, top-k and renormalisation are the reference MoE's, and so
+is the combine's multiply in the compute dtype (the reference's ``moe.expert_out``;
+torchtitan multiplies in fp32, a difference the planner's docs note, with or without EP).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from planner.spec import Checkpointing, MlpKind, ModelSpec, Strategy, TrainingSpec
+
+
+class _Experts(nn.Module):
+    """The local routed experts' stacked weights and their grouped GEMM (torchtitan's
+    ``GroupedExperts``): a ``bmm`` over the local experts, R / local rows each (the
+    reference MoE's bmm path; selective "regions" checkpoints the activation product as the
+    reference does)."""
+
+    def __init__(self, spec: ModelSpec, local: int, ckpt: Any) -> None:
+        super().__init__()
+        h, f = spec.hidden, spec.ffn_hidden
+        self.kind, self.ckpt = spec.mlp, ckpt
+        if spec.mlp.gated:
+            self.w_gate = nn.Parameter(torch.empty(local, f, h))
+        self.w_up = nn.Parameter(torch.empty(local, f, h))
+        self.w_down = nn.Parameter(torch.empty(local, h, f))
+
+    def forward(self, rows: torch.Tensor) -> torch.Tensor:
+        from probes.models import _act_geglu, _act_gelu, _act_swiglu
+
+        local = self.w_up.shape[0]
+        if rows.dtype is torch.bfloat16:
+            # torchtitan's grouped GEMM, ``torch._grouped_mm`` over the expert-major rows
+            # (offsets: R / local rows each); not in either op-level SAC save list, where
+            # ``aten.bmm`` is in the current one
+            offs = (torch.arange(1, local + 1, dtype=torch.int32)
+                    * (rows.shape[0] // local)).to(torch.int32)
+
+            def mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+                return torch._grouped_mm(x, w.transpose(1, 2), offs=offs)
+            xe = rows
+        else:  # fp32: the reference MoE's bmm over equal groups (the same saved inputs)
+            def mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+                return torch.bmm(x, w.transpose(1, 2))
+            xe = rows.view(local, rows.shape[0] // local, rows.shape[1])
+        u = mm(xe, self.w_up)
+        sel = self.ckpt.mode is Checkpointing.SELECTIVE
+        if self.kind is MlpKind.GELU:
+            a = self.ckpt.run(_act_gelu, u) if sel else _act_gelu(u)
+        else:
+            g = mm(xe, self.w_gate)
+            fn = _act_swiglu if self.kind is MlpKind.SWIGLU else _act_geglu
+            a = self.ckpt.run(fn, g, u) if sel else fn(g, u)
+        return mm(a, self.w_down).reshape(-1, rows.shape[1])
+
+
+class EPMoE(nn.Module):
+    """One MoE MLP under EP (module doc); ``group``: the EP process group, set by
+    ``ep_parallelize`` (None: the local dispatcher, no all-to-all)."""
+
+    def __init__(self, spec: ModelSpec, ep: int, imbalance: float, ckpt: Any) -> None:
+        super().__init__()
+        self.kind = spec.mlp
+        self.n_experts, self.top_k, self.ep = spec.n_experts, spec.experts_per_token, ep
+        self.imbalance = imbalance
+        self.router = nn.Linear(spec.hidden, spec.n_experts, bias=False)
+        self.experts = _Experts(spec, spec.n_experts // ep, ckpt)
+        self.ckpt = ckpt
+        self.group: Any = None
+
+    def _splits(self, n_rows: int) -> tuple[int, int]:
+        """(rows routed, rows received); both must split over the EP ranks and the received
+        ones over the local experts (the bmm's equal groups)."""
+        r_rows = int(self.imbalance * n_rows) if self.ep > 1 else n_rows
+        local = self.n_experts // self.ep
+        if n_rows % self.ep or r_rows % self.ep or r_rows % local:
+            raise ValueError(f"{n_rows} routed / {r_rows} received rows do not split over EP "
+                             f"{self.ep} and {local} local experts")
+        return n_rows, r_rows
+
+    def forward(self, m: torch.Tensor) -> torch.Tensor:
+        from torch.distributed._functional_collectives import all_to_all_single_autograd
+
+        b, t, h = m.shape
+        n, k, ep = b * t, self.top_k, self.ep
+        n_rows, r_rows = self._splits(n * k)
+        xt = m.reshape(n, h)
+        probs = torch.softmax(xt @ self.router.weight.T, dim=-1, dtype=torch.float32)
+        w, idx = probs.topk(k, dim=-1)
+        w = w / w.sum(dim=-1, keepdim=True)
+        # dispatch: the routed rows sorted by expert
+        order = torch.argsort(idx.reshape(-1), stable=True)
+        w_sorted = w.reshape(-1)[order]
+        tok = order // k
+        del order
+        rows = xt[tok]
+        perm = None
+        if ep > 1:
+            rows = all_to_all_single_autograd(rows, [r_rows // ep] * ep, [n_rows // ep] * ep,
+                                              self.group)
+            perm = torch.arange(r_rows)
+            rows = rows[perm]
+        y = self.experts(rows)
+        del rows
+        if ep > 1:
+            back = y.new_empty(y.shape)
+            back[perm] = y
+            del y, perm
+            y = all_to_all_single_autograd(back, [n_rows // ep] * ep, [r_rows // ep] * ep,
+                                           self.group)
+            del back
+        out = y * w_sorted.to(y.dtype).unsqueeze(-1)
+        res = torch.zeros_like(xt).scatter_add(0, tok.unsqueeze(-1).expand(-1, h), out)
+        return res.view(b, t, h)
+
+
+def install(net: nn.Module, spec: ModelSpec, training: TrainingSpec) -> None:
+    """Replace every block's MoE MLP with ``EPMoE`` (before ``configure``)."""
+    for blk in net.blocks:
+        blk.mlp = EPMoE(spec, training.ep, training.ep_imbalance, blk.mlp.ckpt)
+
+
+def ep_parallelize(net: nn.Module, spec: ModelSpec, training: TrainingSpec,
+                   strategy: Strategy, policies: tuple[Any, Any]) -> Any:
+    """(world_size, gpus_per_node) -> mesh shape: torchtitan's ``apply_fsdp`` under EP
+    (module doc), the EP group handed to every ``EPMoE``; ``policies``: the blocks' and the
+    root's ``MixedPrecisionPolicy`` (probes/trace.py ``fsdp_policies``)."""
+    from torch.distributed.tensor import Shard
+
+    def apply(world_size: int, gpus_per_node: int) -> tuple[int, ...]:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp._fully_shard._fsdp_common import ShardPlacementResult
+        from torch.distributed.fsdp._fully_shard._fsdp_init import _get_mesh_info
+
+        ep = training.ep
+        if world_size % ep:
+            raise ValueError(f"EP {ep} does not divide {world_size} ranks")
+        dp = init_device_mesh("cpu", (world_size,), mesh_dim_names=("dp",))
+        sparse = init_device_mesh("cpu", (world_size // ep, ep),
+                                  mesh_dim_names=("efsdp", "ep"))
+        edp_info, dp_info = _get_mesh_info(sparse["efsdp"]), _get_mesh_info(dp)
+        # Shard(1) where efsdp x ep > E (torchtitan: no padding)
+        place = Shard(1) if world_size > spec.n_experts else Shard(0)
+        reshard = strategy is Strategy.FULL_SHARD
+        mp, root_mp = policies
+        blocks = list(net.blocks)
+        for blk in blocks:
+            blk.mlp.group = sparse["ep"].get_group()
+            experts = set(blk.mlp.experts.parameters())
+
+            def placement(p: nn.Parameter, experts: set = experts) -> Any:
+                if p in experts:
+                    return ShardPlacementResult(placement=place, mesh_info=edp_info)
+                return ShardPlacementResult(placement=Shard(0), mesh_info=dp_info)
+
+            fully_shard(blk, mesh=dp, reshard_after_forward=reshard, mp_policy=mp,
+                        shard_placement_fn=placement)
+        fully_shard(net, mesh=dp, reshard_after_forward=reshard, mp_policy=root_mp)
+        # explicit prefetching under EP (the end of apply_fsdp): forward, each block the
+        # next; backward, each block the previous (the root here holds the embeddings, norm
+        # and head: one unit, unsharded through forward)
+        for cur, nxt in zip(blocks, blocks[1:]):
+            cur.set_modules_to_forward_prefetch([nxt])
+        rev = blocks[::-1]
+        for cur, prev in zip(rev, rev[1:]):
+            cur.set_modules_to_backward_prefetch([prev])
+        return (world_size // ep, ep)
+
+    return apply
+
+
+class _GroupSet:
+    """Several FSDP param groups of one state seen as one (``per_param_mesh_view``): their
+    parameters together; ``pre_backward`` / ``post_backward`` set on it are set on each
+    group, each wrapper then calling that group's own method."""
+
+    _HOOKS = ("pre_backward", "post_backward")
+
+    def __init__(self, groups: list) -> None:
+        object.__setattr__(self, "groups", groups)
+        object.__setattr__(self, "fsdp_params", [p for g in groups for p in g.fsdp_params])
+        object.__setattr__(self, "active", {})
+        object.__setattr__(self, "readers", {})
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in self._HOOKS:
+            raise AttributeError(name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return self.active[name](*args, **kwargs)
+
+        self.readers[id(call)] = call  # kept alive: ids stay unique
+        return call
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in self._HOOKS:
+            raise AttributeError(name)
+        for g in self.groups:
+            g.__dict__.pop(name, None)  # the class's method again
+            if id(value) in self.readers:
+                # the tracker putting back what it read (an identity test: ``functools.
+                # wraps`` copies a reader's attributes onto the tracker's wrapper)
+                continue
+
+            def hooked(*args: Any, _g: Any = g, **kwargs: Any) -> Any:
+                self.active[name] = getattr(type(_g), name).__get__(_g)
+                return value(*args, **kwargs)
+
+            setattr(g, name, hooked)
+
+
+class per_param_mesh_view:
+    """While active, ``FSDPState._fsdp_param_group`` of a state with several param groups
+    (a per-param mesh: ``shard_placement_fn`` returning ``ShardPlacementResult``, as
+    torchtitan's EP block) is a ``_GroupSet`` instead of an error: torch's
+    ``FSDPMemTracker`` (torch 2.13, ``fsdp2_mem_tracker.py``) reads that one group to file
+    the parameters, gradients and buffers and to wrap the backward hooks."""
+
+    def __enter__(self) -> per_param_mesh_view:
+        from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
+
+        self._orig = FSDPState.__dict__["_fsdp_param_group"]
+        orig = self._orig
+
+        def one(state: Any) -> Any:
+            groups = state._fsdp_param_groups
+            if len(groups) <= 1:
+                return orig.__get__(state)
+            view = state.__dict__.get("_fitcheck_group_set")
+            if view is None or view.groups != groups:
+                view = _GroupSet(list(groups))
+                state.__dict__["_fitcheck_group_set"] = view
+            return view
+
+        FSDPState._fsdp_param_group = property(one)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
+
+        FSDPState._fsdp_param_group = self._orig

@@ -1,0 +1,135 @@
+"""Expert parallel, the whole training step traced (probes/ep_trace.py): the planner held to
+the fake-tensor trace of torchtitan's EP at every moment of the step.
+
+The reference transformer with each MoE MLP under torchtitan's all-to-all token dispatch
+(``AllToAllTokenDispatcher``, the split sizes given: balanced, or this rank receiving
+``imbalance`` x its routed rows), the routed experts placed as torchtitan places them (E / ep
+local experts, FSDP2 over efsdp = n / ep ranks on the sparse mesh, Shard(1) where n > E, the
+rest over all n ranks: one ``fully_shard`` unit per block with a per-parameter mesh),
+torchtitan's explicit prefetching under EP, the experts' grouped GEMM (``torch._grouped_mm``),
+AdamW's step; 8 fake ranks. Three MoE shapes at
+small width: Mixtral's ratios (ffn 3.5 h, 8 experts, top 2), DeepSeek-V3's (ffn ~ h / 3.5,
+16 experts, top 6) and Llama-4 Scout's (4 experts, top 1: n > E, the dim-1 placement).
+
+What the planner counts since (docs/model.md "Expert parallel"): the all-gather output
+FSDP2 keeps after a block's forward is the experts' group's alone (nothing where efsdp is 1);
+a group of one rank gathers nothing when prefetched; torchtitan's explicit forward prefetch;
+a checkpointed block's own tensors inside its forward (the forward's peak under full and
+selective checkpointing; the reference model without EP shows it too); torchtitan's combine
+backward (3 c N h at the scores' gradient: the backward's peak at DeepSeek's shape); under
+selective checkpointing the combine's rows and the dispatch all-to-all's output (the
+policy's cache, popped into the recompute) not recomputed again.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.trace
+
+pytest.importorskip("torch")
+
+from planner.hardware import load_gpu  # noqa: E402
+from planner.spec import (  # noqa: E402
+    Candidate,
+    Checkpointing,
+    Cluster,
+    ModelSpec,
+    Strategy,
+    TrainingSpec,
+)
+from probes.compare import compare  # noqa: E402
+from probes.trace import trace_step  # noqa: E402
+
+SHAPES = {
+    "mixtral": ModelSpec(name="mixtral-like", n_layers=4, hidden=512, n_heads=8, n_kv_heads=2,
+                         ffn_hidden=1792, vocab=4096, n_experts=8, experts_per_token=2),
+    "dsv3": ModelSpec(name="dsv3-like", n_layers=4, hidden=512, n_heads=8, n_kv_heads=8,
+                      ffn_hidden=144, vocab=4096, n_experts=16, experts_per_token=6),
+    "scout": ModelSpec(name="scout-like", n_layers=4, hidden=512, n_heads=8, n_kv_heads=2,
+                       ffn_hidden=1024, vocab=4096, n_experts=4, experts_per_token=1),
+}
+N = 8
+NONE, FULL, SEL = Checkpointing.NONE, Checkpointing.FULL, Checkpointing.SELECTIVE
+
+CASES = [
+    # (shape, ep, imbalance, checkpointing, strategy)
+    ("mixtral", 2, 1.0, NONE, "full_shard"),
+    ("mixtral", 4, 1.0, NONE, "full_shard"),
+    ("mixtral", 8, 1.0, NONE, "full_shard"),
+    ("mixtral", 2, 2.0, NONE, "full_shard"),
+    ("mixtral", 8, 2.0, NONE, "full_shard"),
+    ("mixtral", 2, 1.0, FULL, "full_shard"),
+    ("mixtral", 4, 1.5, FULL, "full_shard"),
+    ("mixtral", 8, 2.0, FULL, "full_shard"),
+    ("mixtral", 2, 1.0, SEL, "full_shard"),
+    ("mixtral", 4, 1.0, NONE, "shard_grad_op"),
+    ("dsv3", 2, 1.0, NONE, "full_shard"),
+    ("dsv3", 8, 2.0, NONE, "full_shard"),
+    ("dsv3", 8, 2.0, FULL, "full_shard"),
+    ("dsv3", 4, 1.0, SEL, "full_shard"),
+    ("scout", 2, 1.0, NONE, "full_shard"),
+    ("scout", 2, 2.0, FULL, "full_shard"),
+    ("scout", 4, 1.0, SEL, "full_shard"),
+]
+
+# Selective checkpointing's backward under EP with an imbalance: the block's backward moment
+# misses by more than 2 % (measured 2026-11-26, this trace, torchtitan's current save list):
+# Mixtral's shape EP 8 at imbalance 2 +2.39 %, DeepSeek-V3's -3.26 % (every other moment
+# within 0.3 %; balanced, within 1.7 %). Not found in time: which of the policy's cached
+# tensors over the R received rows the recompute keeps while the block's backward peaks.
+SELECTIVE_BWD_MISSES = [
+    ("mixtral", 8, 2.0, SEL, "full_shard"),
+    ("dsv3", 8, 2.0, SEL, "full_shard"),
+]
+
+
+def cluster() -> Cluster:
+    gpu = load_gpu("h200")
+    return Cluster(gpu=gpu, n_gpus=N, gpus_per_node=8,
+                   host_ram_bytes_per_node=gpu.host_ram_bytes_per_node)
+
+
+def _compare(shape: str, ep: int, imb: float, ck: Checkpointing, strategy: str):
+    model = SHAPES[shape]
+    training = TrainingSpec(seq=1024, micro_batch=1, ep=ep, ep_imbalance=imb)
+    cand = Candidate(strategy=Strategy(strategy), checkpointing=ck)
+    result = trace_step(model, training, cand, N, 8)
+    c = compare(model, training, cluster(), cand, result)
+    assert c.ok, c.reason
+    return c
+
+
+def _within(c, tol: float = 0.02) -> None:
+    assert abs(c.peak.rel_error) <= tol, c.peak
+    for name, pair in c.moments.items():
+        assert abs(pair.rel_error) <= tol, (name, pair)
+    # where the parameters live: each rank's experts (E / ep over efsdp ranks, padded
+    # alike), its gradients and AdamW's states, as the planner places them
+    for name in ("params", "gradients", "optimizer"):
+        assert abs(c.categories[name].rel_error) <= 1e-3, (name, c.categories[name])
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def test_ep_step_every_moment(case) -> None:
+    _within(_compare(*case))
+
+
+@pytest.mark.xfail(strict=True, reason="selective checkpointing's block backward under EP at "
+                   "imbalance 2: +2.39 % / -3.26 % (see SELECTIVE_BWD_MISSES)")
+@pytest.mark.parametrize("case", SELECTIVE_BWD_MISSES, ids=lambda c: "-".join(map(str, c)))
+def test_ep_step_selective_backward(case) -> None:
+    _within(_compare(*case))
+
+
+def test_per_param_mesh_view_restores_fsdp_state() -> None:
+    # the trace lets torch's FSDPMemTracker read a per-parameter-mesh state (two param
+    # groups) while it runs, and leaves FSDPState as it was
+    from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
+
+    from probes.ep_trace import per_param_mesh_view
+
+    before = FSDPState.__dict__["_fsdp_param_group"]
+    with per_param_mesh_view():
+        assert FSDPState.__dict__["_fsdp_param_group"] is not before
+    assert FSDPState.__dict__["_fsdp_param_group"] is before
