@@ -47,9 +47,6 @@ class Overheads:
     """NCCL's device buffers per communicator (channels x peers x protocol buffers)."""
     allocator_fragmentation: float = 0.08
     """Caching allocator with fixed segments: peak reserved / peak allocated - 1."""
-    expandable_fragmentation: float = 0.02
-    """With expandable_segments:True: segments grow in 2 MiB pages and freed space inside them
-    is reused by requests of any size, so little is lost (an assumption until calibrated)."""
     host_bytes_per_process: int = 4 * GiB
     """Host RAM of one training process (Python, torch, CUDA libraries) before offload."""
     ddp_bucket_view: bool = False

@@ -381,36 +381,68 @@ def moments(step: Step) -> dict[Phase, Breakdown]:
 
 
 def fragmentation(allocated: Any, ov: Overheads, allocator: Allocator = Allocator.DEFAULT) -> Any:
-    """What the caching allocator holds beyond the allocated bytes inside live segments and
-    cannot release: block rounding and split blocks (c10/cuda/CUDACachingAllocator.cpp), a
-    fraction of what is allocated (smaller with expandable segments)."""
-    frac = (ov.expandable_fragmentation if allocator is Allocator.EXPANDABLE
-            else ov.allocator_fragmentation)
-    return vec.floor_int(allocated * frac)
+    """What the caching allocator with fixed segments holds beyond the allocated bytes inside
+    live segments of the default stream and cannot release: block rounding and split blocks
+    (c10/cuda/CUDACachingAllocator.cpp), a fraction of what is allocated (*assumed*,
+    ``allocator_fragmentation``; docs/model.md §7.4). With expandable segments freed pages of
+    a stream's segment serve any request on that stream (``try_merge_blocks`` over the mapped
+    pages): no such term; what they leave is ``allocator_cache``'s."""
+    if allocator is Allocator.EXPANDABLE:
+        return vec.floor_int(allocated * 0.0)
+    return vec.floor_int(allocated * ov.allocator_fragmentation)
 
 
-def cached_leftover(phase: Phase, step: Step, model: ModelSpec) -> Any:
-    """Free segments the allocator keeps cached at a moment, which it can release.
+RS_CACHED_PHASES = (Phase.FORWARD, Phase.LOSS_BWD, Phase.BLOCK_BWD)
+"""The moments before (or, BLOCK_BWD, during) the backward's reduce-scatters."""
 
-    Before the end of backward, the segments the previous step's gradients and optimizer
-    temporaries were freed from stay cached. The allocator splits a cached block to serve a
-    smaller request but never merges blocks across segments, so they are reused only if the
-    activations' blocks are not larger than them; otherwise the activations take new segments
-    on top and the old ones stay in the cache. FSDP2's sharded grads are views of one
-    reduce-scatter output per unit; elsewhere each parameter has its own gradient (a block's
-    largest tensor is the typical block).
-    """
-    if phase is Phase.INIT or PHASES.index(phase) >= PHASES.index(Phase.BWD_END):
+
+def reduce_scatter_cache(phase: Phase, moment: Breakdown, step: Step, training: TrainingSpec,
+                         candidate: Candidate) -> Any:
+    """FSDP2's sharded gradients are views of the reduce-scatter output, which ``foreach_reduce``
+    (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py) allocates under
+    ``device_handle.stream(reduce_scatter_stream)`` (the cast to the parameters' dtype, when
+    the reduce dtype differs, runs on that stream too; HSDP: its all-reduce stream). Freed at
+    ``zero_grad``, their blocks return to that stream's pool, and the caching allocator only
+    hands a block to a request of the same stream (``get_free_block``: ``BlockComparatorSize``
+    orders blocks by stream first; ``free_block`` returns a block to its own stream's pool):
+    from the second step on, the default stream's forward and loss backward cannot use them.
+    So before the step's reduce-scatters the sharded gradients' bytes are reserved and free;
+    during the blocks' backward, what the moment does not yet count as gradients. Gradients
+    accumulated over micro-batches that are reduced every micro-batch live in those blocks
+    (counted, not free); reduced only at the last they are unsharded (default stream) and the
+    previous step's blocks stay free. CPU offload moves the sharded gradients to the host (the
+    GPU output is freed per unit: not counted). FSDP1 and DeepSpeed are not derived (0)."""
+    if not (step.fsdp and step.fsdp_version == 2) or phase not in RS_CACHED_PHASES \
+            or candidate.offload is not Offload.NONE:
         return 0
-    if step.allocator is Allocator.EXPANDABLE:
-        return 0  # an expandable segment's freed pages serve requests of any size
-    counts = count(model)
-    freed_block = (vec.ceil_div(step.block_params, step.degree) if step.fsdp
-                   else counts.largest_block_tensor) * step.grad_bytes
-    act_block = step.compute_bytes * step.tokens * max(model.ffn_hidden, model.hidden)
-    leftover = (step.states.gradients + step.states.optimizer_temporaries
-                + step.work.step_extra)
-    return vec.where(act_block > freed_block, leftover, 0)
+    held = moment.gradients
+    if phase is not Phase.BLOCK_BWD and training.grad_sync is GradSync.LAST:
+        held = 0
+    return vec.maximum(step.states.gradients - held, 0)
+
+
+def loss_gap(phase: Phase, step: Step) -> Any:
+    """The loss's backward under expandable segments when the loss upcasts low-precision
+    logits that are freed before backward (docs/accuracy.md §6.2, probes/alloc_loss.py):
+    the logits (c B each) and their fp32 copy (4 B) leave a (c + 4) B hole per logit;
+    ``nll_loss_backward``'s fp32 gradient takes 4 B of it (best fit, ``get_free_block``) and
+    ``_log_softmax_backward_data``'s fp32 output does not fit the c B left, so the segment
+    grows (``expandable_segment`` maps new pages at its end): c B per logit reserved and free
+    at that moment. With fixed segments the whole-step records show less than this (the
+    logits land in older cached blocks): left to ``fragmentation``."""
+    if phase is not Phase.LOSS_BWD or step.allocator is not Allocator.EXPANDABLE:
+        return 0
+    return step.acts.loss_gap
+
+
+def allocator_cache(phase: Phase, moment: Breakdown, step: Step, training: TrainingSpec,
+                    candidate: Candidate) -> Any:
+    """Free bytes the caching allocator holds at a moment, which it can release (an
+    out-of-memory retry frees every stream's cached blocks: ``release_cached_blocks``)."""
+    if phase is Phase.INIT:
+        return 0
+    return reduce_scatter_cache(phase, moment, step, training, candidate) \
+        + loss_gap(phase, step)
 
 
 def nccl_communicators(strategy: Strategy, n_gpus: Any, degree: Any) -> Any:
@@ -448,7 +480,8 @@ def evaluate(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, 
     return from_phases(candidate, phases, degree=S, n_gpus=n_gpus,
                        gpus_per_node=gpus_per_node, capacity=capacity, context=context,
                        host_capacity=host_capacity, margin=margin, ov=ov,
-                       cached=[cached_leftover(p, step, model) for p in phases],
+                       cached=[allocator_cache(p, b, step, training, candidate)
+                               for p, b in phases.items()],
                        host_per_rank=step.states.host_per_rank + acts.host,
                        notes=tuple(notes),
                        allocator=training.allocator,
