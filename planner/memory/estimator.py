@@ -421,6 +421,35 @@ def reduce_scatter_cache(phase: Phase, moment: Breakdown, step: Step, training: 
     return vec.maximum(step.states.gradients - held, 0)
 
 
+def all_gather_cache(phase: Phase, step: Step, training: TrainingSpec,
+                     candidate: Candidate) -> Any:
+    """FSDP2's all-gather buffers live in the all-gather copy-in stream's pool:
+    ``FSDPParamGroup._all_gather`` -> ``foreach_all_gather`` (_fsdp_collectives.py) allocates
+    the flat ``all_gather_output`` (the unit's parameters in the all-gather dtype, padded to
+    the shard degree; the input is a view of it) and the parameters' casts to ``param_dtype``
+    (shard-sized, when the storage dtype differs) under ``device_handle.stream(
+    all_gather_copy_in_stream)``; the copy-out writes the unsharded parameters on the default
+    stream and the flat buffer returns to the copy-in stream's pool, where only the next
+    all-gathers reuse it (``get_free_block``, per stream). The pool keeps the largest unit's
+    buffers: with the root (embeddings, final norm, head) one unit, the root's. Free at every
+    moment but the blocks' backward, where one block's all-gather (the prefetch) is in flight.
+    One rank per shard group all-gathers nothing (``world_size == 1`` in
+    ``FSDPParamGroup._all_gather``)."""
+    fsdp_degree = step.degree // candidate.tp
+    if not (step.fsdp and step.fsdp_version == 2) or phase is Phase.INIT:
+        return 0
+    c = step.compute_bytes
+    cast = training.fsdp_dtypes.storage != c
+
+    def unit(params: Any) -> Any:
+        out = vec.ceil_div(params, fsdp_degree * candidate.tp) * fsdp_degree * c
+        return out + (vec.ceil_div(out, fsdp_degree) if cast else 0)
+
+    largest = vec.maximum(unit(step.root_params), unit(step.block_params))
+    in_flight = unit(step.block_params) if phase is Phase.BLOCK_BWD else 0
+    return vec.where(fsdp_degree > 1, largest - in_flight, 0)
+
+
 def loss_gap(phase: Phase, step: Step) -> Any:
     """The loss's backward under expandable segments when the loss upcasts low-precision
     logits that are freed before backward (docs/accuracy.md §6.2, probes/alloc_loss.py):
@@ -442,7 +471,7 @@ def allocator_cache(phase: Phase, moment: Breakdown, step: Step, training: Train
     if phase is Phase.INIT:
         return 0
     return reduce_scatter_cache(phase, moment, step, training, candidate) \
-        + loss_gap(phase, step)
+        + all_gather_cache(phase, step, training, candidate) + loss_gap(phase, step)
 
 
 def nccl_communicators(strategy: Strategy, n_gpus: Any, degree: Any) -> Any:
