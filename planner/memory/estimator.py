@@ -398,27 +398,40 @@ RS_CACHED_PHASES = (Phase.FORWARD, Phase.LOSS_BWD, Phase.BLOCK_BWD)
 
 def reduce_scatter_cache(phase: Phase, moment: Breakdown, step: Step, training: TrainingSpec,
                          candidate: Candidate) -> Any:
-    """FSDP2's sharded gradients are views of the reduce-scatter output, which ``foreach_reduce``
+    """The sharded gradients live in a side stream's pool, which the default stream cannot use.
+
+    FSDP2: they are views of the reduce-scatter output, which ``foreach_reduce``
     (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py) allocates under
     ``device_handle.stream(reduce_scatter_stream)`` (the cast to the parameters' dtype, when
-    the reduce dtype differs, runs on that stream too; HSDP: its all-reduce stream). Freed at
-    ``zero_grad``, their blocks return to that stream's pool, and the caching allocator only
-    hands a block to a request of the same stream (``get_free_block``: ``BlockComparatorSize``
-    orders blocks by stream first; ``free_block`` returns a block to its own stream's pool):
-    from the second step on, the default stream's forward and loss backward cannot use them.
-    So before the step's reduce-scatters the sharded gradients' bytes are reserved and free;
+    the reduce dtype differs, runs on that stream too; HSDP: its all-reduce stream). FSDP1:
+    ``_post_backward_hook`` (torch/distributed/fsdp/_runtime_utils.py) runs ``_reduce_grad``
+    under ``stream(state._post_backward_stream)``: the unit's unsharded gradient cast to the
+    reduce dtype there (when it differs from the compute dtype), ``new_sharded_grad =
+    torch.empty_like(chunks[0])`` and its cast back (``_cast_grad_to_param_dtype``) become
+    ``_saved_grad_shard`` and then ``.grad``. Freed at ``zero_grad``, their blocks return to
+    that stream's pool, and the caching allocator only hands a block to a request of the same
+    stream (c10/cuda/CUDACachingAllocator.cpp: ``get_free_block`` searches the pool with a
+    key whose stream ``BlockComparatorSize`` compares first; ``free_block`` returns a block to
+    its own stream's pool): from the second step on, the default stream's forward and loss
+    backward cannot use them. So before the step's reduce-scatters the sharded gradients'
+    bytes (FSDP1: and the largest unit's cast unsharded gradient) are reserved and free;
     during the blocks' backward, what the moment does not yet count as gradients. Gradients
-    accumulated over micro-batches that are reduced every micro-batch live in those blocks
+    accumulated over micro-batches and reduced every micro-batch live in those blocks
     (counted, not free); reduced only at the last they are unsharded (default stream) and the
     previous step's blocks stay free. CPU offload moves the sharded gradients to the host (the
-    GPU output is freed per unit: not counted). FSDP1 and DeepSpeed are not derived (0)."""
-    if not (step.fsdp and step.fsdp_version == 2) or phase not in RS_CACHED_PHASES \
-            or candidate.offload is not Offload.NONE:
+    GPU output is freed per unit: not counted). FSDP1's NO_SHARD all-reduces the autograd
+    gradient in place (``_reduce_grad_no_shard``): not derived (0), nor DeepSpeed."""
+    if not step.fsdp or phase not in RS_CACHED_PHASES or candidate.offload is not Offload.NONE \
+            or (step.fsdp_version == 1 and candidate.strategy is Strategy.NO_SHARD):
         return 0
     held = moment.gradients
     if phase is not Phase.BLOCK_BWD and training.grad_sync is GradSync.LAST:
         held = 0
-    return vec.maximum(step.states.gradients - held, 0)
+    cast = 0
+    if step.fsdp_version == 1 and training.fsdp_dtypes.reduce != step.compute_bytes:
+        unit = vec.maximum(step.root_params, step.block_params)
+        cast = vec.ceil_div(unit, candidate.tp) * training.fsdp_dtypes.reduce
+    return vec.maximum(step.states.gradients + cast - held, 0)
 
 
 def all_gather_cache(phase: Phase, step: Step, training: TrainingSpec,
