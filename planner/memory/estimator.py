@@ -593,6 +593,7 @@ def from_phases(candidate: Candidate, phases: dict[Phase, Breakdown], *, degree:
         allocator_overhead_bytes=fragmentation(peak.total, ov, allocator),
         peak_allocated_bytes=vec.choose(vec.argmax(totals), totals),
         peak_reserved_bytes=vec.choose(vec.argmax(reserved), reserved),
+        phase_reserved=tuple(reserved),
         cuda_context_bytes=context,
         nccl_bytes=nccl,
         capacity_bytes=capacity,
