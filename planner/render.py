@@ -15,8 +15,8 @@ from planner.params import active_params, total_params, trainable
 from planner.pipeline import SPLIT_BACKWARD, V_SHAPED
 from planner.candidates import label
 from planner.plan import Answer, Found, interval
-from planner.spec import (Checkpointing, CompileMode, CpKv, GradSync, LossKind, ModelSpec,
-                          Offload, Precision, Quantize, Strategy, TrainingSpec)
+from planner.spec import (Allocator, Checkpointing, CompileMode, CpKv, GradSync, LossKind,
+                          ModelSpec, Offload, Precision, Quantize, Strategy, TrainingSpec)
 from planner.throughput import StepEstimate, default_compute_efficiency, efficiency_provenance
 
 SCHEMA_VERSION = 1
@@ -296,7 +296,8 @@ def assumptions(answer: Answer) -> list[str]:
         f"runtime: CUDA context {gib(q.cluster.gpu.cuda_context_bytes)} GiB, NCCL "
         f"{gib(ov.nccl_bytes_per_communicator)} GiB per communicator, cuBLAS workspace "
         f"{ov.cublas_workspace_bytes // 2**20} MiB, allocator reserved/allocated "
-        f"{1 + ov.allocator_fragmentation:.2f} (not releasable)",
+        + ("1.00 with expandable segments" if q.training.allocator is Allocator.EXPANDABLE
+           else f"{1 + ov.allocator_fragmentation:.2f}") + " (not releasable)",
         "fits = the 90% interval of the needed memory, from the planner's measured error on "
         "public runs of that kind of job (docs/accuracy.md §5), is within capacity x (1 - "
         f"margin {q.options.margin:g}); at risk = the interval straddles it (the probability "
