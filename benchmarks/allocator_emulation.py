@@ -2,6 +2,7 @@
 fake-tensor trace's allocation stream, against the GPU records and the planner.
 
     PYTHONPATH=. python benchmarks/allocator_emulation.py [--ids ID,ID] [--json OUT]
+    PYTHONPATH=. python benchmarks/allocator_emulation.py --from-json OUT [--replan] [--write MD]
     PYTHONPATH=. python benchmarks/allocator_emulation.py --loss-only
     PYTHONPATH=. python benchmarks/allocator_emulation.py --table2 [--steps N]
 
@@ -18,6 +19,10 @@ reserved (``torch.cuda.max_memory_*``), the emulator's, and the planner's
 "overhead" each predicts (emulated max reserved - emulated max allocated; the planner's
 allocator terms) added to the *measured* allocated peak, which scores the allocator mechanism
 apart from the trace's or the planner's allocated bytes. Nothing is fitted to the records.
+
+``--from-json``: the table of a saved ``--json`` (tracing nothing); with ``--replan`` the
+planner's columns are recomputed by the planner as it is now and a before / after table per
+strategy and allocator is printed first (how docs/model.md §7.4's terms were scored).
 
 ``--loss-only``: the loss region alone (probes/alloc_loss.py ``loss_region``): torchtitan
 9dec370's fp32 cross-entropy forward and backward at 32768 tokens x 128256 vocab, traced on
