@@ -2,6 +2,7 @@
 fake-tensor trace's allocation stream, against the GPU records and the planner.
 
     PYTHONPATH=. python benchmarks/allocator_emulation.py [--ids ID,ID] [--json OUT]
+    PYTHONPATH=. python benchmarks/allocator_emulation.py --from-json OUT [--replan] [--write MD]
     PYTHONPATH=. python benchmarks/allocator_emulation.py --loss-only
     PYTHONPATH=. python benchmarks/allocator_emulation.py --table2 [--steps N]
 
@@ -18,6 +19,10 @@ reserved (``torch.cuda.max_memory_*``), the emulator's, and the planner's
 "overhead" each predicts (emulated max reserved - emulated max allocated; the planner's
 allocator terms) added to the *measured* allocated peak, which scores the allocator mechanism
 apart from the trace's or the planner's allocated bytes. Nothing is fitted to the records.
+
+``--from-json``: the table of a saved ``--json`` (tracing nothing); with ``--replan`` the
+planner's columns are recomputed by the planner as it is now and a before / after table per
+strategy and allocator is printed first (how docs/model.md §7.4's terms were scored).
 
 ``--loss-only``: the loss region alone (probes/alloc_loss.py ``loss_region``): torchtitan
 9dec370's fp32 cross-entropy forward and backward at 32768 tokens x 128256 vocab, traced on
@@ -145,6 +150,47 @@ def compare(ids: set[str] | None, skipped: dict[str, str],
     return rows_out
 
 
+def replan(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The saved rows with the planner's columns recomputed by the planner as it is now (the
+    emulated and measured columns kept): scores a change of the planner's allocator terms
+    without tracing again. Also keeps the saved planner reserved as ``plan_reserved_before``
+    and adds each record's strategy."""
+    recs = {(r["id"], f"{profile}/{r['_run']}"): (r, profile) for r, profile, _ in records(None)}
+    out = []
+    for r in rows:
+        rec, profile = recs[(r["id"], r["run"])]
+        row = row_of(rec, load_gpu(profile))
+        est = row.est()
+        a, res = r["measured_allocated"], r["measured_reserved"]
+        over = int(est.peak_reserved_bytes - est.peak_allocated_bytes)
+        out.append({**r, "strategy": row.cand.strategy.value,
+                    "plan_reserved_before": r.get("plan_reserved_before", r["plan_reserved"]),
+                    "plan_allocated": int(est.peak_allocated_bytes),
+                    "plan_reserved": int(est.peak_reserved_bytes), "plan_overhead": over,
+                    "err_plan_reserved": err(est.peak_reserved_bytes, res),
+                    "err_plan_overhead": err(a + over, res)})
+    return out
+
+
+def by_group(rows: list[dict[str, Any]]) -> str:
+    """Median |error| (p90) of the planner's reserved before and after ``replan``, per strategy
+    and allocator."""
+    groups: dict[str, list] = {"all": rows}
+    for r in rows:
+        groups.setdefault(f"{r['strategy']}, {r['allocator']}", []).append(r)
+    out = ["| records | n | planner reserved before: median abs err (p90) | after |",
+           "|---|---:|---|---|"]
+    for name, rs in groups.items():
+        before = [err(r["plan_reserved_before"], r["measured_reserved"]) for r in rs]
+        after = [r["err_plan_reserved"] for r in rs]
+        out.append(f"| {name} | {len(rs)} | "
+                   f"{statistics.median(abs(x) for x in before) * 100:.1f}% "
+                   f"({p90(before) * 100:.1f}%) | "
+                   f"{statistics.median(abs(x) for x in after) * 100:.1f}% "
+                   f"({p90(after) * 100:.1f}%) |")
+    return "\n".join(out)
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     g = lambda b: f"{b / GiB:.2f}"  # noqa: E731
     pc = lambda x: f"{x * 100:+.1f}%"  # noqa: E731
@@ -243,6 +289,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="write the per-record numbers here")
     ap.add_argument("--from-json", default=None, metavar="JSON",
                     help="print (and --write) the table of a previous --json, tracing nothing")
+    ap.add_argument("--replan", action="store_true",
+                    help="with --from-json: recompute the planner's columns with the planner "
+                    "as it is now and print before / after per strategy and allocator")
     ap.add_argument("--loss-only", action="store_true")
     ap.add_argument("--table2", action="store_true",
                     help="torchtitan's Table 2 rows (minutes each) instead of the GPU records")
@@ -269,6 +318,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_json:
         saved = json.loads(Path(args.from_json).read_text())
         rows, skipped = saved["rows"], saved["skipped"]
+        if args.replan:
+            rows = replan(rows)
+            print(by_group(rows) + "\n")
     else:
         rows = compare(None if args.ids == "all" else set(args.ids.split(",")), skipped,
                        args.steps)

@@ -511,7 +511,7 @@ def report(a: dict[str, Any], ship: dict[str, bool]) -> tuple[str, str]:
         f"{a['ov'].allocator_fragmentation * 100:.0f}%). With expandable segments: "
         + ", ".join(f"{r.rec['least_limit_ok_bytes'] / r.rec['max_allocated_bytes'] - 1:.1%}"
                     for r in a["least_exp"]) +
-        f" (default {a['ov'].expandable_fragmentation:.0%}).", "",
+        " (planner: none; its expandable-segment terms are releasable cache).", "",
         f"#### {label}: the calibration, held out", "",
         "| term | default | fitted (half A / half B / all) | held-out median abs err before "
         "-> after (p90) | shipped |",

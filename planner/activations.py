@@ -81,6 +81,10 @@ class ActivationPlan:
     """Bytes per element of the residual stream (r): the gradient reaching the embeddings."""
     kept_logits: int = 0
     """Logits the loop holds from the loss to the end of the step (--keep-logits)."""
+    loss_gap: int = 0
+    """Reserved beyond allocated in the loss's backward when the loss upcasts low-precision
+    logits that are freed before backward (docs/model.md §7.4): the logits' c bytes per
+    logit left free between the fp32 gradients (0 where nothing is upcast or freed)."""
     frozen_blocks: int = 0
     """The first blocks, frozen (--freeze N-layers), that keep ``frozen_block_kept``."""
     frozen_block_kept: int = 0
@@ -132,6 +136,7 @@ class ActivationPlan:
             loss_backward_transient=int(self.loss_backward_transient * k),
             block_backward_transient=int(self.block_backward_transient * k),
             kept_logits=int(self.kept_logits * k),
+            loss_gap=int(self.loss_gap * k),
             frozen_block_kept=int(self.frozen_block_kept * k),
             first_block_less=int(self.first_block_less * k),
             offload_small_per_block=int(self.offload_small_per_block * k),
@@ -378,6 +383,9 @@ class LossTerms:
     """Alive at once during the loss's backward, beyond what it saved."""
     kept_logits: int
     """What a loop that holds the logits keeps through backward."""
+    upcast_hole: int = 0
+    """The low-precision logits an fp32 upcast frees before backward (the loss gap the
+    caching allocator keeps: ``ActivationPlan.loss_gap``); 0 where nothing is upcast."""
 
 
 def loss_terms(model: ModelSpec, t: int, c: int, r: int, loss: LossKind, chunks: int,
@@ -429,7 +437,8 @@ def loss_terms(model: ModelSpec, t: int, c: int, r: int, loss: LossKind, chunks:
     return LossTerms(saved=Saved("loss.log_softmax_out", FP32 * t * v), forward=logits + upcast,
                      # kept: the model's output; its fp32 copy is freed once log_softmax
                      # ran (saves its output; _to_copy saves nothing): traced
-                     backward=2 * FP32 * t * v, kept_logits=logits)
+                     backward=2 * FP32 * t * v, kept_logits=logits,
+                     upcast_hole=logits if upcast else 0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -661,6 +670,8 @@ def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Preci
         n_layers=model.n_layers,
         residual_bytes=r,
         kept_logits=-(-lt.kept_logits // tp) if keep_logits else 0,
+        # held logits leave no hole; loss_parallel's DTensor loss (tp > 1) is not derived
+        loss_gap=lt.upcast_hole if not keep_logits and tp == 1 else 0,
         frozen_blocks=frozen_blocks,
         frozen_block_kept=frozen_kept,
         notes=tuple(notes),

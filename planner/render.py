@@ -15,8 +15,8 @@ from planner.params import active_params, total_params, trainable
 from planner.pipeline import SPLIT_BACKWARD, V_SHAPED
 from planner.candidates import label
 from planner.plan import Answer, Found, interval
-from planner.spec import (Checkpointing, CompileMode, CpKv, GradSync, LossKind, ModelSpec,
-                          Offload, Precision, Quantize, Strategy, TrainingSpec)
+from planner.spec import (Allocator, Checkpointing, CompileMode, CpKv, GradSync, LossKind,
+                          ModelSpec, Offload, Precision, Quantize, Strategy, TrainingSpec)
 from planner.throughput import StepEstimate, default_compute_efficiency, efficiency_provenance
 
 SCHEMA_VERSION = 1
@@ -97,6 +97,7 @@ def candidate_json(e: Estimate, st: StepEstimate | None = None,
         "headroom_bytes": e.headroom_bytes,
         "breakdown_bytes": breakdown_json(e),
         "phase_allocated_bytes": e.phase_totals(),
+        "phase_reserved_bytes": e.phase_reserved_bytes(),
         "host_bytes_per_node": e.host_bytes_per_node,
         "host_capacity_bytes": e.host_capacity_bytes,
         "notes": list(e.notes),
@@ -295,7 +296,8 @@ def assumptions(answer: Answer) -> list[str]:
         f"runtime: CUDA context {gib(q.cluster.gpu.cuda_context_bytes)} GiB, NCCL "
         f"{gib(ov.nccl_bytes_per_communicator)} GiB per communicator, cuBLAS workspace "
         f"{ov.cublas_workspace_bytes // 2**20} MiB, allocator reserved/allocated "
-        f"{1 + ov.allocator_fragmentation:.2f} (not releasable)",
+        + ("1.00 with expandable segments" if q.training.allocator is Allocator.EXPANDABLE
+           else f"{1 + ov.allocator_fragmentation:.2f}") + " (not releasable)",
         "fits = the 90% interval of the needed memory, from the planner's measured error on "
         "public runs of that kind of job (docs/accuracy.md §5), is within capacity x (1 - "
         f"margin {q.options.margin:g}); at risk = the interval straddles it (the probability "

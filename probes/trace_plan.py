@@ -433,19 +433,29 @@ def phases_from_trace(result: dict[str, Any], candidate: Candidate, training: Tr
     return {Phase.INIT: init, **out}
 
 
-def releasable_cache(phases: dict[Phase, Breakdown], training: TrainingSpec) -> list[int]:
-    """Free segments the allocator keeps cached at each moment (planner.memory.estimator
-    ``cached_leftover``'s rule): before the end of backward, the segments the previous step's
-    gradients and optimizer temporaries were freed from, assumed not reusable by the
-    activations (the planner checks block sizes; a trace does not record them); none with
-    expandable segments. Only peak_reserved reads it, never the fit."""
-    from planner.spec import Allocator
+def releasable_cache(phases: dict[Phase, Breakdown], training: TrainingSpec,
+                     candidate: Candidate) -> list[int]:
+    """Free blocks the allocator keeps cached at each moment, by the analytic planner's
+    reduce-scatter-stream mechanism (planner.memory.estimator ``reduce_scatter_cache``): under
+    FSDP the previous step's sharded gradients (the trace's gradients at the optimizer step)
+    sit free in the reduce-scatter (FSDP1: post-backward) stream's pool until this step's
+    backward produces them again; the moment's own gradients are counted, not free. The
+    all-gather stream's buffers and the loss gap are not derived from a trace's moments (0):
+    docs/model.md §7.4. Only peak_reserved reads it, never the fit."""
+    from planner.spec import GradSync, Offload
 
     opt = phases.get(Phase.OPTIMIZER)
-    leftover = (opt.gradients + opt.optimizer_temporaries) if opt is not None else 0
+    if opt is None or not candidate.strategy.is_fsdp or candidate.offload is not Offload.NONE \
+            or candidate.strategy is Strategy.NO_SHARD:
+        return [0 for _ in phases]
     early = (Phase.FORWARD, Phase.LOSS_BWD, Phase.BLOCK_BWD)
-    return [leftover if p in early and training.allocator is not Allocator.EXPANDABLE else 0
-            for p in phases]
+
+    def free(p: Phase, b: Breakdown) -> int:
+        held = 0 if p is not Phase.BLOCK_BWD and training.grad_sync is GradSync.LAST \
+            else b.gradients
+        return max(opt.gradients - held, 0) if p in early else 0
+
+    return [free(p, b) for p, b in phases.items()]
 
 
 def estimate_from_trace(traced: Traced, facts: TracedModel, cluster: Cluster, *,
@@ -474,7 +484,7 @@ def estimate_from_trace(traced: Traced, facts: TracedModel, cluster: Cluster, *,
                        n_gpus=cluster.n_gpus, gpus_per_node=cluster.gpus_per_node,
                        capacity=cluster.gpu.memory_bytes, context=cluster.gpu.cuda_context_bytes,
                        host_capacity=cluster.host_ram_bytes_per_node, margin=margin, ov=ov,
-                       cached=releasable_cache(phases, training), notes=notes,
+                       cached=releasable_cache(phases, training, c), notes=notes,
                        allocator=training.allocator, init_host=init_host,
                        # the analytic planner's measured error for this kind of job: none is
                        # measured for trace-backed plans yet, and the runtime terms are the same

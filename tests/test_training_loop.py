@@ -169,12 +169,36 @@ def test_compiled_table_is_one_entry_per_preset_family():
 # ---- the allocator ---------------------------------------------------------------------------
 
 
-def test_expandable_segments_reserve_little_and_cache_nothing():
+def test_expandable_segments_hold_only_the_loss_gap():
+    """Expandable segments: freed pages serve any request of their stream, so nothing is held
+    that cannot be released; DDP uses the default stream only; what stays reserved and free is
+    the loss's gap (docs/model.md §7.4): bf16 logits (2 B) upcast to fp32 and freed before
+    backward leave 2 B per logit that the backward's fp32 gradients (4 B) cannot fill.
+    1 x 2048 tokens x 32000 vocab x 2 B = 131,072,000 B at the loss's backward."""
     d = est(DDP, n=1)
     x = est(DDP, n=1, allocator=Allocator.EXPANDABLE)
     assert x.breakdown == d.breakdown
-    assert x.allocator_overhead_bytes == int(x.breakdown.total * 0.02)
-    assert x.peak_reserved_bytes == x.breakdown.total + x.allocator_overhead_bytes
+    assert x.allocator_overhead_bytes == 0
+    gap = 2 * 2048 * 32000
+    loss_bwd = x.phases[Phase.LOSS_BWD].total
+    assert x.phase_reserved_bytes()["loss_bwd"] == loss_bwd + gap
+    assert x.phase_reserved_bytes()["forward"] == x.phases[Phase.FORWARD].total
+    # the default allocator holds no gap (its fixed fraction instead)
+    assert d.phase_reserved_bytes()["loss_bwd"] == loss_bwd + int(loss_bwd * 0.08)
+
+
+def test_fsdp2_other_streams_cache_the_previous_steps_buffers():
+    """FSDP2 on 8 GPUs, bf16-amp (fp32 storage and reduce, bf16 all-gather), default allocator:
+    at the forward the previous step's sharded fp32 gradients sit free in the reduce-scatter
+    stream's pool (P / 8 x 4 B), and the copy-in stream keeps the largest unit's all-gather
+    buffers: the root (embedding 32000 x 512 + output 32000 x 512 + final norm 512 =
+    32,768,512 params, padded to 8: 32,768,512) in bf16, 65,537,024 B, plus its fp32 -> bf16
+    shard casts (1/8: 8,192,128 B) = 73,729,152 B."""
+    e = est()
+    fwd = e.phases[Phase.FORWARD]
+    frag = int(fwd.total * 0.08)
+    grads = -(-P // 8) * 4
+    assert e.phase_reserved_bytes()["forward"] == fwd.total + frag + grads + 73_729_152
 
 
 # ---- FSDP1 -----------------------------------------------------------------------------------

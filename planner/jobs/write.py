@@ -44,6 +44,10 @@ class Knobs:
     fsdp_version: int | None = None
     """The FSDP version the written strategies run with, when the file does not say it yet
     (HF Trainer's ``fsdp`` option is FSDP1 unless fsdp_config says version 2)."""
+    reduce_dtype: str | None = None
+    """The reduce dtype the written FSDP strategies run with, when the file does not say FSDP
+    yet: accelerate's plugin without a ``mixed_precision_policy`` reduces in the mixed-precision
+    dtype (planner/jobs/readers/accelerate.py ``fsdp``), as the read-back will plan it."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -295,10 +299,17 @@ class TrainerWriter(Writer):
             return Knobs(strategies=FSDP2 if _fsdp_version(job) == 2 else FSDP1,
                          offloads=(Offload.PARAMS_AND_OPTIMIZER,), checkpointing=NO_SELECTIVE)
         if src is None and job.format in (JobFormat.TRAINER, JobFormat.TRL):
-            # plain DDP unless fsdp is added
+            # plain DDP unless fsdp is added; once it is, its fsdp_config is read as FSDP's
+            from planner.jobs.readers.accelerate import _plugin_reduce_dtype
+            from planner.jobs.text import read_text
+
+            cfg = _doc(read_text(job.path), job.path).get("fsdp_config")
+            policy = isinstance(cfg, dict) and any(
+                k in cfg for k in ("mixed_precision_policy", "fsdp_mixed_precision_policy"))
             return Knobs(strategies=(Strategy.DDP, *FSDP1),
                          offloads=(Offload.PARAMS_AND_OPTIMIZER,), checkpointing=NO_SELECTIVE,
-                         fsdp_version=1)
+                         fsdp_version=1,
+                         reduce_dtype=None if policy else _plugin_reduce_dtype(job.values))
         return Knobs(checkpointing=NO_SELECTIVE)
 
     def apply(self, text: str, job: Job, c: Candidate) -> tuple[str, list[str]]:
@@ -442,6 +453,11 @@ def recommend(job: Job, request, knobs: Knobs, fixed: frozenset[str]):
     if knobs.fsdp_version is not None and "training.fsdp_version" not in fixed:
         # plan what the written file will run (the read-back plans the same way)
         request = request.with_training(fsdp_version=knobs.fsdp_version)
+    if knobs.reduce_dtype is not None and "training.reduce_dtype" not in fixed \
+            and request.training.reduce_dtype is None:
+        from planner.spec import Dtype
+
+        request = request.with_training(reduce_dtype=Dtype(knobs.reduce_dtype))
     o = request.options
     strategies = o.strategies if "strategy" in fixed or not knobs.strategies else \
         knobs.strategies

@@ -47,9 +47,6 @@ class Overheads:
     """NCCL's device buffers per communicator (channels x peers x protocol buffers)."""
     allocator_fragmentation: float = 0.08
     """Caching allocator with fixed segments: peak reserved / peak allocated - 1."""
-    expandable_fragmentation: float = 0.02
-    """With expandable_segments:True: segments grow in 2 MiB pages and freed space inside them
-    is reused by requests of any size, so little is lost (an assumption until calibrated)."""
     host_bytes_per_process: int = 4 * GiB
     """Host RAM of one training process (Python, torch, CUDA libraries) before offload."""
     ddp_bucket_view: bool = False
@@ -133,9 +130,9 @@ class Estimate:
     """The most allocated at any moment (torch.cuda.max_memory_allocated)."""
     peak_reserved_bytes: Any
     """The most reserved at any moment (torch.cuda.max_memory_reserved): the above plus the
-    cached free segments of the previous step, which the allocator keeps while there is room
-    and releases (then retries) before it raises out-of-memory, so never beyond what the
-    device has."""
+    free blocks the allocator keeps cached (other streams' pools, the loss gap: docs/model.md
+    §7.4), which it releases (then retries) before it raises out-of-memory, so never beyond
+    what the device has."""
     cuda_context_bytes: Any
     nccl_bytes: Any
     capacity_bytes: Any
@@ -144,6 +141,10 @@ class Estimate:
     host_bytes_per_node: Any
     """Host RAM of the busiest node: the larger of loading (--init) and training."""
     host_capacity_bytes: Any
+    phase_reserved: tuple[Any, ...] = field(default=())
+    """Reserved at each moment of ``phases`` (allocated + the unreleasable overhead + the
+    releasable cache: other streams' pools, the loss gap; docs/model.md §7.4), capped by what
+    the device leaves; ``peak_reserved_bytes`` is their maximum."""
     notes: tuple[str, ...] = field(default=())
     risk: Any = None
     """The measured error of this kind of job (planner.error_bands.RiskBand), or None: then
@@ -217,3 +218,7 @@ class Estimate:
     def phase_totals(self) -> dict[str, Any]:
         """Allocated bytes at each moment, keyed by the moment's name."""
         return {str(p): b.total for p, b in self.phases.items()}
+
+    def phase_reserved_bytes(self) -> dict[str, Any]:
+        """Reserved bytes at each moment, keyed by the moment's name."""
+        return {str(p): r for p, r in zip(self.phases, self.phase_reserved)}

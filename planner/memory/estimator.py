@@ -415,36 +415,110 @@ def moments(step: Step) -> dict[Phase, Breakdown]:
 
 
 def fragmentation(allocated: Any, ov: Overheads, allocator: Allocator = Allocator.DEFAULT) -> Any:
-    """What the caching allocator holds beyond the allocated bytes inside live segments and
-    cannot release: block rounding and split blocks (c10/cuda/CUDACachingAllocator.cpp), a
-    fraction of what is allocated (smaller with expandable segments)."""
-    frac = (ov.expandable_fragmentation if allocator is Allocator.EXPANDABLE
-            else ov.allocator_fragmentation)
-    return vec.floor_int(allocated * frac)
+    """What the caching allocator with fixed segments holds beyond the allocated bytes inside
+    live segments of the default stream and cannot release: block rounding and split blocks
+    (c10/cuda/CUDACachingAllocator.cpp), a fraction of what is allocated (*assumed*,
+    ``allocator_fragmentation``; docs/model.md §7.4). With expandable segments freed pages of
+    a stream's segment serve any request on that stream (``try_merge_blocks`` over the mapped
+    pages): no such term; what they leave is ``allocator_cache``'s."""
+    if allocator is Allocator.EXPANDABLE:
+        return vec.floor_int(allocated * 0.0)
+    return vec.floor_int(allocated * ov.allocator_fragmentation)
 
 
-def cached_leftover(phase: Phase, step: Step, model: ModelSpec) -> Any:
-    """Free segments the allocator keeps cached at a moment, which it can release.
+RS_CACHED_PHASES = (Phase.FORWARD, Phase.LOSS_BWD, Phase.BLOCK_BWD)
+"""The moments before (or, BLOCK_BWD, during) the backward's reduce-scatters."""
 
-    Before the end of backward, the segments the previous step's gradients and optimizer
-    temporaries were freed from stay cached. The allocator splits a cached block to serve a
-    smaller request but never merges blocks across segments, so they are reused only if the
-    activations' blocks are not larger than them; otherwise the activations take new segments
-    on top and the old ones stay in the cache. FSDP2's sharded grads are views of one
-    reduce-scatter output per unit; elsewhere each parameter has its own gradient (a block's
-    largest tensor is the typical block).
-    """
-    if phase is Phase.INIT or PHASES.index(phase) >= PHASES.index(Phase.BWD_END):
+
+def reduce_scatter_cache(phase: Phase, moment: Breakdown, step: Step, training: TrainingSpec,
+                         candidate: Candidate) -> Any:
+    """The sharded gradients live in a side stream's pool, which the default stream cannot use.
+
+    FSDP2: they are views of the reduce-scatter output, which ``foreach_reduce``
+    (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py) allocates under
+    ``device_handle.stream(reduce_scatter_stream)`` (the cast to the parameters' dtype, when
+    the reduce dtype differs, runs on that stream too; HSDP: its all-reduce stream). FSDP1:
+    ``_post_backward_hook`` (torch/distributed/fsdp/_runtime_utils.py) runs ``_reduce_grad``
+    under ``stream(state._post_backward_stream)``: the unit's unsharded gradient cast to the
+    reduce dtype there (when it differs from the compute dtype), ``new_sharded_grad =
+    torch.empty_like(chunks[0])`` and its cast back (``_cast_grad_to_param_dtype``) become
+    ``_saved_grad_shard`` and then ``.grad``. Freed at ``zero_grad``, their blocks return to
+    that stream's pool, and the caching allocator only hands a block to a request of the same
+    stream (c10/cuda/CUDACachingAllocator.cpp: ``get_free_block`` searches the pool with a
+    key whose stream ``BlockComparatorSize`` compares first; ``free_block`` returns a block to
+    its own stream's pool): from the second step on, the default stream's forward and loss
+    backward cannot use them. So before the step's reduce-scatters the sharded gradients'
+    bytes (FSDP1: and the largest unit's cast unsharded gradient) are reserved and free;
+    during the blocks' backward, what the moment does not yet count as gradients. Gradients
+    accumulated over micro-batches and reduced every micro-batch live in those blocks
+    (counted, not free); reduced only at the last they are unsharded (default stream) and the
+    previous step's blocks stay free. CPU offload moves the sharded gradients to the host (the
+    GPU output is freed per unit: not counted). FSDP1's NO_SHARD all-reduces the autograd
+    gradient in place (``_reduce_grad_no_shard``): not derived (0), nor DeepSpeed."""
+    if not step.fsdp or phase not in RS_CACHED_PHASES or candidate.offload is not Offload.NONE \
+            or (step.fsdp_version == 1 and candidate.strategy is Strategy.NO_SHARD):
         return 0
-    if step.allocator is Allocator.EXPANDABLE:
-        return 0  # an expandable segment's freed pages serve requests of any size
-    counts = count(model)
-    freed_block = (vec.ceil_div(step.block_params, step.degree) if step.fsdp
-                   else counts.largest_block_tensor) * step.grad_bytes
-    act_block = step.compute_bytes * step.tokens * max(model.ffn_hidden, model.hidden)
-    leftover = (step.states.gradients + step.states.optimizer_temporaries
-                + step.work.step_extra)
-    return vec.where(act_block > freed_block, leftover, 0)
+    held = moment.gradients
+    if phase is not Phase.BLOCK_BWD and training.grad_sync is GradSync.LAST:
+        held = 0
+    cast = 0
+    if step.fsdp_version == 1 and training.fsdp_dtypes.reduce != step.compute_bytes:
+        unit = vec.maximum(step.root_params, step.block_params)
+        cast = vec.ceil_div(unit, candidate.tp) * training.fsdp_dtypes.reduce
+    return vec.maximum(step.states.gradients + cast - held, 0)
+
+
+def all_gather_cache(phase: Phase, step: Step, training: TrainingSpec,
+                     candidate: Candidate) -> Any:
+    """FSDP2's all-gather buffers live in the all-gather copy-in stream's pool:
+    ``FSDPParamGroup._all_gather`` -> ``foreach_all_gather`` (_fsdp_collectives.py) allocates
+    the flat ``all_gather_output`` (the unit's parameters in the all-gather dtype, padded to
+    the shard degree; the input is a view of it) and the parameters' casts to ``param_dtype``
+    (shard-sized, when the storage dtype differs) under ``device_handle.stream(
+    all_gather_copy_in_stream)``; the copy-out writes the unsharded parameters on the default
+    stream and the flat buffer returns to the copy-in stream's pool, where only the next
+    all-gathers reuse it (``get_free_block``, per stream). The pool keeps the largest unit's
+    buffers: with the root (embeddings, final norm, head) one unit, the root's. Free at every
+    moment but the blocks' backward, where one block's all-gather (the prefetch) is in flight.
+    One rank per shard group all-gathers nothing (``world_size == 1`` in
+    ``FSDPParamGroup._all_gather``)."""
+    fsdp_degree = step.degree // candidate.tp
+    if not (step.fsdp and step.fsdp_version == 2) or phase is Phase.INIT:
+        return 0
+    c = step.compute_bytes
+    cast = training.fsdp_dtypes.storage != c
+
+    def unit(params: Any) -> Any:
+        out = vec.ceil_div(params, fsdp_degree * candidate.tp) * fsdp_degree * c
+        return out + (vec.ceil_div(out, fsdp_degree) if cast else 0)
+
+    largest = vec.maximum(unit(step.root_params), unit(step.block_params))
+    in_flight = unit(step.block_params) if phase is Phase.BLOCK_BWD else 0
+    return vec.where(fsdp_degree > 1, largest - in_flight, 0)
+
+
+def loss_gap(phase: Phase, step: Step) -> Any:
+    """The loss's backward under expandable segments when the loss upcasts low-precision
+    logits that are freed before backward (docs/accuracy.md §6.2, probes/alloc_loss.py):
+    the logits (c B each) and their fp32 copy (4 B) leave a (c + 4) B hole per logit;
+    ``nll_loss_backward``'s fp32 gradient takes 4 B of it (best fit, ``get_free_block``) and
+    ``_log_softmax_backward_data``'s fp32 output does not fit the c B left, so the segment
+    grows (``expandable_segment`` maps new pages at its end): c B per logit reserved and free
+    at that moment. With fixed segments the whole-step records show less than this (the
+    logits land in older cached blocks): left to ``fragmentation``."""
+    if phase is not Phase.LOSS_BWD or step.allocator is not Allocator.EXPANDABLE:
+        return 0
+    return step.acts.loss_gap
+
+
+def allocator_cache(phase: Phase, moment: Breakdown, step: Step, training: TrainingSpec,
+                    candidate: Candidate) -> Any:
+    """Free bytes the caching allocator holds at a moment, which it can release (an
+    out-of-memory retry frees every stream's cached blocks: ``release_cached_blocks``)."""
+    if phase is Phase.INIT:
+        return 0
+    return reduce_scatter_cache(phase, moment, step, training, candidate) \
+        + all_gather_cache(phase, step, training, candidate) + loss_gap(phase, step)
 
 
 def nccl_communicators(strategy: Strategy, n_gpus: Any, degree: Any) -> Any:
@@ -482,7 +556,8 @@ def evaluate(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, 
     return from_phases(candidate, phases, degree=S, n_gpus=n_gpus,
                        gpus_per_node=gpus_per_node, capacity=capacity, context=context,
                        host_capacity=host_capacity, margin=margin, ov=ov,
-                       cached=[cached_leftover(p, step, model) for p in phases],
+                       cached=[allocator_cache(p, b, step, training, candidate)
+                               for p, b in phases.items()],
                        host_per_rank=step.states.host_per_rank + acts.host,
                        notes=tuple(notes),
                        allocator=training.allocator,
@@ -552,6 +627,7 @@ def from_phases(candidate: Candidate, phases: dict[Phase, Breakdown], *, degree:
         allocator_overhead_bytes=fragmentation(peak.total, ov, allocator),
         peak_allocated_bytes=vec.choose(vec.argmax(totals), totals),
         peak_reserved_bytes=vec.choose(vec.argmax(reserved), reserved),
+        phase_reserved=tuple(reserved),
         cuda_context_bytes=context,
         nccl_bytes=nccl,
         capacity_bytes=capacity,

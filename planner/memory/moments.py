@@ -39,6 +39,8 @@ class Activations:
     residual_bytes: int
     kept_logits: Any = 0
     """Logits a loop holds from the loss to the end of the step (--keep-logits)."""
+    loss_gap: Any = 0
+    """Free bytes the loss's backward leaves inside reserved memory (ActivationPlan.loss_gap)."""
     root_before: Any = 0
     """Saved by the root before the first block (embedding norm and dropout mask, RoPE's
     tables): what the root holds while the blocks run forward."""
@@ -78,7 +80,8 @@ class Activations:
                    block_bwd=vec.maximum(plan.block_backward_transient, plan.ring_backward),
                    recompute=plan.recompute, ring_fwd=plan.ring_forward,
                    ckpt_fwd=plan.checkpointed_forward,
-                   residual_bytes=plan.residual_bytes, kept_logits=plan.kept_logits)
+                   residual_bytes=plan.residual_bytes, kept_logits=plan.kept_logits,
+                   loss_gap=plan.loss_gap)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
