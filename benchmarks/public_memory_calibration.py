@@ -78,6 +78,7 @@ def observations(rows: list[dict[str, str]]) -> list[dict]:
             id=row["id"], gpu=row["gpu"], metric=metric, measured=measured, stated=stated,
             leftover=float(leftover_bytes(est, ov)), P=float(est.peak_allocated_bytes), act=act,
             default=float(PREDICTED[metric](est)),
+            model=row["model"],
             family=architecture_family(get_preset(row["model"])), ctx=est.cuda_context_bytes,
             context_given=bool(row.get("context_bytes", "").strip())))
     return out
@@ -100,7 +101,7 @@ def _predict(obs: list[dict], model: str, coef: np.ndarray | None) -> np.ndarray
 def fit_group(obs: list[dict]) -> dict:
     y = np.array([o["measured"] - o["stated"] - o["leftover"] for o in obs])
     meas = np.array([o["measured"] for o in obs])
-    res: dict = {"n": len(obs), "models": {}}
+    res: dict = {"n": len(obs), "models": {}, "trained": sorted({o["model"] for o in obs})}
     for model in ("M0", "M1", "M2"):
         if model == "M2" and (len(obs) < 3 or all(o["act"] == 0 for o in obs)):
             continue
@@ -141,6 +142,11 @@ def choose(res: dict) -> tuple[str, str]:
     best, r = min(fitted, key=lambda mr: mr[1]["held_out_median_abs"])
     if res["n"] < MIN_ROWS_TO_SHIP:
         return "M0", (f"only {res['n']} rows (< {MIN_ROWS_TO_SHIP}): reported, not shipped")
+    if len(res["trained"]) < 2:
+        # every row trains one model: a leave-one-out error over them says nothing of the
+        # other models the GPU's plans would apply the fit to (fit no constant to one model)
+        return "M0", (f"every row is {res['trained'][0]}: a fit to one model's rows is "
+                      "reported, not shipped")
     base_max = res["models"]["M0"]["held_out_max_abs"]
     if r["held_out_median_abs"] > base - MIN_GAIN:
         return "M0", (f"{best} held-out median |error| {r['held_out_median_abs']:.1%} is not "

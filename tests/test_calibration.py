@@ -336,3 +336,24 @@ def test_public_fit_script_runs_and_reports_held_out_errors(tmp_path, capsys):
     assert "held-out median |err|" in out
     for f in (tmp_path / "cals").glob("*.json"):  # whatever is shipped must load
         assert load_calibration(f).source.startswith("public measurements")
+
+
+def test_a_fit_to_one_models_rows_is_not_shipped():
+    """The public fit ships nothing for a GPU whose rows all train one model (the V100 rows
+    are all BERT-large): their leave-one-out error says nothing of other models."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "public_memory_calibration.py"
+    spec = importlib.util.spec_from_file_location("public_memory_calibration", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    fitted = {"params": {"allocator_fragmentation": 0.05}, "held_out_median_abs": 0.02,
+              "held_out_max_abs": 0.05}
+    res = {"n": 9, "trained": ["bert-large"],
+           "models": {"M0": {"held_out_median_abs": 0.08, "held_out_max_abs": 0.13},
+                      "M1": fitted}}
+    model, why = mod.choose(res)
+    assert model == "M0" and "bert-large" in why
+    res["trained"] = ["bert-large", "gpt2-xl"]
+    assert mod.choose(res)[0] == "M1"
