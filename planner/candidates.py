@@ -92,7 +92,12 @@ def tp_problem(model: ModelSpec, tp: int, n_gpus: int, gpus_per_node: int) -> st
         if v % tp:
             return f"{what} ({v}) not divisible by TP {tp}"
     if model.is_moe:
-        return "tensor parallel over MoE experts is not modelled"
+        # torchtitan (b5bcd76, models/common/moe_sharding.py): without EP the routed experts
+        # are TP-sharded on their FFN dim; with EP they stay whole on the EP ranks and each
+        # TP rank routes its own sequence shard (docs/model.md §8.8): neither is traced
+        return ("tensor parallel for an MoE model is NOT MODELLED (torchtitan TP-shards the "
+                "experts' FFN dim without --ep, and with --ep each TP rank dispatches its own "
+                "sequence shard to whole experts: neither traced here)")
     return None
 
 

@@ -81,7 +81,8 @@ def layouts(n_gpus: int, gpus_per_node: int, seq: int, experts: int = 1) -> list
       above in each stage (torchtitan's FSDP x TP x PP), and with a CP as above whose group,
       times PP and TP, divides the GPUs (the 4D mesh; FSDP2 over dp_shard x cp);
     - EP (an MoE model's ``experts``), a power of two dividing the experts and the GPUs, alone
-      (expert parallel is modelled with FSDP2 only: no TP, CP or PP beside it).
+      (expert parallel is modelled with FSDP2 only: no TP, CP or PP beside it; EP x TP, torchtitan's
+      layout in docs/model.md §8.8, is refused by the request builder and not searched).
     Whether the model allows a degree (heads per TP rank, stages per layer count, CP's
     attention) is the request builder's to say, per layout."""
     out = []

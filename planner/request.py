@@ -598,12 +598,16 @@ def ep_options(v: Mapping[str, Any], model: ModelSpec, training: TrainingSpec,
                cluster: Cluster, options: Options, naming: Naming) -> Options:
     """The search options under expert parallel, or one error naming the field: EP is
     modelled as torchtitan runs it, FSDP2 (full_shard or shard_grad_op) over every GPU
-    without offload or TP (tensor parallel over MoE experts is not modelled)."""
+    without offload or TP (EP beside tensor parallel is NOT MODELLED: docs/model.md §8.8)."""
     problem = ep_problem(model, training, cluster.n_gpus)
     if problem:
         raise naming.fail("parallel.ep", problem)
     if (options.tp or 1) > 1:
-        raise naming.fail("parallel.ep", "expert parallel with tensor parallel is not modelled")
+        # (candidates.tp_problem refuses TP for any MoE model first; kept for a caller that
+        # skips it)
+        raise naming.fail("parallel.ep", "expert parallel with tensor parallel is NOT "
+                          "MODELLED (torchtitan's layout: each TP rank dispatches its own "
+                          "sequence shard to whole experts; not traced)")
     asked = fsdp2_only(v, naming, "expert parallel", "EP runs under FSDP2", EP_STRATEGIES)
     return dataclasses.replace(options, strategies=tuple(asked) if asked else EP_STRATEGIES,
                                offloads=(Offload.NONE,), tp=1)

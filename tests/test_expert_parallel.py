@@ -277,6 +277,10 @@ def test_step_time_counts_the_all_to_alls():
     (["--model", "mixtral-8x7b", "--ep", "2", "--compile", "blocks"], ("--ep", "--compile")),
     (["--model", "mixtral-8x7b", "--ep", "2", "--pp", "2"], ("--pp", "MoE")),
     (["--model", "mixtral-8x7b", "--ep", "2", "--cp", "2"], ("--cp", "MoE")),
+    # EP x TP: torchtitan's layout (docs/model.md §8.8) is not modelled; refused by name
+    (["--model", "mixtral-8x7b", "--ep", "2", "--tp", "2"],
+     ("--tp", "MoE model is NOT MODELLED", "--ep")),
+    (["--model", "mixtral-8x7b", "--tp", "2"], ("--tp", "MoE model is NOT MODELLED")),
 ])
 def test_refused_by_name(args, needles):
     one_line_error(run(*args, "--gpu", "h100-80", *(["--n", "8"] if "--n" not in args else [])),
