@@ -73,7 +73,8 @@ def check_supported(candidate: Candidate) -> None:
             raise UnsupportedCandidate("tensor parallel with CPU offload is not modelled")
 
 
-def tp_problem(model: ModelSpec, tp: int, n_gpus: int, gpus_per_node: int) -> str | None:
+def tp_problem(model: ModelSpec, tp: int, n_gpus: int, gpus_per_node: int, ep: int = 1
+               ) -> str | None:
     """Why a tensor-parallel degree cannot run this model on this cluster, or None.
 
     torchtitan's Llama plan (``parallelize_llama``/``apply_tp``): q/k/v and the MLP's input
@@ -91,13 +92,13 @@ def tp_problem(model: ModelSpec, tp: int, n_gpus: int, gpus_per_node: int) -> st
                     ("FFN width", model.ffn_hidden)):
         if v % tp:
             return f"{what} ({v}) not divisible by TP {tp}"
-    if model.is_moe:
+    if model.is_moe and ep <= 1:
         # torchtitan (b5bcd76, models/common/moe_sharding.py): without EP the routed experts
         # are TP-sharded on their FFN dim; with EP they stay whole on the EP ranks and each
         # TP rank routes its own sequence shard (docs/model.md §8.8): neither is traced
-        return ("tensor parallel for an MoE model is NOT MODELLED (torchtitan TP-shards the "
-                "experts' FFN dim without --ep, and with --ep each TP rank dispatches its own "
-                "sequence shard to whole experts: neither traced here)")
+        return ("tensor parallel for an MoE model without --ep is NOT MODELLED (torchtitan "
+                "TP-shards the experts' FFN dim there; with --ep > 1 it is modelled: each TP "
+                "rank dispatches its own sequence shard to whole experts)")
     return None
 
 

@@ -43,7 +43,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from planner.spec import Candidate, CompileMode, ModelSpec, Strategy, TrainingSpec
+from planner.spec import (Candidate, Checkpointing, CompileMode, ModelSpec, Strategy,
+                          TrainingSpec)
 from planner import vec
 from planner.vec import ceil_div
 
@@ -80,6 +81,31 @@ def ep_problem(model: ModelSpec, training: TrainingSpec, n_gpus: int) -> str | N
     if training.ep_imbalance > ep:
         return (f"an imbalance of {training.ep_imbalance:g} is more than EP {ep} (every "
                 "routed row of the group on one rank)")
+    return None
+
+
+def ep_tp_problem(model: ModelSpec, training: TrainingSpec, tp: int,
+                  checkpointing: Checkpointing) -> tuple[str, str] | None:
+    """(field, why) for what fitcheck does not model of EP beside tensor parallel ``tp``, or
+    None. Modelled: torchtitan's layout at b5bcd76 with sequence parallel (docs/model.md §8.8
+    "Beside tensor parallel"): every MoE on its TP rank's sequence shard, the routed experts
+    whole. Refused by name: a sequence that does not split over TP (torchtitan/models/common/
+    moe.py: "the caller must provide a TP-divisible token count"); what the referee
+    (probes/ep_trace.py with ``tp``) does not trace: shared experts and dense first blocks
+    (TP-sharded MLPs beside the routed ones: an all-gather in, a reduce-scatter out), MLA
+    attention under TP, selective checkpointing."""
+    if training.local_seq % tp:
+        return ("training.seq", f"{training.local_seq} is not a multiple of TP {tp}: under "
+                "expert parallel each TP rank routes its own sequence shard")
+    untraced = [(model.shared_ffn > 0, "parallel.tp", "shared experts"),
+                (model.n_dense_layers > 0, "parallel.tp", "dense first blocks"),
+                (model.kv_lora_rank > 0, "parallel.tp", "MLA attention"),
+                (checkpointing is Checkpointing.SELECTIVE, "checkpointing",
+                 "selective checkpointing")]
+    for bad, path, what in untraced:
+        if bad:
+            return (path, f"expert parallel with tensor parallel and {what} is NOT MODELLED "
+                    "(not traced)")
     return None
 
 
