@@ -256,23 +256,30 @@ def expert_params(model: ModelSpec) -> int:
 def ep_inputs(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *,
               mb: Any, seq: Any, gpn: Any, c: int, n: Any) -> dict[str, Any]:
     """StepInputs fields of expert parallel (empty without it): one token all-to-all's bytes
-    per MoE layer (scaled to the sweep's micro-batch and sequence), the MoE layers, whether
-    the EP group spans nodes (ep innermost in torchtitan's sparse mesh), and the expert
-    parameters FSDP's collectives no longer move: a ring over m = n ranks moves (m - 1) / m
-    of what it gathers, over s = n / ep ranks of E / ep experts (s - 1) / s of X / ep, so
-    X (1 - (s - 1) / (s ep) x m / (m - 1)) parameters fewer, in the ring's units."""
+    per MoE layer (scaled to the sweep's micro-batch and sequence; beside TP over the rank's
+    1 / tp of the tokens), the MoE layers (beside TP: no sequence-parallel collective around
+    their MLP), whether the EP group spans nodes (ep innermost in torchtitan's sparse mesh),
+    and the expert parameters FSDP's collectives no longer move (below)."""
     ep = training.ep
     if ep <= 1:
         return {}
-    per_token = a2a_bytes(model, training, c) / (training.micro_batch * training.local_seq)
+    # beside TP each TP rank routes its own sequence shard: 1 / tp of the tokens (§8.8)
+    tp = candidate.tp
+    per_token = a2a_bytes(model, training, c) / (training.micro_batch * training.local_seq) \
+        / tp
     x = float(expert_params(model))
     s = n / ep
-    less = x * (1.0 - (s - 1.0) / (s * ep) * n / vec.maximum(n - 1.0, 1.0))
+    # FSDP's ring over m = n / tp ranks moves (m - 1) / m of the parameters / tp (the dense
+    # ones TP-sharded); the experts, not TP-sharded, (s - 1) / s of X / ep: X less by
+    # 1 - tp (s - 1) / (s ep) x m / (m - 1), in those units (tp 1: m = n)
+    m = n / tp
+    less = x * (1.0 - tp * (s - 1.0) / (s * ep) * m / vec.maximum(m - 1.0, 1.0))
     # the routed experts' matmul weights a token multiplies in one MoE layer: top_k experts'
     # (planner/arch/mlp.py Moe.matmul_weights), the busiest GPU (imbalance - 1) x that more
     routed = (3 if model.mlp.gated else 2) * model.hidden * model.ffn_hidden \
         * model.experts_per_token
     idle = (training.ep_imbalance - 1.0) * routed * model.n_moe_layers
     return {"ep": float(ep), "ep_bytes": per_token * mb * seq, "ep_idle_mm": idle,
+            "tp_moe_layers": float(model.n_moe_layers) if tp > 1 else 0.0,
             "ep_layers": float(model.n_moe_layers),
             "ep_inter": vec.where(ep > gpn, 1.0, 0.0), "ep_comm_less": less}

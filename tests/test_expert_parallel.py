@@ -265,6 +265,18 @@ def test_all_to_all_bytes_and_fsdp_saving():
     # an EP group of 16 over nodes of 8 crosses the NIC
     got = ep_inputs(DSV3, training(ep=16), cand, mb=1, seq=4096, gpn=8, c=2, n=16)
     assert got["ep_inter"] == 1.0
+    # beside TP 2 (§8.8): a rank routes 4096 / 2 tokens, one all-to-all half of TP 1's; FSDP
+    # runs over m = 8 / 2 = 4 ranks and moves 3/4 of P / 2 (the dense part TP-sharded), the
+    # experts efsdp s = 8 / 2 = 4 ranks' 3/4 of X / 2, not TP-sharded: X (1 - 2 x 3/4 / 2 x
+    # 4/3) = 0 fewer in the ring's units (the experts move as much as the dense model would)
+    tp2 = dataclasses.replace(cand, tp=2)
+    got = ep_inputs(MIXTRAL, training(ep=2), tp2, mb=1, seq=4096, gpn=8, c=2, n=8)
+    one = ep_inputs(MIXTRAL, training(ep=2), cand, mb=1, seq=4096, gpn=8, c=2, n=8)
+    assert got["ep_bytes"] * 2 == pytest.approx(one["ep_bytes"])
+    assert got["ep_comm_less"] == pytest.approx(0.0, abs=1e-3)
+    # no sequence-parallel collective around the 32 MoE MLPs
+    assert got["tp_moe_layers"] == 32.0
+    assert one["tp_moe_layers"] == 0.0
 
 
 def test_busiest_gpu_runs_the_surplus_expert_flops():
