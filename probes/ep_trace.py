@@ -165,6 +165,15 @@ def ep_parallelize(net: nn.Module, spec: ModelSpec, training: TrainingSpec,
     ``(efsdp, ep)`` over the same n ranks, efsdp = n / ep (``dp_shard * tp / ep``)."""
     from torch.distributed.tensor import Shard
 
+    if tp > 1 and (spec.n_heads % tp or spec.n_kv_heads % tp or spec.vocab % tp
+                   or spec.tied_embeddings or spec.parallel_block or spec.kv_lora_rank
+                   or spec.norm.value != "rmsnorm"):
+        from probes.trace_types import UnsupportedConfig
+
+        raise UnsupportedConfig(f"EP x TP {tp} is traced on the Llama-style reference blocks "
+                                "(untied, RMSNorm, sequential, no MLA) with heads, kv heads "
+                                "and vocab divisible by tp")
+
     def apply(world_size: int, gpus_per_node: int) -> tuple[int, ...]:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard

@@ -210,7 +210,7 @@ def reference_factory(spec: ModelSpec) -> ModelFactory:
         if tr.cp > 1:
             from probes.context_parallel import ring_sdpa
 
-            if parallelize is not None:
+            if parallelize is not None or ep_tp > 1:
                 raise UnsupportedConfig("context parallel with TP or a fine-tune: not traced")
             kernel_context = functools.partial(ring_sdpa, tr.cp, tr.cp_rotate.value,
                                                tr.cp_kv is CpKv.REPEATED)
@@ -223,8 +223,8 @@ def reference_factory(spec: ModelSpec) -> ModelFactory:
             if parallelize is not None or strategy not in (
                     Strategy.FULL_SHARD, Strategy.SHARD_GRAD_OP):
                 raise UnsupportedConfig("expert parallel is traced with FSDP2 (full_shard / "
-                                        "shard_grad_op), with or without CP: no TP or "
-                                        "fine-tune")
+                                        "shard_grad_op), with or without CP or TP (not both): "
+                                        "no fine-tune")
             parallelize = ep_parallelize(net, spec, tr, strategy, fsdp_policies(tr), tp=ep_tp)
             effects.add("ep")
             if ep_tp > 1:
