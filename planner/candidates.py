@@ -94,11 +94,10 @@ def tp_problem(model: ModelSpec, tp: int, n_gpus: int, gpus_per_node: int, ep: i
             return f"{what} ({v}) not divisible by TP {tp}"
     if model.is_moe and ep <= 1:
         # torchtitan (b5bcd76, models/common/moe_sharding.py): without EP the routed experts
-        # are TP-sharded on their FFN dim; with EP they stay whole on the EP ranks and each
-        # TP rank routes its own sequence shard (docs/model.md §8.8): neither is traced
+        # are TP-sharded on their FFN dim (not modelled); with EP they stay whole on the EP
+        # ranks and each TP rank routes its own sequence shard (docs/model.md §8.8: modelled)
         return ("tensor parallel for an MoE model without --ep is NOT MODELLED (torchtitan "
-                "TP-shards the experts' FFN dim there; with --ep > 1 it is modelled: each TP "
-                "rank dispatches its own sequence shard to whole experts)")
+                "TP-shards the experts there; beside --ep N it is modelled)")
     return None
 
 
