@@ -27,7 +27,7 @@ SHAPES = {
     "dsv3-like": ModelSpec(name="dsv3-like", n_layers=4, hidden=1024, n_heads=8, n_kv_heads=8,
                            ffn_hidden=288, vocab=8192, n_experts=16, experts_per_token=6),
 }
-CASES = [  # (shape, ep, imbalance, checkpointing, seq)
+CASES = [  # (shape, ep, imbalance, checkpointing, seq[, tp])
     ("mixtral-like", 2, 1.0, "none", 2048),
     ("mixtral-like", 8, 1.0, "none", 2048),
     ("mixtral-like", 4, 2.0, "none", 2048),
@@ -37,22 +37,26 @@ CASES = [  # (shape, ep, imbalance, checkpointing, seq)
     ("mixtral-like", 8, 2.0, "selective", 2048),
     ("dsv3-like", 8, 1.0, "none", 2048),
     ("dsv3-like", 4, 2.0, "full", 2048),
+    # beside TP 2 (docs/model.md §8.8 "Beside tensor parallel")
+    ("mixtral-like", 2, 1.0, "none", 2048, 2),
+    ("mixtral-like", 4, 1.0, "full", 4096, 2),
+    ("dsv3-like", 2, 1.0, "none", 2048, 2),
 ]
 MOMENTS = ("forward", "loss_bwd", "block_bwd", "bwd_end", "optimizer")
 BEGIN, END = "<!-- ep-trace-accuracy:begin -->", "<!-- ep-trace-accuracy:end -->"
 
 
-def row(shape: str, ep: int, imb: float, ck: str, seq: int) -> str:
+def row(shape: str, ep: int, imb: float, ck: str, seq: int, tp: int = 1) -> str:
     model = SHAPES[shape]
     training = TrainingSpec(seq=seq, micro_batch=1, ep=ep, ep_imbalance=imb)
-    cand = Candidate(strategy=Strategy.FULL_SHARD, checkpointing=Checkpointing(ck))
+    cand = Candidate(strategy=Strategy.FULL_SHARD, checkpointing=Checkpointing(ck), tp=tp)
     gpu = load_gpu("h200")
     cluster = Cluster(gpu=gpu, n_gpus=8, gpus_per_node=8,
                       host_ram_bytes_per_node=gpu.host_ram_bytes_per_node)
     r = run_trace(model, training, cand, 8, 8, timeout_s=1200)
     data = r.data if r.ok else {"ok": False, "reason": r.reason}
     c = compare(model, training, cluster, cand, data, wall_s=r.wall_s)
-    head = f"| {shape} | {ep} | {imb:g} | {ck} | {seq} |"
+    head = f"| {shape} | {ep} | {tp} | {imb:g} | {ck} | {seq} |"
     if not c.ok:
         return head + f" failed: {c.reason} |" + " |" * len(MOMENTS)
     cells = " | ".join(f"{c.moments[m].rel_error * 100:+.2f} %" if m in c.moments else "-"
@@ -66,9 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="write the table into this Markdown file's section")
     args = ap.parse_args(argv)
     cases = CASES[:3] if args.quick else CASES
-    lines = ["| shape (h 1024, 4 blocks) | EP | imbalance | checkpointing | seq | traced peak "
-             "GiB | " + " | ".join(MOMENTS) + " | trace |",
-             "|---" * (7 + len(MOMENTS)) + "|"]
+    lines = ["| shape (h 1024, 4 blocks) | EP | TP | imbalance | checkpointing | seq | traced "
+             "peak GiB | " + " | ".join(MOMENTS) + " | trace |",
+             "|---" * (8 + len(MOMENTS)) + "|"]
     for case in cases:
         lines.append(row(*case))
         print(lines[-1], flush=True)

@@ -526,12 +526,14 @@ def checkpointed_forward(saved: list[Saved]) -> int:
     return sum(s.nbytes for s in saved if not s.name.endswith(OP_INTERNAL))
 
 
-def tp_saved(saved: list[Saved], tp: int) -> list[Saved]:
+def tp_saved(saved: list[Saved], tp: int, mlp_local: bool = False) -> list[Saved]:
     """Per GPU under tensor + sequence parallel (Korthikanti et al. 2022, sec. 4.2.2: every
     activation split tp ways). As torchtitan runs it (``SequenceParallel`` norms,
     ``ColwiseParallel(input_layouts=Shard(1))``), the all-gathered inputs of the
     column-parallel linears (q/k/v, the MLP's inputs, the output head) are saved whole by
-    autograd; the paper's re-gather in backward is not done. RoPE's tables are replicated."""
+    autograd; the paper's re-gather in backward is not done. RoPE's tables are replicated.
+    ``mlp_local``: the MLP is expert parallel's MoE beside TP, on its rank's sequence shard
+    (no all-gather: docs/model.md §8.8), so its inputs are split tp ways too."""
     if tp <= 1:
         return saved
     out = []
@@ -539,6 +541,8 @@ def tp_saved(saved: list[Saved], tp: int) -> list[Saved]:
         base = x.name.removeprefix("lora.")
         full = x.name in _TP_FULL or (x.name.startswith("lora.") and base.split(".")[0]
                                       in ("q", "k", "v", "gate", "up"))
+        if mlp_local and x.name.startswith("mlp."):
+            full = False
         out.append(x if full else Saved(x.name, -(-x.nbytes // tp)))
     return out
 
@@ -552,11 +556,13 @@ def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Preci
                      adapter_bytes: int = 0, compiled_loss: bool = False,
                      offload: bool = False, cp: int = 1, offload_trl: bool = False,
                      offload_weights: bool = True, cp_repeat_kv: bool = True,
-                     sac_list: SacList = SacList.CURRENT) -> ActivationPlan:
+                     sac_list: SacList = SacList.CURRENT,
+                     mlp_local: bool = False) -> ActivationPlan:
     """``seq`` is the sequence one GPU holds (under context parallel ``cp``: seq / cp;
     ``cp_repeat_kv``: SDPA is given the keys and values repeated to the query heads).
     ``offload_trl``: TRL's OffloadActivations instead of torchtune's; ``offload_weights``:
-    the weights the matmuls save are offloaded (False: TRL skipping a parameter's storage)."""
+    the weights the matmuls save are offloaded (False: TRL skipping a parameter's storage).
+    ``mlp_local``: expert parallel beside TP (``tp_saved``)."""
     t = batch * seq
     regime, c, r = regime_for(precision, uses_autocast)
     ft = finetune or FineTune()
@@ -568,7 +574,7 @@ def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Preci
     eager_saved = saved
     if ft.lora:
         saved = lora_saved(model, saved, ft, t, c, adapter_bytes)
-    saved = tp_saved(saved, tp)
+    saved = tp_saved(saved, tp, mlp_local)
     block_total = sum(s.nbytes for s in saved)
     h, f = model.hidden, model.ffn_hidden
     tokens = t * model.experts_per_token if model.is_moe else t
@@ -582,7 +588,7 @@ def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Preci
         ckpt_fwd = checkpointed_forward(saved)
     elif checkpointing is Checkpointing.SELECTIVE:
         sac = op_sac_kept(model, t, batch, seq, attention, c, r, sac_list)
-        kept_list = tp_saved(sac, tp)
+        kept_list = tp_saved(sac, tp, mlp_local)
         kept = sum(x.nbytes for x in kept_list)
         # in backward the block is re-run: everything it saves comes back, except what the
         # policy kept (already counted in `kept`)

@@ -73,7 +73,8 @@ def check_supported(candidate: Candidate) -> None:
             raise UnsupportedCandidate("tensor parallel with CPU offload is not modelled")
 
 
-def tp_problem(model: ModelSpec, tp: int, n_gpus: int, gpus_per_node: int) -> str | None:
+def tp_problem(model: ModelSpec, tp: int, n_gpus: int, gpus_per_node: int, ep: int = 1
+               ) -> str | None:
     """Why a tensor-parallel degree cannot run this model on this cluster, or None.
 
     torchtitan's Llama plan (``parallelize_llama``/``apply_tp``): q/k/v and the MLP's input
@@ -91,8 +92,12 @@ def tp_problem(model: ModelSpec, tp: int, n_gpus: int, gpus_per_node: int) -> st
                     ("FFN width", model.ffn_hidden)):
         if v % tp:
             return f"{what} ({v}) not divisible by TP {tp}"
-    if model.is_moe:
-        return "tensor parallel over MoE experts is not modelled"
+    if model.is_moe and ep <= 1:
+        # torchtitan (b5bcd76, models/common/moe_sharding.py): without EP the routed experts
+        # are TP-sharded on their FFN dim (not modelled); with EP they stay whole on the EP
+        # ranks and each TP rank routes its own sequence shard (docs/model.md §8.8: modelled)
+        return ("tensor parallel for an MoE model without --ep is NOT MODELLED (torchtitan "
+                "TP-shards the experts there; beside --ep N it is modelled)")
     return None
 
 

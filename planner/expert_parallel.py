@@ -43,7 +43,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from planner.spec import Candidate, CompileMode, ModelSpec, Strategy, TrainingSpec
+from planner.spec import (Candidate, Checkpointing, CompileMode, ModelSpec, Strategy,
+                          TrainingSpec)
 from planner import vec
 from planner.vec import ceil_div
 
@@ -80,6 +81,31 @@ def ep_problem(model: ModelSpec, training: TrainingSpec, n_gpus: int) -> str | N
     if training.ep_imbalance > ep:
         return (f"an imbalance of {training.ep_imbalance:g} is more than EP {ep} (every "
                 "routed row of the group on one rank)")
+    return None
+
+
+def ep_tp_problem(model: ModelSpec, training: TrainingSpec, tp: int,
+                  checkpointing: Checkpointing) -> tuple[str, str] | None:
+    """(field, why) for what fitcheck does not model of EP beside tensor parallel ``tp``, or
+    None. Modelled: torchtitan's layout at b5bcd76 with sequence parallel (docs/model.md §8.8
+    "Beside tensor parallel"): every MoE on its TP rank's sequence shard, the routed experts
+    whole. Refused by name: a sequence that does not split over TP (torchtitan/models/common/
+    moe.py: "the caller must provide a TP-divisible token count"); what the referee
+    (probes/ep_trace.py with ``tp``) does not trace: shared experts and dense first blocks
+    (TP-sharded MLPs beside the routed ones: an all-gather in, a reduce-scatter out), MLA
+    attention under TP, selective checkpointing."""
+    if training.local_seq % tp:
+        return ("training.seq", f"{training.local_seq} is not a multiple of TP {tp}: under "
+                "expert parallel each TP rank routes its own sequence shard")
+    untraced = [(model.shared_ffn > 0, "parallel.tp", "shared experts"),
+                (model.n_dense_layers > 0, "parallel.tp", "dense first blocks"),
+                (model.kv_lora_rank > 0, "parallel.tp", "MLA attention"),
+                (checkpointing is Checkpointing.SELECTIVE, "checkpointing",
+                 "selective checkpointing")]
+    for bad, path, what in untraced:
+        if bad:
+            return (path, f"expert parallel with tensor parallel and {what} is NOT MODELLED "
+                    "(not traced)")
     return None
 
 
@@ -230,23 +256,30 @@ def expert_params(model: ModelSpec) -> int:
 def ep_inputs(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *,
               mb: Any, seq: Any, gpn: Any, c: int, n: Any) -> dict[str, Any]:
     """StepInputs fields of expert parallel (empty without it): one token all-to-all's bytes
-    per MoE layer (scaled to the sweep's micro-batch and sequence), the MoE layers, whether
-    the EP group spans nodes (ep innermost in torchtitan's sparse mesh), and the expert
-    parameters FSDP's collectives no longer move: a ring over m = n ranks moves (m - 1) / m
-    of what it gathers, over s = n / ep ranks of E / ep experts (s - 1) / s of X / ep, so
-    X (1 - (s - 1) / (s ep) x m / (m - 1)) parameters fewer, in the ring's units."""
+    per MoE layer (scaled to the sweep's micro-batch and sequence; beside TP over the rank's
+    1 / tp of the tokens), the MoE layers (beside TP: no sequence-parallel collective around
+    their MLP), whether the EP group spans nodes (ep innermost in torchtitan's sparse mesh),
+    and the expert parameters FSDP's collectives no longer move (below)."""
     ep = training.ep
     if ep <= 1:
         return {}
-    per_token = a2a_bytes(model, training, c) / (training.micro_batch * training.local_seq)
+    # beside TP each TP rank routes its own sequence shard: 1 / tp of the tokens (§8.8)
+    tp = candidate.tp
+    per_token = a2a_bytes(model, training, c) / (training.micro_batch * training.local_seq) \
+        / tp
     x = float(expert_params(model))
     s = n / ep
-    less = x * (1.0 - (s - 1.0) / (s * ep) * n / vec.maximum(n - 1.0, 1.0))
+    # FSDP's ring over m = n / tp ranks moves (m - 1) / m of the parameters / tp (the dense
+    # ones TP-sharded); the experts, not TP-sharded, (s - 1) / s of X / ep: X less by
+    # 1 - tp (s - 1) / (s ep) x m / (m - 1), in those units (tp 1: m = n)
+    m = n / tp
+    less = x * (1.0 - tp * (s - 1.0) / (s * ep) * m / vec.maximum(m - 1.0, 1.0))
     # the routed experts' matmul weights a token multiplies in one MoE layer: top_k experts'
     # (planner/arch/mlp.py Moe.matmul_weights), the busiest GPU (imbalance - 1) x that more
     routed = (3 if model.mlp.gated else 2) * model.hidden * model.ffn_hidden \
         * model.experts_per_token
     idle = (training.ep_imbalance - 1.0) * routed * model.n_moe_layers
     return {"ep": float(ep), "ep_bytes": per_token * mb * seq, "ep_idle_mm": idle,
+            "tp_moe_layers": float(model.n_moe_layers) if tp > 1 else 0.0,
             "ep_layers": float(model.n_moe_layers),
             "ep_inter": vec.where(ep > gpn, 1.0, 0.0), "ep_comm_less": less}

@@ -139,6 +139,10 @@ class One:
     def __init__(self, r: Request, _counts: dict[int, One] | None = None) -> None:
         self.request = r = r.resolved()
         self.modes = checkpointing_modes(r.options.checkpointing)
+        if r.training.ep > 1 and (r.options.tp or 1) > 1:
+            # EP x TP under selective checkpointing is not traced (expert_parallel.
+            # ep_tp_problem refuses it when asked): `auto` tries none and full
+            self.modes = tuple(m for m in self.modes if m is not Checkpointing.SELECTIVE)
         self.n_gpus, self.gpus_per_node = r.cluster.n_gpus, r.cluster.gpus_per_node
         self._estimates: dict[Candidate, Estimate] = {}
         self._counts = {} if _counts is None else _counts
@@ -181,8 +185,8 @@ def multi_node(at: Points) -> Any:
 
 def tp_allowed(at: Points, tp: int) -> Any:
     """Where the model and the node allow TP ``tp`` (``tp_problem`` finds nothing)."""
-    model = at.request.model
-    return at.each(lambda n, gpn: tp_problem(model, tp, n, gpn) is None)
+    model, ep = at.request.model, at.request.training.ep
+    return at.each(lambda n, gpn: tp_problem(model, tp, n, gpn, ep) is None)
 
 
 def offload_modes(r: Request, *, for_fit: bool = False) -> tuple[Offload, ...]:
@@ -412,7 +416,7 @@ def first_fit(at: Points, c: Candidate, start: int, below: Any) -> Any:
     runs = at.each(lambda n, gpn: c.tp <= gpn)  # a TP group lives inside a node
     if c.tp > 1:  # and the model allows it (or not, at any count)
         runs = runs & at.with_gpus(at.gpus_per_node * 0 + c.tp).each(
-            lambda n, gpn: tp_problem(r.model, c.tp, n, max(gpn, n)) is None)
+            lambda n, gpn: tp_problem(r.model, c.tp, n, max(gpn, n), r.training.ep) is None)
     lo = counts.index_of(start)
     end = vec.minimum(counts.last_index(MAX_GPUS_SEARCHED), counts.index_of(below) - 1) + 1
     end = vec.where(runs, end, lo)

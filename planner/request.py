@@ -45,7 +45,7 @@ from planner.spec import (
 from planner import pipeline
 from planner.candidates import tp_problem
 from planner.context_parallel import CP_STRATEGIES, cp_problem
-from planner.expert_parallel import EP_STRATEGIES, ep_problem
+from planner.expert_parallel import EP_STRATEGIES, ep_problem, ep_tp_problem
 from planner.memory.zero import zeropp_problem
 from planner.params import trainable
 from planner.throughput import DEFAULT_ASSUMPTIONS, ThroughputAssumptions
@@ -598,15 +598,21 @@ def ep_options(v: Mapping[str, Any], model: ModelSpec, training: TrainingSpec,
                cluster: Cluster, options: Options, naming: Naming) -> Options:
     """The search options under expert parallel, or one error naming the field: EP is
     modelled as torchtitan runs it, FSDP2 (full_shard or shard_grad_op) over every GPU
-    without offload or TP (tensor parallel over MoE experts is not modelled)."""
+    without offload, TP only when given (``--tp auto`` is 1 under EP; docs/model.md §8.8)."""
     problem = ep_problem(model, training, cluster.n_gpus)
     if problem:
         raise naming.fail("parallel.ep", problem)
-    if (options.tp or 1) > 1:
-        raise naming.fail("parallel.ep", "expert parallel with tensor parallel is not modelled")
+    tp = options.tp or 1
+    if tp > 1:
+        # torchtitan's EP x TP (docs/model.md §8.8): each TP rank routes its own sequence
+        # shard, so the (local) sequence must split over TP (torchtitan/models/common/moe.py:
+        # "the caller must provide a TP-divisible token count")
+        problem = ep_tp_problem(model, training, tp, options.checkpointing)
+        if problem:
+            raise naming.fail(*problem)
     asked = fsdp2_only(v, naming, "expert parallel", "EP runs under FSDP2", EP_STRATEGIES)
     return dataclasses.replace(options, strategies=tuple(asked) if asked else EP_STRATEGIES,
-                               offloads=(Offload.NONE,), tp=1)
+                               offloads=(Offload.NONE,), tp=tp)
 
 
 def pipeline_cluster_problem(p: Pipeline, cluster: Cluster, tp: Any, strategies: Any,
@@ -734,7 +740,7 @@ def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
     if p.enabled and tp == "auto":
         tp = 1
     if tp != "auto":
-        problem = tp_problem(model, tp, cluster.n_gpus, cluster.gpus_per_node)
+        problem = tp_problem(model, tp, cluster.n_gpus, cluster.gpus_per_node, training.ep)
         if problem:
             raise naming.fail("parallel.tp", problem)
     strategies = v["strategy"] or tuple(Strategy)

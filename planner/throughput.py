@@ -466,6 +466,9 @@ class StepInputs:
     ep_comm_less: Any = 0.0
     """Parameters FSDP's all-gathers and reduce-scatters no longer move per GPU: each GPU's
     experts are gathered over GPUs / ep ranks, E / ep of them (planner/expert_parallel.py)."""
+    tp_moe_layers: Any = 0.0
+    """Blocks whose MLP runs no sequence-parallel collective: expert parallel's MoE beside TP
+    (each TP rank routes its own sequence shard; docs/model.md §8.8)."""
     # ---- DeepSpeed ZeRO++ (ZeRO-3; defaults: off; ``zeropp_times``) -------------------------
     ag_b: Any = None
     """Bytes per parameter element a ZeRO-3 all-gather moves: qwZ's int8 and its scales;
@@ -707,7 +710,10 @@ def tp_collectives_s(x: StepInputs, n_layers: Any, micro_batches: Any) -> Any:
     the same, a recomputed forward again; on the critical path (torchtitan without async
     TP), inside a node; ``n_layers`` blocks, ``micro_batches`` micro-batches."""
     tp = x.tp
-    calls = n_layers * (8.0 + 4.0 * x.recompute.matmul)
+    # per block: attention's and the MLP's all-gather and reduce-scatter, forward, backward
+    # and a recomputed forward; an EP MoE beside TP has none around its MLP (§8.8)
+    calls = n_layers * (8.0 + 4.0 * x.recompute.matmul) \
+        - x.tp_moe_layers * (4.0 + 2.0 * x.recompute.matmul)
     return vec.where(tp > 1.0, micro_batches * calls * ((tp - 1.0) / tp * x.tp_bytes
                                                         / x.bw_intra + (tp - 1.0) * x.lat_intra),
                      0.0)

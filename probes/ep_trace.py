@@ -152,11 +152,27 @@ def install(net: nn.Module, spec: ModelSpec, training: TrainingSpec) -> None:
 
 
 def ep_parallelize(net: nn.Module, spec: ModelSpec, training: TrainingSpec,
-                   strategy: Strategy, policies: tuple[Any, Any]) -> Any:
+                   strategy: Strategy, policies: tuple[Any, Any], tp: int = 1) -> Any:
     """(world_size, gpus_per_node) -> mesh shape: torchtitan's ``apply_fsdp`` under EP
     (module doc), the EP group handed to every ``EPMoE``; ``policies``: the blocks' and the
-    root's ``MixedPrecisionPolicy`` (probes/trace.py ``fsdp_policies``)."""
+    root's ``MixedPrecisionPolicy`` (probes/trace.py ``fsdp_policies``).
+
+    ``tp`` > 1: tensor + sequence parallel beside EP as torchtitan lays it out (b5bcd76,
+    docs/model.md §8.8 "Beside tensor parallel"): the dense mesh ``(dp, tp)`` with tp
+    innermost, the attention, norms, embedding and head under fitcheck's TP plan
+    (probes/finetune_tp.py ``apply_tp_plan``), every MoE on this rank's sequence shard
+    (``ep_moe``), FSDP2 of the dense parameters over dp = n / tp; the sparse mesh
+    ``(efsdp, ep)`` over the same n ranks, efsdp = n / ep (``dp_shard * tp / ep``)."""
     from torch.distributed.tensor import Shard
+
+    if tp > 1 and (spec.n_heads % tp or spec.n_kv_heads % tp or spec.vocab % tp
+                   or spec.tied_embeddings or spec.parallel_block or spec.kv_lora_rank
+                   or spec.norm.value != "rmsnorm"):
+        from probes.trace_types import UnsupportedConfig
+
+        raise UnsupportedConfig(f"EP x TP {tp} is traced on the Llama-style reference blocks "
+                                "(untied, RMSNorm, sequential, no MLA) with heads, kv heads "
+                                "and vocab divisible by tp")
 
     def apply(world_size: int, gpus_per_node: int) -> tuple[int, ...]:
         from torch.distributed.device_mesh import init_device_mesh
@@ -167,7 +183,16 @@ def ep_parallelize(net: nn.Module, spec: ModelSpec, training: TrainingSpec,
         ep = training.ep
         if world_size % ep:
             raise ValueError(f"EP {ep} does not divide {world_size} ranks")
-        dp = init_device_mesh("cpu", (world_size,), mesh_dim_names=("dp",))
+        if world_size % tp:
+            raise ValueError(f"TP {tp} does not divide {world_size} ranks")
+        if tp > 1:
+            from probes.finetune_tp import apply_tp_plan
+
+            dense = init_device_mesh("cpu", (world_size // tp, tp), mesh_dim_names=("dp", "tp"))
+            apply_tp_plan(net, dense["tp"], ep_moe=True)
+            dp = dense["dp"]
+        else:
+            dp = init_device_mesh("cpu", (world_size,), mesh_dim_names=("dp",))
         sparse = init_device_mesh("cpu", (world_size // ep, ep),
                                   mesh_dim_names=("efsdp", "ep"))
         edp_info, dp_info = _get_mesh_info(sparse["efsdp"]), _get_mesh_info(dp)
@@ -196,7 +221,7 @@ def ep_parallelize(net: nn.Module, spec: ModelSpec, training: TrainingSpec,
         rev = blocks[::-1]
         for cur, prev in zip(rev, rev[1:]):
             cur.set_modules_to_backward_prefetch([prev])
-        return (world_size // ep, ep)
+        return (world_size // ep, ep) if tp == 1 else (world_size // tp, tp)
 
     return apply
 

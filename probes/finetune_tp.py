@@ -201,11 +201,18 @@ def apply_finetune(net: nn.Module, spec: ModelSpec, ft: FineTune, precision: Pre
         net.lm_head.requires_grad_(False)
 
 
-def apply_tp_plan(net: nn.Module, tp_mesh: Any) -> None:
+def apply_tp_plan(net: nn.Module, tp_mesh: Any, ep_moe: bool = False) -> None:
     """Tensor parallel with sequence parallel over ``tp_mesh`` on the reference transformer
     (module doc): the root's embedding / final norm / head and every block. Used by
     ``tp_parallelize`` and by the pipeline trace (probes/pipeline_trace.py), which applies it
-    to the whole meta model before keeping a stage's modules."""
+    to the whole meta model before keeping a stage's modules.
+
+    ``ep_moe``: every block's MLP is expert parallel's MoE (probes/ep_trace.py ``EPMoE``),
+    laid out as torchtitan does under EP x TP (b5bcd76, models/common/moe_sharding.py
+    ``_moe_sharding_config`` / ``_router_sharding_config`` / ``_routed_experts_sharding_
+    configs``: the sequence-parallel layout kept around the MoE): the MoE gets this rank's
+    sequence shard as a local tensor (no all-gather) and returns its output as that shard of
+    the residual stream (no reduce-scatter); its router and experts are not TP-sharded."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -224,18 +231,25 @@ def apply_tp_plan(net: nn.Module, tp_mesh: Any) -> None:
         "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1),
                                    use_local_output=False),
     })
+    mlp_plan = {} if ep_moe else {
+        "mlp.gate": ColwiseParallel(), "mlp.up": ColwiseParallel(),
+        "mlp.down": RowwiseParallel(output_layouts=Shard(1))}
+    # the residual stream between modules is the local sequence shard (the embedding's and
+    # the row-parallel outputs' ``use_local_output``): the MoE takes and returns that
+    local = PrepareModuleOutput(output_layouts=Shard(1), desired_output_layouts=Shard(1),
+                                use_local_output=True)
     for blk in net.blocks:
         parallelize_module(blk, tp_mesh, {
             "norm1": SequenceParallel(), "norm2": SequenceParallel(),
             "attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(),
             "attn.v": ColwiseParallel(),
             "attn.o": RowwiseParallel(output_layouts=Shard(1)),
-            "mlp.gate": ColwiseParallel(), "mlp.up": ColwiseParallel(),
-            "mlp.down": RowwiseParallel(output_layouts=Shard(1)),
+            **mlp_plan,
         })
         # torchtitan's PrepareModuleInput(Shard(1) -> Replicate) on attention and
-        # feed_forward: one all-gather of the normed input, shared by the projections
-        parallelize_module(blk, tp_mesh, {"norm1": gather, "norm2": gather})
+        # feed_forward: one all-gather of the normed input, shared by the projections; under
+        # EP the MoE keeps the sequence shard instead
+        parallelize_module(blk, tp_mesh, {"norm1": gather, "norm2": local if ep_moe else gather})
         attn = blk.attn
         attn.n_heads //= tp
         attn.n_kv //= tp

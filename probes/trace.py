@@ -187,7 +187,9 @@ def reference_factory(spec: ModelSpec) -> ModelFactory:
             effects.add("float8")
         parallelize = None
         ft = tr.finetune
-        if not ft.full or (opts.candidate is not None and opts.candidate.tp > 1):
+        ep_tp = opts.candidate.tp if tr.ep > 1 and opts.candidate is not None else 1
+        if not ft.full or (opts.candidate is not None and opts.candidate.tp > 1
+                           and ep_tp == 1):
             from probes.finetune_tp import apply_finetune, tp_parallelize
 
             apply_finetune(net, spec, ft, opts.precision)
@@ -201,14 +203,14 @@ def reference_factory(spec: ModelSpec) -> ModelFactory:
                 parallelize = tp_parallelize(net, spec, opts.candidate, opts.precision)
                 effects.add("tp")
         kernel_context: Callable[[], AbstractContextManager] = nullcontext
-        if parallelize is not None:
+        if parallelize is not None or ep_tp > 1:
             from torch.distributed.tensor.parallel import loss_parallel
 
             kernel_context = loss_parallel  # forward and backward (its docs)
         if tr.cp > 1:
             from probes.context_parallel import ring_sdpa
 
-            if parallelize is not None:
+            if parallelize is not None or ep_tp > 1:
                 raise UnsupportedConfig("context parallel with TP or a fine-tune: not traced")
             kernel_context = functools.partial(ring_sdpa, tr.cp, tr.cp_rotate.value,
                                                tr.cp_kv is CpKv.REPEATED)
@@ -221,10 +223,12 @@ def reference_factory(spec: ModelSpec) -> ModelFactory:
             if parallelize is not None or strategy not in (
                     Strategy.FULL_SHARD, Strategy.SHARD_GRAD_OP):
                 raise UnsupportedConfig("expert parallel is traced with FSDP2 (full_shard / "
-                                        "shard_grad_op), with or without CP: no TP or "
-                                        "fine-tune")
-            parallelize = ep_parallelize(net, spec, tr, strategy, fsdp_policies(tr))
+                                        "shard_grad_op), with or without CP or TP (not both): "
+                                        "no fine-tune")
+            parallelize = ep_parallelize(net, spec, tr, strategy, fsdp_policies(tr), tp=ep_tp)
             effects.add("ep")
+            if ep_tp > 1:
+                effects.add("tp")
 
         def make_batch(b: int, t: int) -> tuple:
             return (torch.randint(0, spec.vocab, (b, t), dtype=torch.int64),

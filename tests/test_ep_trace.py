@@ -122,6 +122,70 @@ def test_ep_step_selective_backward(case) -> None:
     _within(_compare(*case))
 
 
+# EP beside tensor parallel (docs/model.md §8.8 "Beside tensor parallel"): torchtitan's layout
+# at b5bcd76, TP 2 with sequence parallel on the dense (dp, tp) mesh, every MoE on its TP
+# rank's sequence shard (no all-gather, no reduce-scatter around it), the routed experts
+# whole on the sparse (efsdp, ep) mesh, FSDP2 of the dense parameters over dp = 4
+# (probes/ep_trace.py ``ep_parallelize(tp=)``). Measured 2026-11-26 (planner - trace, worst
+# moment): Mixtral-like TP 2 x EP 2 none -0.66 % (bwd_end), EP 4 full -0.86 % (block_bwd),
+# EP 2 imbalance 2 none -1.52 % (block_bwd), EP 4 shard_grad_op none -0.75 % (block_bwd),
+# Scout-like EP 4 full -1.96 % (bwd_end).
+TP_CASES = [
+    # (shape, tp, ep, imbalance, checkpointing[, strategy])
+    ("mixtral", 2, 2, 1.0, NONE),
+    ("mixtral", 2, 4, 1.0, FULL),
+    ("mixtral", 2, 2, 2.0, NONE),
+    ("mixtral", 2, 4, 1.0, NONE, "shard_grad_op"),
+    ("scout", 2, 4, 1.0, FULL),
+]
+
+# Misses over 2 % (measured 2026-11-26):
+# - DeepSeek-V3's shape under EP 2 x TP 2: bwd_end -2.57 % (every other moment within 0.9 %).
+#   Not EP's: the same 1.58 MB is missing at bwd_end for a dense model under TP 2 alone (the
+#   reference model with ffn 1024, 8 kv heads, no MoE: -3.51 %, the planner's TP model at
+#   the root's backward: the trace holds 6.3 MB of the root's unsharded gradients there); at
+#   the small widths of DeepSeek-V3's ffn 144 it is over 2 % of the step.
+# - Scout's shape (n > E: the experts Shard(1) on efsdp) under EP 2 x TP 2, no
+#   checkpointing: block_bwd -2.45 % (-3.1 MB; EP 2 alone -0.26 %, EP 4 x TP 2 full -1.96 %).
+#   Not found in time: the trace's block backward peaks with 15.2 MB of temporaries and
+#   6.9 MB fewer gathered parameters than the planner's moment (the unit and the prefetched
+#   one beside the block's backward transient).
+TP_MISSES = [("dsv3", 2, 2, 1.0, NONE), ("scout", 2, 2, 1.0, NONE)]
+
+
+def _compare_tp(shape: str, tp: int, ep: int, imb: float, ck: Checkpointing,
+                strategy: str = "full_shard"):
+    model = SHAPES[shape]
+    training = TrainingSpec(seq=1024, micro_batch=1, ep=ep, ep_imbalance=imb)
+    cand = Candidate(strategy=Strategy(strategy), checkpointing=ck, tp=tp)
+    result = trace_step(model, training, cand, N, 8)
+    c = compare(model, training, cluster(), cand, result)
+    assert c.ok, c.reason
+    return c
+
+
+@pytest.mark.parametrize("case", TP_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_ep_beside_tp_every_moment(case) -> None:
+    c = _compare_tp(*case)
+    assert abs(c.peak.rel_error) <= 0.02, c.peak
+    for name, pair in c.moments.items():
+        assert abs(pair.rel_error) <= 0.02, (name, pair)
+    # params, gradients, optimizer states: the router and the norms are replicated over TP
+    # (FSDP2 over dp = 4 only), which the planner's TP model leaves out (-0.02 %)
+    for name in ("params", "gradients", "optimizer"):
+        assert abs(c.categories[name].rel_error) <= 1e-3, (name, c.categories[name])
+
+
+@pytest.mark.xfail(strict=True, reason="EP x TP: DeepSeek-V3-like bwd_end -2.57 % (the dense "
+                   "TP model's root backward), Scout-like EP 2 block_bwd -2.45 % (not found); "
+                   "see TP_MISSES")
+@pytest.mark.parametrize("case", TP_MISSES, ids=lambda c: "-".join(map(str, c)))
+def test_ep_beside_tp_misses(case) -> None:
+    c = _compare_tp(*case)
+    for name, pair in c.moments.items():
+        assert abs(pair.rel_error) <= 0.02, (name, pair)
+
+
 def test_per_param_mesh_view_restores_fsdp_state() -> None:
     # the trace lets torch's FSDPMemTracker read a per-parameter-mesh state (two param
     # groups) while it runs, and leaves FSDPState as it was

@@ -101,11 +101,16 @@ def activation_plan(model: ModelSpec, training: TrainingSpec, candidate: Candida
                             cp_repeat_kv=training.cp_kv is CpKv.REPEATED,
                             offload_trl=trl, offload_weights=not trl or autocast and
                             precision.amp or candidate.strategy.is_fsdp,
-                            sac_list=training.sac_list)
+                            sac_list=training.sac_list,
+                            mlp_local=training.ep > 1 and candidate.tp > 1)
     if training.cp > 1:
         plan = with_ring(plan, model, training, candidate, precision, autocast)
     if training.ep > 1:
-        plan = with_dispatch(plan, model, training, precision, autocast,
+        # beside TP each TP rank routes its own sequence shard (docs/model.md §8.8): the
+        # dispatch's terms over seq / tp tokens
+        local = training if candidate.tp == 1 else dataclasses.replace(
+            training, seq=training.seq // candidate.tp)
+        plan = with_dispatch(plan, model, local, precision, autocast,
                              candidate.checkpointing)
     return float8_activations(plan, model, training, candidate)
 
@@ -373,7 +378,7 @@ def step_for(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, 
         if fsdp2 and model.is_moe and not training.finetune.lora else 0
     if training.ep > 1:  # torchtitan's EP places the experts its own way (expert_parallel.py)
         pad = ep_expert_padding(tuple((n, s, 1) for n, s in block_tensors(model)),
-                                training.ep, degree)
+                                training.ep, degree * tp)  # over every rank (dp x tp)
     whole_graph = training.compile is CompileMode.MODEL and strategy is Strategy.DDP
     table_grad = model.vocab * model.hidden // tp * td.grad if embed_trains else 0
     return Step(

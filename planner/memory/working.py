@@ -235,17 +235,23 @@ def fsdp_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate,
             # the local experts' padded shards from the efsdp ranks replace all E experts
             from planner.expert_parallel import gathered_experts
 
-            whole, gathered = gathered_experts(list(block_tensors(model)), ep, degree)
+            # over every rank: efsdp x ep = the world, dp x tp under TP (``degree`` is dp)
+            whole, gathered = gathered_experts(list(block_tensors(model)), ep, degree * tp)
             gather_pad = gathered - whole
     else:
         gather_pad = 0
     Pb = Pb + gather_pad
     # the packed codes only: the quantization constants are not sharded (states.quantized_bytes)
     packed = ceil_div(T.quant_per_block, 2 if ft.quantize_base is Quantize.NF4 else 1)
-    unit = ceil_div((Pb - T.quant_per_block) * c + packed - float8_saving, tp)
+    # EP beside TP (docs/model.md §8.8): the routed experts are not TP-sharded, so the unit's
+    # E / ep gathered experts stay out of the tp division (their gradients alike)
+    ex = gathered if ep > 1 and tp > 1 else 0
+    ex_real = whole // ep if ex else 0
+    unit = ceil_div((Pb - ex - T.quant_per_block) * c + packed - float8_saving, tp) + ex * c
     # the reduce-scatter input is padded alike (experts train unless under LoRA)
-    Tb = ceil_div(G.train_per_block + (0 if ft.lora else gather_pad), tp)
-    Tb_real = ceil_div(G.train_per_block - (whole - whole // ep if ep > 1 else 0), tp)
+    Tb = ceil_div(G.train_per_block + (0 if ft.lora else gather_pad) - ex, tp) + ex
+    Tb_real = ceil_div(G.train_per_block - (whole - whole // ep if ep > 1 else 0) - ex_real,
+                       tp) + ex_real
     Tr = ceil_div(G.train_root, tp)
     root = ceil_div(Pr * c, tp)
     L = model.n_layers
@@ -260,11 +266,12 @@ def fsdp_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate,
     # keeps its own, or nothing where efsdp is 1 (traced: probes/ep_trace.py)
     kept_out = prefetched = unit
     if ep > 1:
-        experts_out = ceil_div(gathered * c, tp)
-        kept_out = experts_out * (degree // ep > 1)
+        experts_out = gathered * c if ex else ceil_div(gathered * c, tp)
+        efsdp = degree * tp // ep
+        kept_out = experts_out * (efsdp > 1)
         # a unit prefetched in backward: a group of one rank gathers nothing until its own
         # wait (``unshard`` records an event; ``wait_for_unshard`` copies the shard in)
-        prefetched = unit - experts_out * (degree // ep == 1)
+        prefetched = unit - experts_out * (efsdp == 1)
     if candidate.strategy in (Strategy.FULL_SHARD, Strategy.HYBRID_SHARD):
         # Resharded after forward, but the last all-gather output is kept until the next
         # all-gather (at the loss: one block); in backward the current block + the one

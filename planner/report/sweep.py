@@ -417,7 +417,8 @@ def _grid(req: ReportRequest, mi: int, setup: Setup, counts: dict[int, list[int]
     for j, gi in enumerate(setup.gpus):
         ns, bad = counts[int(gi)], {}
         if tp is not None:
-            problems = {n: tp_problem(setup.request.model, tp, n, int(setup.gpn[j]))
+            problems = {n: tp_problem(setup.request.model, tp, n, int(setup.gpn[j]),
+                                      setup.request.training.ep)
                         for n in ns}
             bad = {n: p for n, p in problems.items() if p}
             ns = [n for n in ns if n not in bad]
