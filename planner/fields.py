@@ -550,8 +550,8 @@ FIELDS: tuple[Field, ...] = (
     Field(path="parallel.mesh", flag="--mesh", check=_choice(MeshMode),
           choices=_names(MeshMode), default=MeshMode.GIVEN.value,
           help="given: the --tp/--pp/--cp/--ep degrees as given. auto: search every modelled "
-          "layout of the GPUs (TP 1/2/4/8 x CP, PP alone or x TP and/or x CP, EP for an MoE "
-          "model) and plan "
+          "layout of the GPUs (TP 1/2/4/8 x CP, PP alone or x TP and/or x CP, EP alone or x TP "
+          "for an MoE model) and plan "
           "the one that fits with the most "
           "tokens/s per GPU, the simpler within 2 % (fitcheck plan only; docs/model.md "
           "\"Mesh search\")."),

@@ -6,8 +6,8 @@ A layout is torchtitan's ``ParallelDims`` less what fitcheck does not search: te
 is data parallel (FSDP2's dp_shard, or HSDP's dp_replicate x dp_shard, which the plan of each
 layout already chooses among as strategies). ``layouts`` lists the layouts the model covers
 (docs/model.md "Mesh search"): TP x CP (§8.4, §8.6) and PP alone or x TP and/or x CP (§8.7,
-torchtitan's 4D mesh) and, for an MoE model, EP alone (§8.8: EP beside TP is modelled but
-not searched; beside CP or PP it is not modelled).
+torchtitan's 4D mesh) and, for an MoE model, EP alone or x TP (§8.8; EP beside CP or PP is
+not modelled).
 
 Each layout is planned by the plan every other path runs: its request is built by
 ``planner.request.build_request`` from the user's values with ``--tp``/``--pp``/``--cp``/``--ep`` set
@@ -81,8 +81,9 @@ def layouts(n_gpus: int, gpus_per_node: int, seq: int, experts: int = 1) -> list
       above in each stage (torchtitan's FSDP x TP x PP), and with a CP as above whose group,
       times PP and TP, divides the GPUs (the 4D mesh; FSDP2 over dp_shard x cp);
     - EP (an MoE model's ``experts``), a power of two dividing the experts and the GPUs, alone
-      (EP x TP is modelled, docs/model.md §8.8, but not searched: given as --tp N --ep N;
-      EP beside CP or PP is not modelled).
+      or with a TP of the list above (torchtitan's EP x TP, docs/model.md §8.8: EP borrows
+      the TP ranks too, so ep need not divide n / tp); EP beside CP or PP is not modelled
+      and not listed.
     Whether the model allows a degree (heads per TP rank, stages per layer count, CP's
     attention) is the request builder's to say, per layout."""
     out = []
@@ -104,10 +105,15 @@ def layouts(n_gpus: int, gpus_per_node: int, seq: int, experts: int = 1) -> list
                     (cp == 1 or seq % (2 * cp) == 0):
                 out.append(Layout(pp=pp, tp=tp, cp=cp))
                 cp *= 2
-    ep = 2
-    while experts > 1 and experts % ep == 0 and n_gpus % ep == 0:
-        out.append(Layout(ep=ep))
-        ep *= 2
+    for tp in MESH_TP:
+        if tp > gpus_per_node or n_gpus % tp:
+            continue
+        # EP borrows its ranks from dp_shard x tp (torchtitan's parallel_dims.py), so it
+        # divides the GPUs, not the data-parallel ranks left beside TP
+        ep = 2
+        while experts > 1 and experts % ep == 0 and n_gpus % ep == 0:
+            out.append(Layout(tp=tp, ep=ep))
+            ep *= 2
     return sorted(out, key=Layout.simplicity)
 
 

@@ -63,6 +63,25 @@ def test_layouts_of_an_moe_model_add_expert_parallel() -> None:
     assert [x for x in layouts(4, 1, 4, experts=6) if x.ep > 1] == [L(ep=2)]
 
 
+def test_layouts_of_an_moe_model_add_expert_parallel_beside_tensor_parallel() -> None:
+    # 8 GPUs, 2 per node, seq 4, 8 experts: TP 1 or 2 (4 > a node); EP 2, 4, 8 (powers of two
+    # dividing the 8 experts and the 8 GPUs), alone and beside TP 2. EP borrows the TP ranks
+    # too (torchtitan's parallel_dims.py: dp_shard x cp x tp a multiple of ep), so TP 2 x EP 8
+    # is listed though 8 does not divide n / tp = 4. Simplest first: the EP layouts alone
+    # (one dimension) before the EP x TP ones (two), those by group (tp x ep: 4, 8, 16)
+    lays = layouts(8, 2, 4, experts=8)
+    assert [x for x in lays if x.ep > 1] == [L(ep=2), L(ep=4), L(ep=8), L(tp=2, ep=2),
+                                             L(tp=2, ep=4), L(tp=2, ep=8)]
+    # within two dimensions and a group of 4: after TP 2 x CP 2 (no EP), before PP 2 x TP 2
+    # (PP last); group 8: TP 2 x EP 4 before PP 4 x CP 2 (PP last)
+    two = [x for x in lays if sum(d > 1 for _, d in x.degrees()) == 2]
+    assert two[:4] == [L(tp=2, cp=2), L(tp=2, ep=2), L(tp=2, pp=2), L(pp=2, cp=2)]
+    assert two[4:6] == [L(tp=2, ep=4), L(pp=4, cp=2)]
+    # one GPU per node: no TP, so no EP x TP; a dense model: no EP at all
+    assert all(x.tp == 1 for x in layouts(4, 1, 4, experts=4) if x.ep > 1)
+    assert all(x.ep == 1 for x in layouts(8, 2, 4))
+
+
 def test_ties_go_to_the_simpler_layout() -> None:
     # within 2 %: 1000 / 990 = 1.0101 -> data parallel (0 dimensions) beats TP 2
     assert pick([(L(tp=2), 1000.0), (L(), 990.0)]) == 1
@@ -125,6 +144,62 @@ def test_only_context_parallel_fits_at_long_sequence() -> None:
     assert "kv heads (1) not divisible by TP 2" in by[L(tp=2)].problem
     assert any(line.startswith("not mesh data parallel only (dp 8): does not fit")
                for line in m.reasons)
+
+
+# LONG's shape as an MoE model (8 experts of ffn 1408, top 2; 8 kv heads, so TP 2/4/8 divide
+# them). For an MoE model CP and PP are refused (not modelled) and TP only beside EP, so the
+# layouts planned are data parallel, EP alone and EP x TP. Without TP the logits and the
+# checkpointed block inputs are LONG's: 62.5 + 32 = 94.5 GiB > 79.6 GiB (LONG's comment; the
+# MoE changes neither: they are the head's output and each block's input), so data parallel
+# and EP alone cannot fit whatever they shard. TP's sequence parallel (and the loss parallel
+# head) keeps 1/tp of each, and EP x TP is the only modelled way to use TP here.
+LONG_MOE = {**LONG, "model.kv_heads": 8, "model.ffn": 1408, "model.experts": 8,
+            "model.experts_per_token": 2}
+
+
+def test_expert_parallel_beside_tensor_parallel_wins_when_only_tp_fits() -> None:
+    m = search(LONG_MOE)
+    by = {t.layout: t for t in m.tried}
+    for lay in (L(), L(ep=2), L(ep=4), L(ep=8)):  # planned, and none fits (94.5 GiB by hand)
+        assert by[lay].problem is None and by[lay].tokens_per_s_per_gpu is None
+    assert "without --ep is NOT MODELLED" in by[L(tp=2)].problem
+    assert m.chosen is not None and m.chosen.layout.tp > 1 and m.chosen.layout.ep > 1
+    # and it is the layout each plan alone picks (the oracle: --tp N --ep N as a user gives)
+    want, tps = _oracle(LONG_MOE, [t.layout for t in m.tried])
+    assert m.chosen.layout == want
+    assert m.chosen.tokens_per_s_per_gpu == pytest.approx(tps, rel=1e-12)
+    lay = m.chosen.layout
+    assert m.answer.recommendation.reasons[0].startswith(
+        f"mesh TP {lay.tp} x EP {lay.ep} (dp {8 // lay.tp})")
+    assert m.as_json()["chosen"]["dp"] == 8 // lay.tp
+
+
+@pytest.mark.parametrize("values, field, what", [
+    # Qwen1.5-MoE's shared experts (TP-sharded beside the routed ones: not traced)
+    ({"model.preset": "qwen1.5-moe-a2.7b", "hardware.gpu": "h100-80", "hardware.n": 16},
+     "--tp", "shared experts"),
+    # a given selective checkpointing (torchtitan's op-level policy under EP x TP: not traced)
+    ({"model.preset": "mixtral-8x7b", "hardware.gpu": "h100-80", "hardware.n": 32,
+      "checkpointing": "selective"}, "--checkpointing", "selective checkpointing"),
+])
+def test_expert_parallel_beside_tensor_parallel_refused_is_skipped_with_its_reason(
+        values: dict, field: str, what: str) -> None:
+    m = search(values)
+    n = values["hardware.n"]
+    eptp = [t for t in m.tried if t.layout.tp > 1 and t.layout.ep > 1]
+    assert eptp  # listed: TP 2/4/8 x EP 2/4 (Qwen's 60 experts), x EP 8 too (Mixtral's 8)
+    for t in eptp:
+        # the request's own message (planner.expert_parallel.ep_tp_problem), by its field
+        assert t.answer is None
+        assert t.problem == (f"{field}: expert parallel with tensor parallel and {what} is "
+                             "NOT MODELLED (not traced)")
+        assert (f"not mesh {t.layout.label(n)}: not modelled here ({t.problem})"
+                in m.reasons)
+        with pytest.raises(UsageError) as exc:
+            build_request({**values, "parallel.tp": t.layout.tp, "parallel.ep": t.layout.ep})
+        assert str(exc.value) == t.problem
+    # EP alone still plans, and the search still recommends a layout
+    assert m.chosen is not None and m.chosen.layout.tp == 1 and m.chosen.layout.ep > 1
 
 
 def test_pipeline_of_a_stage_per_layer_plans() -> None:
