@@ -25,3 +25,29 @@ def test_ci_installs_and_tests_exactly_as_readme_says():
     steps = [s.strip() for s in _commands()[1].split("&&")][2:]  # after venv + activate
     for step in steps:
         assert step in ci, step
+
+
+def test_the_readme_example_is_what_the_command_prints():
+    """The example block after ``$ fitcheck --params 13e9 --gpu h100-80 --n 8`` is the
+    command's output, byte for byte at the width README was written at (COLUMNS=100); where
+    torch is installed, but for the calibration's STALE note and the wrapping it moves."""
+    import os
+    import subprocess
+    import sys
+
+    text = (ROOT / "README.md").read_text()
+    start = text.index("$ fitcheck --params 13e9 --gpu h100-80 --n 8\n")
+    block = text[text.index("\n", start) + 1:]
+    block = block[:block.index("```")]
+    env = dict(os.environ, COLUMNS="100")
+    out = subprocess.run([sys.executable, "-m", "planner", "--params", "13e9", "--gpu",
+                          "h100-80", "--n", "8"], capture_output=True, text=True, env=env,
+                         cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    # README was printed where torch is not installed (`pip install .`): where it is, the
+    # calibration line also says the calibration's torch is not the installed one
+    printed = re.sub(r" \(STALE: torch [^)]*\) != [^)]*\)\)", "",
+                     re.sub(r"\s+", " ", out.stdout))
+    assert printed == re.sub(r"\s+", " ", block)
+    if "STALE" not in out.stdout:  # then the wrapping is README's too
+        assert out.stdout == block
