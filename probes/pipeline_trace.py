@@ -227,7 +227,7 @@ def trace_rank(spec: ModelSpec, training: TrainingSpec, checkpointing: Checkpoin
     ``alloc_events``, every storage allocation and free in order with its stream, for the
     allocator emulator (probes/alloc_emu.py; as ``probes.trace.trace_step``'s): two steps
     or more show the steady state, where the previous step's blocks sit in the side streams'
-    pools."""
+    pools (``step_starts``: each step's first event)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
     from torch.distributed.device_mesh import init_device_mesh
@@ -345,7 +345,9 @@ def trace_rank(spec: ModelSpec, training: TrainingSpec, checkpointing: Checkpoin
             ring = ring_sdpa(cp, training.cp_rotate.value, str(training.cp_kv) == "repeated")
         with untracked, tracker, ring, parallel_loss, _no_backward_module_hooks():
             args = (x,) if has_first else ()
+            starts = []
             for _ in range(steps):
+                starts.append(len(tracker.alloc_events or ()))
                 # as torchtitan's train step calls it: the losses collected, the last
                 # stage's outputs not kept for the caller (--pp-kept-outputs last: kept and
                 # returned, the merged result dropped at once)
@@ -367,13 +369,14 @@ def trace_rank(spec: ModelSpec, training: TrainingSpec, checkpointing: Checkpoin
                  for v in st.values() if isinstance(v, torch.Tensor) and v.dim() == 0)
     return {"peak_bytes": cats.get("Total", 0), "at_peak": cats,
             "optimizer_scalar_bytes": int(scalar), "actions": actions,
-            "alloc_events": tracker.alloc_events if record_events else None}
+            "alloc_events": tracker.alloc_events if record_events else None,
+            "step_starts": starts if record_events else None}
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m probes.pipeline_trace '<json>'``: {"values": {spec path: value, as
     ``planner.request.build_request`` takes them}, "pp_rank": r, optionally "timeline":
-    true} -> the trace of that rank
+    true, "record_events": true, "steps": k} -> the trace of that rank
     of the request's pipeline (its ``--n``, ``--pp`` and ``--tp`` give dp = n / (pp x tp)), as
     JSON on stdout."""
     from planner.fields import SPEC
@@ -384,7 +387,8 @@ def main(argv: list[str] | None = None) -> int:
     tp = job["values"].get("parallel.tp") or 1
     dp = r.cluster.n_gpus // (r.training.pipeline.degree * tp)
     out = trace_rank(r.model, r.training, Checkpointing(job["values"]["checkpointing"]),
-                     job["pp_rank"], dp, tp, timeline=bool(job.get("timeline")))
+                     job["pp_rank"], dp, tp, timeline=bool(job.get("timeline")),
+                     record_events=bool(job.get("record_events")), steps=job.get("steps", 1))
     print(json.dumps(out))
     return 0
 

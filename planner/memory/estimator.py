@@ -596,6 +596,7 @@ def pipeline_estimate(model: ModelSpec, training: TrainingSpec, candidate: Candi
     rank, phases, rs_free = fullest_rank_free(model, training, dp, acts, ov, tp,
                                               candidate.checkpointing)
     stages = rank_stages(p, rank)
+    cache = pipeline_cache(rs_free, model, training, candidate, rank, dp)
     note = (f"pipeline {p.schedule}, {p.degree} ranks x {p.virtual} stage(s), "
             f"{p.microbatches} micro-batches: rank {rank} (stages "
             f"{', '.join(map(str, stages))}) is the fullest, {peak_in_flight(p, rank)} "
@@ -603,8 +604,7 @@ def pipeline_estimate(model: ModelSpec, training: TrainingSpec, candidate: Candi
     est = from_phases(candidate, phases, degree=dp, n_gpus=n_gpus, gpus_per_node=gpus_per_node,
                       capacity=capacity, context=context, host_capacity=host_capacity,
                       margin=margin, ov=ov, notes=(note,),
-                      cached=[pipeline_cache(ph, rs_free, model, training, candidate, rank,
-                                             dp) for ph in phases],
+                      cached=[cache[ph] for ph in phases],
                       allocator=training.allocator,
                       init_host=init_host_bytes(model, training, candidate,
                                                 min(n_gpus, gpus_per_node)),
@@ -614,9 +614,10 @@ def pipeline_estimate(model: ModelSpec, training: TrainingSpec, candidate: Candi
     return dataclasses.replace(est, nccl_bytes=(2 + (tp > 1)) * ov.nccl_bytes_per_communicator)
 
 
-def pipeline_cache(phase: Phase, rs_free: dict[Phase, Any] | None, model: ModelSpec,
-                   training: TrainingSpec, candidate: Candidate, rank: int, dp: int) -> Any:
-    """``allocator_cache`` on a pipeline rank (docs/model.md §7.4, §8.7). torchtitan shards
+def pipeline_cache(rs_free: dict[Phase, Any] | None, model: ModelSpec,
+                   training: TrainingSpec, candidate: Candidate, rank: int, dp: int
+                   ) -> dict[Phase, Any]:
+    """Each moment's ``allocator_cache`` on a pipeline rank (docs/model.md §7.4, §8.7). torchtitan shards
     each model part (stage) with its own ``fully_shard`` root, and each root's
     ``FSDPCommContext.lazy_init`` (torch 2.13 _fsdp_param_group.py) makes its own copy-in,
     all-gather and reduce-scatter streams, so every stage of the rank has its own pools.
@@ -637,18 +638,18 @@ def pipeline_cache(phase: Phase, rs_free: dict[Phase, Any] | None, model: ModelS
       fills; under TP's loss_parallel there is none anyway (``ActivationPlan.loss_gap``)."""
     from planner.memory.pipeline import units  # pipeline plans only (cold start)
 
-    if phase is Phase.INIT or candidate.offload is not Offload.NONE:
-        return 0
+    if candidate.offload is not Offload.NONE:
+        return dict.fromkeys(PHASES, 0)
     p = training.pipeline
-    rs = rs_free[phase] if rs_free is not None else 0
-    if dp < 2:  # one rank per shard group all-gathers nothing
-        return rs
-    layers = stage_layers(model.n_layers, p.n_stages)
-    c = dtypes(Strategy.FULL_SHARD, training.precision, training.fsdp_dtypes).compute
-    ag = sum(all_gather_buffer(units(model, s == 0, s == p.n_stages - 1, layers[s],
-                                     candidate.tp)[0], dp, training, c)
-             for s in rank_stages(p, rank))
-    return rs + ag
+    ag = 0
+    if dp > 1:  # one rank per shard group all-gathers nothing
+        layers = stage_layers(model.n_layers, p.n_stages)
+        c = dtypes(Strategy.FULL_SHARD, training.precision, training.fsdp_dtypes).compute
+        ag = sum(all_gather_buffer(units(model, s == 0, s == p.n_stages - 1, layers[s],
+                                         candidate.tp)[0], dp, training, c)
+                 for s in rank_stages(p, rank))
+    return {ph: 0 if ph is Phase.INIT else (rs_free[ph] if rs_free is not None else 0) + ag
+            for ph in PHASES}
 
 
 def from_phases(candidate: Candidate, phases: dict[Phase, Breakdown], *, degree: Any,
