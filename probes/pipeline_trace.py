@@ -347,7 +347,7 @@ def trace_rank(spec: ModelSpec, training: TrainingSpec, checkpointing: Checkpoin
             args = (x,) if has_first else ()
             starts = []
             for _ in range(steps):
-                starts.append(len(tracker.alloc_events or ()))
+                starts.append(len(tracker.alloc_events) if record_events else 0)
                 # as torchtitan's train step calls it: the losses collected, the last
                 # stage's outputs not kept for the caller (--pp-kept-outputs last: kept and
                 # returned, the merged result dropped at once)
