@@ -34,10 +34,11 @@ BASE = {"hardware.n": 4, "parallel.pp": 2, "parallel.pp_microbatches": 4}
 """What every configuration adds to SMALL before its own values."""
 
 
-def traced_rank(values: dict, rank: int, timeline: bool = False) -> dict:
-    """``probes.pipeline_trace`` in its own process (a process holds one process group)."""
+def traced_rank(values: dict, rank: int, timeline: bool = False, **more: Any) -> dict:
+    """``probes.pipeline_trace`` in its own process (a process holds one process group);
+    ``more``: the probe's other keys (``record_events``, ``steps``)."""
     root = ROOT
-    job = json.dumps({"values": values, "pp_rank": rank, "timeline": timeline})
+    job = json.dumps({"values": values, "pp_rank": rank, "timeline": timeline, **more})
     out = subprocess.run([sys.executable, "-m", "probes.pipeline_trace", job], cwd=root,
                          capture_output=True, text=True, timeout=600,
                          env={**os.environ, "PYTHONPATH": str(root)})

@@ -219,10 +219,15 @@ def _record_actions(schedule: Any, stages: list, tracker: Any, out: list) -> Non
 
 
 def trace_rank(spec: ModelSpec, training: TrainingSpec, checkpointing: Checkpointing,
-               pp_rank: int, dp: int, tp: int = 1, timeline: bool = False) -> dict[str, Any]:
-    """Peak bytes (and the categories at the peak) of pipeline rank ``pp_rank`` over one step:
-    the schedule's step and the optimizer step; with ``timeline``, also the bytes held after
-    each compute action (``_record_actions``)."""
+               pp_rank: int, dp: int, tp: int = 1, timeline: bool = False,
+               record_events: bool = False, steps: int = 1) -> dict[str, Any]:
+    """Peak bytes (and the categories at the peak) of pipeline rank ``pp_rank`` over
+    ``steps`` steps: the schedule's step and the optimizer step; with ``timeline``, also the
+    bytes held after each compute action (``_record_actions``); with ``record_events``, also
+    ``alloc_events``, every storage allocation and free in order with its stream, for the
+    allocator emulator (probes/alloc_emu.py; as ``probes.trace.trace_step``'s): two steps
+    or more show the steady state, where the previous step's blocks sit in the side streams'
+    pools (``step_starts``: each step's first event)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
     from torch.distributed.device_mesh import init_device_mesh
@@ -236,6 +241,7 @@ def trace_rank(spec: ModelSpec, training: TrainingSpec, checkpointing: Checkpoin
     from probes.trace import (
         _to_bf16,
         _to_empty,
+        _tracker_class,
         _untracked_sharding_propagation,
         fsdp_policies,
         make_optimizer,
@@ -309,8 +315,15 @@ def trace_rank(spec: ModelSpec, training: TrainingSpec, checkpointing: Checkpoin
         y = torch.zeros(b * m, t, dtype=torch.int64)
         has_first = any(s == 0 for s, _ in mods)
         has_last = any(s == p.n_stages - 1 for s, _ in mods)
-        tracker = _each_micro_batch(MemTracker)()
+        tracker = _each_micro_batch(_tracker_class(MemTracker) if record_events
+                                    else MemTracker)()
         tracker.track_external(*[mod for _, mod in mods], optimizer)
+        if record_events:
+            default = torch.cpu.current_stream()
+            tracker._emu_streams = {id(default): (0, default)}
+            tracker.alloc_events = []
+            for winfo, _ in list(tracker._WINFO.values()):  # tracked before recording began
+                tracker._record_event("ADD", winfo)
         actions: list[list[Any]] = []
         if timeline:
             _record_actions(schedule, stages, tracker, actions)
@@ -332,18 +345,21 @@ def trace_rank(spec: ModelSpec, training: TrainingSpec, checkpointing: Checkpoin
             ring = ring_sdpa(cp, training.cp_rotate.value, str(training.cp_kv) == "repeated")
         with untracked, tracker, ring, parallel_loss, _no_backward_module_hooks():
             args = (x,) if has_first else ()
-            # as torchtitan's train step calls it: the losses collected, the last stage's
-            # outputs not kept for the caller (--pp-kept-outputs last: kept and returned,
-            # the merged result dropped at once)
-            schedule.step(*args, target=y if has_last else None,
-                          losses=[] if has_last else None,
-                          return_outputs=p.kept_outputs is PipeKeptOutputs.LAST)
-            for lp, q in zip(local, params):
-                lp.grad = None if q.grad is None else q.grad._local_tensor
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            for q in params:
-                q.grad = None
+            starts = []
+            for _ in range(steps):
+                starts.append(len(tracker.alloc_events) if record_events else 0)
+                # as torchtitan's train step calls it: the losses collected, the last
+                # stage's outputs not kept for the caller (--pp-kept-outputs last: kept and
+                # returned, the merged result dropped at once)
+                schedule.step(*args, target=y if has_last else None,
+                              losses=[] if has_last else None,
+                              return_outputs=p.kept_outputs is PipeKeptOutputs.LAST)
+                for lp, q in zip(local, params):
+                    lp.grad = None if q.grad is None else q.grad._local_tensor
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                for q in params:
+                    q.grad = None
             peak = tracker.get_tracker_snapshot("peak")
     cats: dict[str, int] = {}
     for dev_snap in peak.values():
@@ -352,13 +368,15 @@ def trace_rank(spec: ModelSpec, training: TrainingSpec, checkpointing: Checkpoin
     scalar = sum(v.numel() * v.element_size() for st in optimizer.state.values()
                  for v in st.values() if isinstance(v, torch.Tensor) and v.dim() == 0)
     return {"peak_bytes": cats.get("Total", 0), "at_peak": cats,
-            "optimizer_scalar_bytes": int(scalar), "actions": actions}
+            "optimizer_scalar_bytes": int(scalar), "actions": actions,
+            "alloc_events": tracker.alloc_events if record_events else None,
+            "step_starts": starts if record_events else None}
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m probes.pipeline_trace '<json>'``: {"values": {spec path: value, as
     ``planner.request.build_request`` takes them}, "pp_rank": r, optionally "timeline":
-    true} -> the trace of that rank
+    true, "record_events": true, "steps": k} -> the trace of that rank
     of the request's pipeline (its ``--n``, ``--pp`` and ``--tp`` give dp = n / (pp x tp)), as
     JSON on stdout."""
     from planner.fields import SPEC
@@ -369,7 +387,8 @@ def main(argv: list[str] | None = None) -> int:
     tp = job["values"].get("parallel.tp") or 1
     dp = r.cluster.n_gpus // (r.training.pipeline.degree * tp)
     out = trace_rank(r.model, r.training, Checkpointing(job["values"]["checkpointing"]),
-                     job["pp_rank"], dp, tp, timeline=bool(job.get("timeline")))
+                     job["pp_rank"], dp, tp, timeline=bool(job.get("timeline")),
+                     record_events=bool(job.get("record_events")), steps=job.get("steps", 1))
     print(json.dumps(out))
     return 0
 

@@ -1203,3 +1203,109 @@ def test_most_in_flight_equals_walking_the_rank_s_ops():
                     held[s] = held.get(s, 0) + (1 if kind == "F" else -1)
                     most[s] = max(most.get(s, 0), held[s])
                 assert most_in_flight(p, rank) == most, (schedule, pp, m, rank)
+
+
+# ---- the allocator's side-stream pools on a pipeline rank (estimator.pipeline_cache) -----
+# SMALL (8 layers, h 512, ffn 1536, vocab 32000, untied), 1F1B, pp 2 x dp 2, M 4, bf16-amp
+# (fp32 storage, bf16 param_dtype, fp32 reduce): rank 0 holds stage 0 = the embedding + 4
+# blocks ((8 + 2) / 2 = 5 layers, one of them the embedding).
+#   block: 4 x 512^2 + 3 x 512 x 1536 + 2 x 512 = 1,048,576 + 2,359,296 + 1,024 = 3,408,896
+#   embedding: 32,000 x 512 = 16,384,000
+# Reduce-scatter pool: the stage's sharded fp32 gradients, elements / dp x 4 B:
+#   16,384,000 / 2 x 4 = 32,768,000; 3,408,896 / 2 x 4 = 6,817,792 per block
+#   = 32,768,000 + 4 x 6,817,792 = 60,039,168
+# All-gather copy-in pool: the largest unit (the embedding): its bf16 all_gather_output
+#   16,384,000 x 2 = 32,768,000 + the shard's cast to bf16 16,384,000 / 2 x 2 = 16,384,000
+#   = 49,152,000
+RS_STAGE0 = 32_768_000 + 4 * 6_817_792
+AG_STAGE0 = 32_768_000 + 16_384_000
+
+
+def _small_1f1b():
+    from planner.fields import SPEC
+    from planner.request import build_request
+
+    values = {**SMALL, "hardware.n": 4, "parallel.pp": 2, "parallel.pp_microbatches": 4}
+    return values, build_request(values, SPEC)
+
+
+def test_pipeline_cache_is_each_stage_pools_hand_derived():
+    """Before the stage's reduction (its backwards: the rank's peak here) both pools hold
+    their blocks free; at the optimizer step the reduce-scatter blocks are the gradients in
+    use and only the all-gather pool's stay free; nothing at init."""
+    from planner.memory.breakdown import Overheads, Phase
+    from planner.memory.estimator import activation_plan, pipeline_cache
+    from planner.memory.moments import Activations
+    from planner.memory.pipeline import Ranks
+    from planner.spec import Candidate, Checkpointing, Strategy
+
+    values, r = _small_1f1b()
+    c = Candidate(strategy=Strategy.FULL_SHARD, checkpointing=Checkpointing.NONE)
+    acts = Activations.of(activation_plan(r.model, r.training, c))
+    _, free = Ranks(r.model, r.training, 2, acts, Overheads(), 1,
+                    Checkpointing.NONE).phases_and_free(0)
+
+    cached = pipeline_cache(free, r.model, r.training, c, 0, 2)
+
+    def cache(ph):
+        return cached[ph]
+
+    assert cache(Phase.BLOCK_BWD) == RS_STAGE0 + AG_STAGE0 == 109_191_168
+    assert cache(Phase.FORWARD) == RS_STAGE0 + AG_STAGE0
+    assert cache(Phase.OPTIMIZER) == AG_STAGE0
+    assert cache(Phase.INIT) == 0
+
+
+def test_pipeline_plans_reserve_the_side_pools():
+    """The estimate's reserved figure carries the fullest rank's pools. Rank 1 is the
+    fullest (traced: 929.6 MB allocated against rank 0's 576.6 MB); it holds stage 1 = 4
+    blocks + the norm and head (one unit: 512 + 16,384,000 = 16,384,512 elements), and its
+    peak (the loss's backward) comes before its reduction:
+      reduce-scatter 16,384,512 / 2 x 4 = 32,769,024 + 4 x 6,817,792 = 60,040,192
+      all-gather     16,384,512 x 2 = 32,769,024 + 16,384,512 / 2 x 2 = 16,384,512
+                     = 49,153,536
+    Under expandable segments nothing else is added to the allocated bytes there."""
+    import dataclasses
+
+    from planner.memory.estimator import estimate
+    from planner.spec import Allocator, Candidate, Checkpointing, Strategy
+
+    values, r = _small_1f1b()
+    training = dataclasses.replace(r.training, allocator=Allocator.EXPANDABLE)
+    c = Candidate(strategy=Strategy.FULL_SHARD, checkpointing=Checkpointing.NONE)
+    est = estimate(r.model, training, r.cluster, c)
+    assert "rank 1 " in est.notes[0], est.notes
+    assert est.peak_reserved_bytes - est.peak_allocated_bytes == 60_040_192 + 49_153_536
+
+
+@pytest.mark.trace
+def test_pipeline_side_streams_in_a_traced_two_step_run():
+    """Measured: the allocation events of two traced steps of 1F1B rank 0 (probes/
+    pipeline_trace.py ``record_events``): the second step's allocations on the two side
+    streams are the hand-derived ones (the all-gather copy-in stream: each unit's cast and
+    flat output; the reduce-scatter stream: each unit's sharded gradients), and the
+    allocator emulator (probes/alloc_emu.py, expandable segments), at the second step's
+    allocated peak, holds each side pool's bytes free, rounded up to its 20 MiB pages."""
+    from probes.alloc_emu import CachingAllocator
+
+    values, _ = _small_1f1b()
+    out = _traced_rank(values, 0, record_events=True, steps=2)
+    ev, second = out["alloc_events"], out["step_starts"][1]
+    side: dict[int, list[int]] = {}
+    for e in ev[second:]:
+        if e[0] == "alloc" and e[3] != 0:
+            side.setdefault(e[3], []).append(e[2])
+    block_ag = [3_408_896 // 2 * 2, 3_408_896 * 2]  # the shard's bf16 cast, the bf16 output
+    assert sorted(side.values(), key=len) == [
+        [32_768_000] + [6_817_792] * 4,                   # reduce-scatter outputs
+        [16_384_000, 32_768_000] + block_ag * 4]           # all-gather copy-in
+    a, best, snap = CachingAllocator(expandable=True), -1, {}
+    for i, e in enumerate(ev):
+        a.replay([e])
+        if i >= second and e[0] == "alloc" and a.allocated > best:
+            best = a.allocated
+            snap = {s: a._stream(s)[1] - a._stream(s)[0] for s in side}
+    page = 20 * 2**20
+    for s, derived in ((min(side, key=lambda k: len(side[k])), RS_STAGE0),
+                       (max(side, key=lambda k: len(side[k])), AG_STAGE0)):
+        assert derived <= snap[s] < derived + page, (s, snap[s], derived)

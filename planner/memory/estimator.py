@@ -32,7 +32,7 @@ from planner.error_bands import DEFAULT_MARGIN, is_finetune, risk_band
 from planner.memory.breakdown import PHASES, Breakdown, Estimate, Overheads, Phase, pick
 from planner.memory.compiled_model import graph_gradients, table_backward
 from planner.memory.moments import MOMENTS, Activations, Step
-from planner.pipeline import peak_in_flight, rank_stages
+from planner.pipeline import peak_in_flight, rank_stages, stage_layers
 from planner.memory.states import (
     FP32,
     dtypes,
@@ -490,16 +490,25 @@ def all_gather_cache(phase: Phase, step: Step, training: TrainingSpec,
     fsdp_degree = step.degree // candidate.tp
     if not (step.fsdp and step.fsdp_version == 2) or phase is Phase.INIT:
         return 0
-    c = step.compute_bytes
-    cast = training.fsdp_dtypes.storage != c
 
     def unit(params: Any) -> Any:
-        out = vec.ceil_div(params, fsdp_degree * candidate.tp) * fsdp_degree * c
-        return out + (vec.ceil_div(out, fsdp_degree) if cast else 0)
+        return all_gather_buffer(vec.ceil_div(params, candidate.tp), fsdp_degree, training,
+                                 step.compute_bytes)
 
     largest = vec.maximum(unit(step.root_params), unit(step.block_params))
     in_flight = unit(step.block_params) if phase is Phase.BLOCK_BWD else 0
     return vec.where(fsdp_degree > 1, largest - in_flight, 0)
+
+
+def all_gather_buffer(elements: Any, fsdp_degree: Any, training: TrainingSpec,
+                      compute_bytes: Any) -> Any:
+    """One FSDP2 unit's buffers on the all-gather copy-in stream (``all_gather_cache``):
+    ``all_gather_output``, the unit's ``elements`` (of its TP piece; ceil(ceil(P / t) / S) =
+    ceil(P / (t S))) padded to the shard degree S in the all-gather dtype, and the shard-sized
+    casts to ``param_dtype`` when the storage dtype differs."""
+    out = vec.ceil_div(elements, fsdp_degree) * fsdp_degree * compute_bytes
+    cast = training.fsdp_dtypes.storage != compute_bytes
+    return out + (vec.ceil_div(out, fsdp_degree) if cast else 0)
 
 
 def loss_gap(phase: Phase, step: Step) -> Any:
@@ -579,20 +588,23 @@ def pipeline_estimate(model: ModelSpec, training: TrainingSpec, candidate: Candi
     FSDP2 over its n / (pp x tp) data-parallel ranks, each stage tensor-parallel over
     ``candidate.tp``. One NCCL communicator for the stage's FSDP group, one for the
     pipeline's send/recv and one for the TP group."""
-    from planner.memory.pipeline import fullest_rank  # pipeline plans only (cold start)
+    from planner.memory.pipeline import fullest_rank_free  # pipeline plans only (cold start)
 
     p = training.pipeline
     tp = candidate.tp
     dp = n_gpus // (p.degree * tp)
-    rank, phases = fullest_rank(model, training, dp, acts, ov, tp, candidate.checkpointing)
+    rank, phases, rs_free = fullest_rank_free(model, training, dp, acts, ov, tp,
+                                              candidate.checkpointing)
     stages = rank_stages(p, rank)
+    cache = pipeline_cache(rs_free, model, training, candidate, rank, dp)
     note = (f"pipeline {p.schedule}, {p.degree} ranks x {p.virtual} stage(s), "
             f"{p.microbatches} micro-batches: rank {rank} (stages "
             f"{', '.join(map(str, stages))}) is the fullest, {peak_in_flight(p, rank)} "
             "micro-batch-stages in flight")
     est = from_phases(candidate, phases, degree=dp, n_gpus=n_gpus, gpus_per_node=gpus_per_node,
                       capacity=capacity, context=context, host_capacity=host_capacity,
-                      margin=margin, ov=ov, cached=[0] * len(phases), notes=(note,),
+                      margin=margin, ov=ov, notes=(note,),
+                      cached=[cache[ph] for ph in phases],
                       allocator=training.allocator,
                       init_host=init_host_bytes(model, training, candidate,
                                                 min(n_gpus, gpus_per_node)),
@@ -600,6 +612,44 @@ def pipeline_estimate(model: ModelSpec, training: TrainingSpec, candidate: Candi
                                      is_finetune(training)))
     # FSDP's shard group, the pipeline's point-to-point group and the TP group
     return dataclasses.replace(est, nccl_bytes=(2 + (tp > 1)) * ov.nccl_bytes_per_communicator)
+
+
+def pipeline_cache(rs_free: dict[Phase, Any] | None, model: ModelSpec,
+                   training: TrainingSpec, candidate: Candidate, rank: int, dp: int
+                   ) -> dict[Phase, Any]:
+    """Each moment's ``allocator_cache`` on a pipeline rank (docs/model.md §7.4, §8.7). torchtitan shards
+    each model part (stage) with its own ``fully_shard`` root, and each root's
+    ``FSDPCommContext.lazy_init`` (torch 2.13 _fsdp_param_group.py) makes its own copy-in,
+    all-gather and reduce-scatter streams, so every stage of the rank has its own pools.
+
+    - Reduce-scatter: a stage's ``foreach_reduce`` runs once per step, at its REDUCE_GRAD
+      (after its M-th backward); its output, the sharded gradients, is allocated on the
+      stage's reduce-scatter stream and freed at ``zero_grad``. Until the stage's reduction
+      the previous step's blocks are free in that pool: ``rs_free``, the sharded gradients
+      of the stages not yet reduced at the moment (``pipeline.walk``); 0 at the optimizer
+      step. Not derived under the split-backward schedules (None: 0).
+    - All-gather: with ``reshard_after_forward=False`` and the backward's reshard deferred to
+      the reduction, each stage all-gathers each unit once per step, at its first forward;
+      the stage's copy-in pool keeps its largest unit's buffers (``all_gather_buffer``),
+      free at every moment the walk takes (none is inside a forward's all-gather).
+    - The loss gap: none. The schedule keeps the last stage's output (the logits) in
+      ``fwd_cache`` until its backward (stage.py ``forward_one_chunk``), so the loss frees
+      only its fp32 copy before backward, which ``nll_loss_backward``'s fp32 gradient
+      fills; under TP's loss_parallel there is none anyway (``ActivationPlan.loss_gap``)."""
+    from planner.memory.pipeline import units  # pipeline plans only (cold start)
+
+    if candidate.offload is not Offload.NONE:
+        return dict.fromkeys(PHASES, 0)
+    p = training.pipeline
+    ag = 0
+    if dp > 1:  # one rank per shard group all-gathers nothing
+        layers = stage_layers(model.n_layers, p.n_stages)
+        c = dtypes(Strategy.FULL_SHARD, training.precision, training.fsdp_dtypes).compute
+        ag = sum(all_gather_buffer(units(model, s == 0, s == p.n_stages - 1, layers[s],
+                                         candidate.tp)[0], dp, training, c)
+                 for s in rank_stages(p, rank))
+    return {ph: 0 if ph is Phase.INIT else (rs_free[ph] if rs_free is not None else 0) + ag
+            for ph in PHASES}
 
 
 def from_phases(candidate: Candidate, phases: dict[Phase, Breakdown], *, degree: Any,

@@ -56,7 +56,7 @@ import functools
 from collections import Counter
 from typing import Any, Callable
 
-from planner import pipeline
+from planner import pipeline, vec
 from planner.lazy_dataclass import dataclass
 from planner.memory.breakdown import PHASES, Breakdown, Overheads, Phase, largest
 from planner.memory.moments import Activations
@@ -162,6 +162,9 @@ class Moment:
     gradients: Any
     gathered: Any
     stage: int
+    rs_free: Any = 0
+    """The previous step's sharded gradients of the stages not yet reduced: free in those
+    stages' reduce-scatter pools (``estimator.pipeline_cache``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,6 +208,7 @@ def walk(p: Any, rank: int, stage: dict[int, StageBytes], *, records_only: bool 
     activations: Any = 0
     gradients: Any = 0
     gathered: Any = sum(b.gathered for b in stage.values())
+    rs_free: Any = sum(b.sharded_grads for b in stage.values())
 
     scalar = records_only and all(isinstance(v, (int, float)) for b in stage.values()
                  for v in (b.held, b.gathered, b.grads, b.sharded_grads))
@@ -212,7 +216,8 @@ def walk(p: Any, rank: int, stage: dict[int, StageBytes], *, records_only: bool 
     top_f = top_last = top_start = top_end = none
 
     def now(s: int) -> Moment:
-        return Moment(activations=activations, gradients=gradients, gathered=gathered, stage=s)
+        return Moment(activations=activations, gradients=gradients, gathered=gathered, stage=s,
+                      rs_free=rs_free)
 
     for kind, s in pipeline.rank_ops(p, rank):
         b = stage[s]
@@ -241,6 +246,7 @@ def walk(p: Any, rank: int, stage: dict[int, StageBytes], *, records_only: bool 
             out.reduce.append(now(s))
             gradients = gradients - b.grads + b.sharded_grads
             gathered = gathered - b.gathered
+            rs_free = rs_free - b.sharded_grads
     return out
 
 
@@ -509,8 +515,9 @@ class Ranks:
         optimizer, merge = self.end_moments(st)
         return max(top, optimizer.total, *(m.total for m in merge))
 
-    def phases(self, rank: int) -> dict[Phase, Breakdown]:
-        """The moments of the rank's step, walked along its ops (``walk``)."""
+    def phases_and_free(self, rank: int) -> tuple[dict[Phase, Breakdown], dict[Phase, Any]]:
+        """(the moments of the rank's step, walked along its ops (``walk``), each moment's
+        ``rs_free``: the previous step's sharded gradients of the stages not yet reduced)."""
         st, acts, fd, n_stages = self.states[rank], self.acts, self.fd, self.n_stages
         kind = st.kind
         base, p2p, last = kind.base, kind.p2p, kind.last
@@ -531,16 +538,18 @@ class Ranks:
                 v[k] = v[k] + x
             return Breakdown(**v)
 
-        def most(items: list[tuple[Moment, dict[str, Any]]]) -> Breakdown:
-            """``largest([at(m, **more) for m, more in items])[1]``, choosing by the moments'
-            totals before building one breakdown (base and P2P buffers are common to all;
-            the first on ties, as ``largest``); arrays take ``largest`` itself."""
+        def most(items: list[tuple[Moment, dict[str, Any]]]) -> tuple[Breakdown, Any]:
+            """(``largest([at(m, **more) for m, more in items])[1]``, that moment's
+            ``rs_free``), choosing by the moments' totals before building one breakdown (base
+            and P2P buffers are common to all; the first on ties, as ``largest``); arrays take
+            ``largest`` itself."""
             keys = [m.gathered + m.activations + m.gradients + sum(more.values())
                     for m, more in items]
             if not all(isinstance(k, (int, float)) for k in keys):
-                return largest([at(m, **more) for m, more in items])[1]
+                i, b = largest([at(m, **more) for m, more in items])
+                return b, vec.choose(i, [m.rs_free for m, _ in items])
             i = keys.index(max(keys))
-            return at(items[i][0], **items[i][1])
+            return at(items[i][0], **items[i][1]), items[i][0].rs_free
 
         def reduce_moments(m: Moment) -> list[Breakdown]:
             # the stage's gradient reduction: each unit's post_backward reshards, then
@@ -558,30 +567,49 @@ class Ranks:
         w = walk(self.p, rank, self.stage_bytes(st), records_only=True, last=n_stages - 1,
                  end_extra=self.end_extra)
         optimizer, merge = self.end_moments(st)
-        held = most([(m, {}) for m in w.after_forward])
+        held, held_free = most([(m, {}) for m in w.after_forward])
         # the loss runs right after a forward of the last stage
         on_last = [(m, {}) for m in w.after_forward if m.stage == n_stages - 1]
-        loss = most(on_last) if on_last else held
-        return {
+        loss, loss_free = most(on_last) if on_last else (held, held_free)
+        i_fwd, forward = largest([held, loss.plus(transients=acts.loss_fwd if last else 0),
+                                  held.plus(transients=acts.ring_fwd)])
+        block_bwd, block_free = most(
+            # a backward starting with what the rank holds then
+            [(m, {"transients": acts.block_bwd + acts.recompute}) for m in w.backward_start]
+            # the end of a backward: that micro-batch's activations are gone, its stage's
+            # unsharded gradients exist (fp32 under -amp), and the stage's last unit's new
+            # gradient in the param dtype is being converted or added into them (FSDP2
+            # ``to_accumulated_grad_if_needed`` / ``accumulate_unsharded_grad_if_needed``)
+            + [(m, {"transients": self.end_extra(m.stage)}) for m in w.backward_end])
+        # a reduction's moment is before its reduce-scatter output exists: that stage's
+        # cached block is still free; after the last reduction (the merge) none is
+        ends = [(b, m.rs_free) for m in w.reduce for b in reduce_moments(m)] \
+            + [(b, 0) for b in merge]
+        i_end, bwd_end = largest([b for b, _ in ends])
+        phases = {
             Phase.INIT: Breakdown(params=base.params),
             # context parallel: a block's ring attention in forward, its buffers on top of the
             # most the rank holds (a bound: that micro-batch's stage counted whole); one
             # micro-batch's ring runs at a time, the others hold only their saved set
-            Phase.FORWARD: largest([held, loss.plus(transients=acts.loss_fwd if last else 0),
-                                    held.plus(transients=acts.ring_fwd)])[1],
+            Phase.FORWARD: forward,
             Phase.LOSS_BWD: loss.plus(transients=acts.loss_bwd if last else 0),
-            Phase.BLOCK_BWD: most(
-                # a backward starting with what the rank holds then
-                [(m, {"transients": acts.block_bwd + acts.recompute}) for m in w.backward_start]
-                # the end of a backward: that micro-batch's activations are gone, its stage's
-                # unsharded gradients exist (fp32 under -amp), and the stage's last unit's new
-                # gradient in the param dtype is being converted or added into them (FSDP2
-                # ``to_accumulated_grad_if_needed`` / ``accumulate_unsharded_grad_if_needed``)
-                + [(m, {"transients": self.end_extra(m.stage)}) for m in w.backward_end]),
-            Phase.BWD_END: largest([b for m in w.reduce for b in reduce_moments(m)]
-                                   + merge)[1],
+            Phase.BLOCK_BWD: block_bwd,
+            Phase.BWD_END: bwd_end,
             Phase.OPTIMIZER: optimizer,
         }
+        free = {
+            Phase.INIT: 0,
+            Phase.FORWARD: vec.choose(i_fwd, [held_free, loss_free, held_free]),
+            Phase.LOSS_BWD: loss_free,
+            Phase.BLOCK_BWD: block_free,
+            Phase.BWD_END: vec.choose(i_end, [f for _, f in ends]),
+            Phase.OPTIMIZER: 0,  # every stage reduced: its sharded gradients are in use
+        }
+        return phases, free
+
+    def phases(self, rank: int) -> dict[Phase, Breakdown]:
+        """The moments of the rank's step, walked along its ops (``walk``)."""
+        return self.phases_and_free(rank)[0]
 
 
 def _rank(model: ModelSpec, training: TrainingSpec, rank: int, dp: int, acts: Activations,
@@ -596,8 +624,17 @@ def _rank(model: ModelSpec, training: TrainingSpec, rank: int, dp: int, acts: Ac
 def fullest_rank(model: ModelSpec, training: TrainingSpec, dp: int, acts: Activations,
                  ov: Overheads, tp: int = 1, ckpt: Checkpointing = Checkpointing.NONE
                  ) -> tuple[int, dict[Phase, Breakdown]]:
-    """(rank, its moments) of the pipeline rank with the largest peak (the lowest rank on
-    ties). The ranks are walked in the order of an upper bound of their peaks
+    """(rank, its moments) of the pipeline rank with the largest peak (``fullest_rank_free``)."""
+    rank, phases, _ = fullest_rank_free(model, training, dp, acts, ov, tp, ckpt)
+    return rank, phases
+
+
+def fullest_rank_free(model: ModelSpec, training: TrainingSpec, dp: int, acts: Activations,
+                      ov: Overheads, tp: int = 1, ckpt: Checkpointing = Checkpointing.NONE
+                      ) -> tuple[int, dict[Phase, Breakdown], dict[Phase, Any] | None]:
+    """(rank, its moments, each moment's ``Moment.rs_free``; None under the split-backward
+    schedules, not derived there) of the pipeline rank with the largest peak (the lowest rank
+    on ties). The ranks are walked in the order of an upper bound of their peaks
     (``Ranks.bound``), and a rank whose bound cannot beat the fullest one walked so far is
     not walked: the same answer as walking them all (tests/test_pipeline.py), in a few walks
     instead of pp."""
@@ -605,28 +642,31 @@ def fullest_rank(model: ModelSpec, training: TrainingSpec, dp: int, acts: Activa
     ranks = list(range(p.degree))
     if p.schedule in pipeline.SPLIT_BACKWARD:
         bounds: dict[int, Any] = dict.fromkeys(ranks)
-        walked = functools.partial(rank_phases, model, training, dp=dp, acts=acts, ov=ov,
-                                   tp=tp, ckpt=ckpt)
+        split = functools.partial(rank_phases, model, training, dp=dp, acts=acts, ov=ov,
+                                  tp=tp, ckpt=ckpt)
+
+        def walked(rank: int) -> tuple[dict[Phase, Breakdown], None]:
+            return split(rank=rank), None
     else:
         every = Ranks(model, training, dp, acts, ov, tp, ckpt)
         bounds = {r: every.bound(r) for r in ranks}
-        walked = every.phases
+        walked = every.phases_and_free
     if any(b is None for b in bounds.values()):
         order, bounds = ranks, dict.fromkeys(ranks)
     else:
         order = sorted(ranks, key=lambda r: (-bounds[r], r))
-    best: tuple[Any, int, dict[Phase, Breakdown]] | None = None
+    best: tuple[Any, int, dict[Phase, Breakdown], Any] | None = None
     for rank in order:
         b = bounds[rank]
         if best is not None and b is not None and (b < best[0]
                                                    or (b == best[0] and rank > best[1])):
             continue
-        phases = walked(rank=rank)
+        phases, free = walked(rank)
         peak = largest([phases[ph] for ph in PHASES])[1].total
         if best is None or peak > best[0] or (peak == best[0] and rank < best[1]):
-            best = (peak, rank, phases)
+            best = (peak, rank, phases, free)
     assert best is not None
-    return best[1], best[2]
+    return best[1], best[2], best[3]
 
 
 # ---- the split-backward schedules (ZBV, DualPipeV, Interleaved Zero Bubble) -------------
