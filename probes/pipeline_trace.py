@@ -319,11 +319,7 @@ def trace_rank(spec: ModelSpec, training: TrainingSpec, checkpointing: Checkpoin
                                     else MemTracker)()
         tracker.track_external(*[mod for _, mod in mods], optimizer)
         if record_events:
-            default = torch.cpu.current_stream()
-            tracker._emu_streams = {id(default): (0, default)}
-            tracker.alloc_events = []
-            for winfo, _ in list(tracker._WINFO.values()):  # tracked before recording began
-                tracker._record_event("ADD", winfo)
+            tracker.start_events()
         actions: list[list[Any]] = []
         if timeline:
             _record_actions(schedule, stages, tracker, actions)

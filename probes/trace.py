@@ -518,6 +518,15 @@ def _tracker_class(base: type) -> type:
             if self.alloc_events is not None and u_type.name != "REF":
                 self._record_event(u_type.name, winfo)
 
+        def start_events(self) -> None:
+            """Record every allocation and free from now on (``alloc_events``), starting with
+            what is tracked already, on the default stream (stream 0)."""
+            default = torch.cpu.current_stream()
+            self._emu_streams = {id(default): (0, default)}
+            self.alloc_events = []
+            for winfo, _ in list(self._WINFO.values()):  # tracked before recording began
+                self._record_event("ADD", winfo)
+
         def _record_event(self, kind: str, winfo: Any) -> None:
             ev = self.alloc_events
             key = getattr(winfo, "emu_key", None)
@@ -992,11 +1001,7 @@ def _trace(factory: ModelFactory, training: TrainingSpec, candidate: Candidate,
             tracker.track_external(net, optimizer, *batch)
         _watch_blocks(tm.blocks, tracker)
         if record_events:
-            default = torch.cpu.current_stream()
-            tracker._emu_streams = {id(default): (0, default)}
-            tracker.alloc_events = []
-            for winfo, _ in list(tracker._WINFO.values()):  # tracked before recording began
-                tracker._record_event("ADD", winfo)
+            tracker.start_events()
         tracker.alias_waits = "ep" in tm.effects
 
         sync_last = fsdp and training.grad_sync is GradSync.LAST and n_micro > 1
