@@ -442,20 +442,15 @@ def releasable_cache(phases: dict[Phase, Breakdown], training: TrainingSpec,
     backward produces them again; the moment's own gradients are counted, not free. The
     all-gather stream's buffers and the loss gap are not derived from a trace's moments (0):
     docs/model.md §7.4. Only peak_reserved reads it, never the fit."""
-    from planner.spec import GradSync, Offload
+    from planner.memory.estimator import sharded_gradients_free
+    from planner.spec import Offload
 
     opt = phases.get(Phase.OPTIMIZER)
     if opt is None or not candidate.strategy.is_fsdp or candidate.offload is not Offload.NONE \
             or candidate.strategy is Strategy.NO_SHARD:
         return [0 for _ in phases]
-    early = (Phase.FORWARD, Phase.LOSS_BWD, Phase.BLOCK_BWD)
-
-    def free(p: Phase, b: Breakdown) -> int:
-        held = 0 if p is not Phase.BLOCK_BWD and training.grad_sync is GradSync.LAST \
-            else b.gradients
-        return max(opt.gradients - held, 0) if p in early else 0
-
-    return [free(p, b) for p, b in phases.items()]
+    return [int(sharded_gradients_free(p, b.gradients, opt.gradients, training))
+            for p, b in phases.items()]
 
 
 def estimate_from_trace(traced: Traced, facts: TracedModel, cluster: Cluster, *,

@@ -460,17 +460,29 @@ def reduce_scatter_cache(phase: Phase, moment: Breakdown, step: Step, training: 
     previous step's blocks stay free. CPU offload moves the sharded gradients to the host (the
     GPU output is freed per unit: not counted). FSDP1's NO_SHARD all-reduces the autograd
     gradient in place (``_reduce_grad_no_shard``): not derived (0), nor DeepSpeed."""
-    if not step.fsdp or phase not in RS_CACHED_PHASES or candidate.offload is not Offload.NONE \
+    if not step.fsdp or candidate.offload is not Offload.NONE \
             or (step.fsdp_version == 1 and candidate.strategy is Strategy.NO_SHARD):
         return 0
-    held = moment.gradients
-    if phase is not Phase.BLOCK_BWD and training.grad_sync is GradSync.LAST:
-        held = 0
     cast = 0
     if step.fsdp_version == 1 and training.fsdp_dtypes.reduce != step.compute_bytes:
         unit = vec.maximum(step.root_params, step.block_params)
         cast = vec.ceil_div(unit, candidate.tp) * training.fsdp_dtypes.reduce
-    return vec.maximum(step.states.gradients + cast - held, 0)
+    return sharded_gradients_free(phase, moment.gradients, step.states.gradients + cast,
+                                  training)
+
+
+def sharded_gradients_free(phase: Phase, gradients: Any, pool: Any,
+                           training: TrainingSpec) -> Any:
+    """Of the side stream's ``pool`` (the previous step's sharded gradients, and what else it
+    allocated there), what is free at ``phase`` (``reduce_scatter_cache``): before the step's
+    reduce-scatters all of it but the moment's own ``gradients`` (which live in those blocks),
+    none once they have run; reduced only at the last micro-batch (``--grad-sync last``) the
+    moment's gradients before the blocks' backward are unsharded ones on the default stream."""
+    if phase not in RS_CACHED_PHASES:
+        return 0
+    held = 0 if phase is not Phase.BLOCK_BWD and training.grad_sync is GradSync.LAST \
+        else gradients
+    return vec.maximum(pool - held, 0)
 
 
 def all_gather_cache(phase: Phase, step: Step, training: TrainingSpec,
@@ -617,8 +629,8 @@ def pipeline_estimate(model: ModelSpec, training: TrainingSpec, candidate: Candi
 def pipeline_cache(rs_free: dict[Phase, Any] | None, model: ModelSpec,
                    training: TrainingSpec, candidate: Candidate, rank: int, dp: int
                    ) -> dict[Phase, Any]:
-    """Each moment's ``allocator_cache`` on a pipeline rank (docs/model.md §7.4, §8.7). torchtitan shards
-    each model part (stage) with its own ``fully_shard`` root, and each root's
+    """Each moment's ``allocator_cache`` on a pipeline rank (docs/model.md §7.4, §8.7).
+    torchtitan shards each model part (stage) with its own ``fully_shard`` root, and each root's
     ``FSDPCommContext.lazy_init`` (torch 2.13 _fsdp_param_group.py) makes its own copy-in,
     all-gather and reduce-scatter streams, so every stage of the rank has its own pools.
 
