@@ -676,8 +676,13 @@ def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Preci
         n_layers=model.n_layers,
         residual_bytes=r,
         kept_logits=-(-lt.kept_logits // tp) if keep_logits else 0,
-        # held logits leave no hole; loss_parallel's DTensor loss (tp > 1) is not derived
-        loss_gap=lt.upcast_hole if not keep_logits and tp == 1 else 0,
+        # held logits leave no hole. Under TP's loss_parallel each rank upcasts its vocab shard
+        # and the DTensor loss (torch/distributed/tensor/parallel/loss.py) frees the shard's
+        # low-precision logits, its fp32 copy and log_softmax's ``shifted`` before backward;
+        # the backward's four fp32 shard-sized tensors (the saved output, the zeroed
+        # grad_input, exp(x), their sum) leave the c B per local logit the bf16 logits held:
+        # probes/alloc_loss.py ``loss_parallel_region`` (2.00 B per local logit)
+        loss_gap=0 if keep_logits else -(-lt.upcast_hole // tp),
         frozen_blocks=frozen_blocks,
         frozen_block_kept=frozen_kept,
         notes=tuple(notes),

@@ -206,3 +206,24 @@ def test_other_streams_cache_counts_at_the_peak():
                                    ("alloc", "x", 100 * MiB, 0)])
     assert a.max_reserved == 200 * MiB
     assert a.cached_at_peak() == {1: 100 * MiB, 0: 0}
+
+
+@pytest.mark.trace
+def test_loss_parallel_region_leaves_the_shards_logits_free():
+    """loss_parallel on one rank (tp 4, vocab 8192 -> 2048 local, 10240 tokens, hidden 5120):
+    the local logits (bf16) are 40 MiB, each fp32 shard-sized tensor 80 MiB. Forward: pred 40,
+    its fp32 copy 80, _log_softmax's shifted 80, exp 80 (freed after the sum), out 80 (in exp's
+    place); the copy, shifted and pred are freed. Backward peak: out + grad_input (zeros) +
+    exp(out) + their sum = 4 x 80 = 320 MiB beyond h, W and the labels: 16 B per local logit.
+    Expandable: pred, copy and shifted leave one 200 MiB hole (40 + 80 + 80) below out;
+    grad_input and exp take 160 of it, the sum (80) does not fit the 40 left: 80 more mapped at
+    the tail, so 40 MiB (2 B per local logit, the bf16 logits) stay reserved and free."""
+    pytest.importorskip("torch")
+    from probes.alloc_loss import loss_parallel_region
+
+    M = 1 << 20
+    e = loss_parallel_region(10240, 8192, 5120, tp=4)
+    # + the targets' token-sized temporaries (safe_target, _MaskPartial's mask and masked
+    # target, arange: a few x 80 KiB, 0.016 B per local logit in all)
+    assert 16 <= e["beyond_inputs_per_local_logit"] < 16.05
+    assert abs((e["max_reserved"] - e["max_allocated"]) - 40 * M) <= 2 * M  # small-pool page

@@ -530,8 +530,10 @@ def loss_gap(phase: Phase, step: Step) -> Any:
     ``nll_loss_backward``'s fp32 gradient takes 4 B of it (best fit, ``get_free_block``) and
     ``_log_softmax_backward_data``'s fp32 output does not fit the c B left, so the segment
     grows (``expandable_segment`` maps new pages at its end): c B per logit reserved and free
-    at that moment. With fixed segments the whole-step records show less than this (the
-    logits land in older cached blocks): left to ``fragmentation``."""
+    at that moment. Under TP's loss_parallel the same c B per local logit (t x V / tp),
+    through the DTensor loss's own sequence (``ActivationPlan.loss_gap``). With fixed
+    segments the whole-step records show less than this (the logits land in older cached
+    blocks): left to ``fragmentation``."""
     if phase is not Phase.LOSS_BWD or step.allocator is not Allocator.EXPANDABLE:
         return 0
     return step.acts.loss_gap
@@ -647,7 +649,7 @@ def pipeline_cache(rs_free: dict[Phase, Any] | None, model: ModelSpec,
     - The loss gap: none. The schedule keeps the last stage's output (the logits) in
       ``fwd_cache`` until its backward (stage.py ``forward_one_chunk``), so the loss frees
       only its fp32 copy before backward, which ``nll_loss_backward``'s fp32 gradient
-      fills; under TP's loss_parallel there is none anyway (``ActivationPlan.loss_gap``)."""
+      fills."""
     from planner.memory.pipeline import units  # pipeline plans only (cold start)
 
     if candidate.offload is not Offload.NONE:
