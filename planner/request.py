@@ -353,6 +353,23 @@ def cp_options(v: Mapping[str, Any], model: ModelSpec, training: TrainingSpec,
                                offloads=(Offload.NONE,), tp=tp)
 
 
+CP_ONLY = {"parallel.cp_rotate": "cp_rotate", "parallel.cp_kv": "cp_kv"}
+"""Fields read only by context parallel's ring (planner/context_parallel.py): their
+TrainingSpec attributes."""
+
+
+def cp_inert(values: Mapping[str, Any], training: TrainingSpec, naming: Naming) -> list[Notice]:
+    """A warning per context-parallel option given while the degree is 1: the ring it
+    configures does not run (torchtitan's configs carry the rotate method at degree 1, so this
+    is no error)."""
+    if training.cp > 1:
+        return []
+    return [Notice(f"{naming.name(path)} {getattr(training, attr)} has no effect at context "
+                   f"parallel degree 1 ({naming.name('parallel.cp')}): no ring to configure",
+                   Kind.INERT)
+            for path, attr in CP_ONLY.items() if values.get(path) is not None]
+
+
 TRAINING_ATTRS = frozenset(f.name for f in dataclasses.fields(TrainingSpec))
 """The attributes of a training run: a ``training.*`` field of one of these names sets it."""
 
@@ -776,7 +793,7 @@ def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
         options = ep_options(v, model, training, cluster, options, naming)
     elif training.ep_imbalance != 1.0:
         raise naming.fail("parallel.ep_imbalance", "applies to expert parallel only (--ep > 1)")
-    warnings = list(job.warnings)
+    warnings = list(job.warnings) + cp_inert(values, training, naming)
     if model.shape_assumed:
         warnings.append(Notice(f"model shape assumed from {naming.name('model.params')}; give "
                                f"{naming.name('model.preset')} or a shape for an exact "

@@ -266,7 +266,10 @@ def context_parallel(r: Reader, doc: dict) -> None:
     Only recipes/{full,lora}_finetune_distributed.py and qat_distributed.py read the key."""
     d = r.count(doc.get("context_parallel_dim") if doc.get("context_parallel_dim") is not None
                 else 1, "context_parallel_dim")
+    rotate = r.text(doc.get("context_parallel_rotate_method"), "context_parallel_rotate_method")
     if not d or d <= 1:
+        if rotate is not None:  # inert without CP: the request's warning says so
+            r.set("parallel.cp_rotate", Vocab(rotate), "context_parallel_rotate_method")
         return
     other = next((k for k in ("teacher_model", "ref_checkpointer", "policy_model") if doc.get(k)),
                  None) or ("loss._component_ (DPO)" if "dpo" in str(
@@ -288,6 +291,5 @@ def context_parallel(r: Reader, doc: dict) -> None:
                      "it (full_finetune_distributed: \"Context Parallel for fp8 training is not "
                      "currently supported\")")
     r.set("parallel.cp", d, "context_parallel_dim")
-    rotate = r.text(doc.get("context_parallel_rotate_method"), "context_parallel_rotate_method")
     if rotate is not None:
         r.set("parallel.cp_rotate", Vocab(rotate), "context_parallel_rotate_method")
