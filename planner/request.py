@@ -520,12 +520,20 @@ class Job:
     """The assumption line for the attention (planner/attention.py); "" when not stated."""
 
 
+ATTENTION_WHY = "job.attention_why"
+"""A job's reason for its attention (planner.jobs.record.FrameworkAttention: a framework whose
+own model code picks the kernel, not transformers), beside ``training.attention`` in the
+values ``build_request`` is given: the assumption line says it instead of "given"."""
+
+
 def job_from(v: Mapping[str, Any], naming: Naming = FLAGS, *, allow_files: bool = True,
-             base_dir: str | None = None, traced: TracedModel | None = None) -> Job:
+             base_dir: str | None = None, traced: TracedModel | None = None,
+             attention_why: str | None = None) -> Job:
     """{path: value} parsed (planner.fields.parse) -> the Job, or one error naming the field.
     The model is one of: a spec (``model.preset``, ``model.params`` or the shape fields), a
     config.json (``model.config``: a path, or the mapping itself), or ``traced``: a module
-    known by its own counts (probes/), given instead of any ``model.*`` value."""
+    known by its own counts (probes/), given instead of any ``model.*`` value.
+    ``attention_why``: why the attention given is the one that runs (``ATTENTION_WHY``)."""
     model_warnings: list[str] = []
     if traced is not None:
         given = [p for p in v if p.startswith("model.") and v[p] not in (None, False)]
@@ -550,21 +558,23 @@ def job_from(v: Mapping[str, Any], naming: Naming = FLAGS, *, allow_files: bool 
     if problem:
         raise naming.fail("training.flat_params", problem)
     training, ds_notes = resolve_deepspeed(training, model)
-    training, attention = resolve_attention(training, model, v["training.attention"])
+    training, attention = resolve_attention(training, model, v["training.attention"],
+                                            attention_why)
     training = dataclasses.replace(training, pipeline=pipeline_from(v, model, training, naming))
     return Job(model=model, training=training, source=source,
                warnings=tuple(model_warnings) + tuple(ds_notes), attention=attention)
 
 
-def resolve_attention(training: TrainingSpec, model: ModelSpec,
-                      given: Any) -> tuple[TrainingSpec, str]:
+def resolve_attention(training: TrainingSpec, model: ModelSpec, given: Any,
+                      why: str | None = None) -> tuple[TrainingSpec, str]:
     """The attention given, else the one transformers runs for the model's family
     (planner/attention.py), and the assumption line that says which ("" when nothing is
-    known about the model's family and none was given: sdpa, as always)."""
+    known about the model's family and none was given: sdpa, as always). ``why``: a job's
+    reason for the one given (``ATTENTION_WHY``)."""
     from planner.attention import default_attention
 
     if given is not None:
-        return training, f"attention: {given} (given)"
+        return training, f"attention: {given} ({why or 'given'})"
     if not (model.family or model.attn_implementation):
         return training, ""
     attn, line = default_attention(model, training.transformers_version)
@@ -723,7 +733,8 @@ def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
         raise naming.fail("parallel.mesh", "auto is a search over whole plans, run by "
                           "fitcheck plan --mesh auto (without --job or --find); here give the "
                           "degrees (--tp, --pp, --cp)")
-    job = job_from(v, naming, allow_files=allow_files, base_dir=base_dir, traced=traced)
+    job = job_from(v, naming, allow_files=allow_files, base_dir=base_dir, traced=traced,
+                   attention_why=values.get(ATTENTION_WHY))
     model, training, source = job.model, job.training, job.source
     # a traced module has no architecture family: no activation scale applies
     read_by = (v["hardware.gpu"], v["calibration"], None if traced else model, allow_files,

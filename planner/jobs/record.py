@@ -95,6 +95,16 @@ ATTN_PATH = "hf.attn_implementation"
 
 
 @dataclass(frozen=True, slots=True)
+class FrameworkAttention:
+    """``training.attention`` as a framework's own model code runs it (torchtune's modules, not
+    transformers' classes): the kind, and the reason the plan's attention line gives
+    (planner.request.ATTENTION_WHY). A user's --attention replaces both."""
+
+    kind: str
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
 class Source:
     file: str
     key: str
@@ -220,6 +230,11 @@ def split_modelled(values: Mapping[str, Any], sources: Mapping[str, Source] | No
             lines.append(v.line)
             continue
         if isinstance(v, (Share, ModelDtype, HfAttention)):  # checked in resolve
+            continue
+        if isinstance(v, FrameworkAttention):
+            from planner.request import ATTENTION_WHY
+
+            kept[path], kept[ATTENTION_WHY] = v.kind, v.why
             continue
         raw = v.value if isinstance(v, Vocab) else v
         f = BY_PATH.get(path)
