@@ -370,6 +370,23 @@ def cp_inert(values: Mapping[str, Any], training: TrainingSpec, naming: Naming) 
             for path, attr in CP_ONLY.items() if values.get(path) is not None]
 
 
+def sac_force_notes(model: ModelSpec, training: TrainingSpec, naming: Naming) -> list[Notice]:
+    """``training.sac_force_recompute`` against the model's blocks (planner/sac.py): one error
+    naming the field for an entry fitcheck cannot resolve, a warning for one that matches no
+    linear of this model (torchtitan forces nothing for it; its own default in a dense model
+    is not worth a line)."""
+    from planner import sac
+
+    entries = training.sac_force_recompute
+    why = sac.problem(model, entries)
+    if why:
+        raise naming.fail("training.sac_force_recompute", why)
+    return [Notice(f"{naming.name('training.sac_force_recompute')}: {e!r} matches no linear "
+                   "of this model's blocks: nothing recomputed for it (as in torchtitan)",
+                   Kind.INERT)
+            for e in sac.no_effect(model, entries) if e not in sac.DEFAULT]
+
+
 TRAINING_ATTRS = frozenset(f.name for f in dataclasses.fields(TrainingSpec))
 """The attributes of a training run: a ``training.*`` field of one of these names sets it."""
 
@@ -805,6 +822,8 @@ def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
     elif training.ep_imbalance != 1.0:
         raise naming.fail("parallel.ep_imbalance", "applies to expert parallel only (--ep > 1)")
     warnings = list(job.warnings) + cp_inert(values, training, naming)
+    if traced is None:
+        warnings += sac_force_notes(model, training, naming)
     if model.shape_assumed:
         warnings.append(Notice(f"model shape assumed from {naming.name('model.params')}; give "
                                f"{naming.name('model.preset')} or a shape for an exact "

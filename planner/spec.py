@@ -752,6 +752,10 @@ class TrainingSpec:
     compile: CompileMode = CompileMode.NONE
     sac_list: SacList = SacList.CURRENT
     """The op save list of ``--checkpointing selective`` (torchtitan's, by release: SacList)."""
+    sac_force_recompute: tuple[str, ...] = ("moe.router.gate",)
+    """torchtitan's ``force_recompute_mm_shapes_by_fqns`` under ``--checkpointing selective``:
+    module names whose linears' weight shapes are recomputed and left out of the every-other-mm
+    count (planner/sac.py; torchtitan's default since 2025-07-16)."""
     float8: Float8Recipe = Float8Recipe.NONE
     """torchao float8 training of the blocks' linears (docs/model.md "Float8 training")."""
     float8_all_gather: bool = False

@@ -192,6 +192,21 @@ RECOMPUTE: dict[Checkpointing, Recompute] = {
 }
 
 
+def recompute_of(model: ModelSpec, training: TrainingSpec,
+                 checkpointing: Checkpointing) -> Recompute:
+    """RECOMPUTE's share, and under selective checkpointing the linears torchtitan's
+    ``force_recompute_mm_shapes_by_fqns`` moves between kept and recomputed on top of it
+    (activations.sac_forced_share: exact in the weights moved; the alternation's own share
+    stays RECOMPUTE's half)."""
+    rc = RECOMPUTE[_ckpt(checkpointing)]
+    if checkpointing is not Checkpointing.SELECTIVE or not training.sac_force_recompute:
+        return rc
+    from planner.activations import sac_forced_share
+
+    share = sac_forced_share(model, training.sac_list, training.sac_force_recompute)
+    return dataclasses.replace(rc, matmul=rc.matmul + share) if share else rc
+
+
 def _ckpt(checkpointing: Checkpointing) -> Checkpointing:
     if checkpointing is Checkpointing.AUTO:
         raise ValueError("Checkpointing.AUTO must be expanded before estimating throughput")
@@ -967,7 +982,7 @@ def step_inputs_at(model: ModelSpec, training: TrainingSpec, candidate: Candidat
         grad_b=float(fd.reduce if fsdp else grad_reduce_bytes(precision, candidate.strategy)),
         master_b=float(fd.storage if fsdp else precision.param_bytes),
         comm=collectives(candidate.strategy, training.grad_sync),
-        recompute=RECOMPUTE[_ckpt(candidate.checkpointing)],
+        recompute=recompute_of(model, training, candidate.checkpointing),
         offload=OFFLOAD_TRAFFIC[candidate.offload],
         tp=float(candidate.tp),
         act_offload_bytes=_act_offload_bytes(model, training, candidate) * mb * seq * 1.0,
