@@ -243,6 +243,7 @@ def optimizer(r: Reader, o: dict) -> None:
         return
     kind, _ = OPTIMIZERS.get(comp.lower(), (Vocab(comp.rsplit(".", 1)[-1].lower()), None))
     r.set("training.optimizer", kind, "optimizer._component_")
+    r.sgd_momentum(o.get("momentum"), "optimizer.momentum")
     fused = r.boolean(o.get("fused"), "optimizer.fused")
     foreach = r.boolean(o.get("foreach"), "optimizer.foreach")
     if comp.lower().startswith("torch.optim."):
