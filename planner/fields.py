@@ -412,6 +412,10 @@ FIELDS: tuple[Field, ...] = (
           "logits (Llama-style classes since 4.31, GPT-2/Falcon/BLOOM since 4.49) or takes "
           "cross-entropy in bf16 (docs/model.md \"Loss\"); and the default attention of a "
           "family that gained sdpa later (e.g. GPT-2 before 4.42: eager)."),
+    Field(path="training.tf32", flag="--tf32", check=validate.boolean, is_flag=True,
+          help="fp32 matmuls on TF32 tensor cores (torch.backends.cuda.matmul.allow_tf32; "
+          "the HF Trainer's tf32): an fp32 run's matmuls at the GPU's TF32 rate, not its "
+          "fp32 rate (torch's default since 1.12). Changes step time only."),
     Field(path="training.keep_logits", flag="--keep-logits", check=validate.boolean,
           is_flag=True, help="The loop keeps the logits alive through backward (a reference "
           "held past the loss)."),

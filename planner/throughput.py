@@ -343,16 +343,18 @@ def gather_bytes(precision: Precision) -> int:
     return precision.compute_bytes
 
 
-def peak_flops(gpu: GpuProfile, precision: Precision) -> float:
+def peak_flops(gpu: GpuProfile, precision: Precision, tf32: bool = False) -> float:
     """Dense peak FLOP/s of the precision's matmuls.
 
     bf16 / fp16 tensor cores for the half precisions; plain fp32 for FP32 (PyTorch's default
-    ``torch.backends.cuda.matmul.allow_tf32 = False`` since 1.12).
+    ``torch.backends.cuda.matmul.allow_tf32 = False`` since 1.12), TF32 tensor cores with
+    ``tf32`` (``--tf32``: allow_tf32 on; the profile's tf32_tflops, the fp32 rate on a GPU
+    without TF32).
     """
     if precision is Precision.FP16_AMP:
         return gpu.fp16_tflops * 1e12
     if precision is Precision.FP32:
-        return gpu.fp32_tflops * 1e12
+        return (gpu.tf32_tflops if tf32 else gpu.fp32_tflops) * 1e12
     return gpu.bf16_tflops * 1e12
 
 
@@ -930,8 +932,9 @@ class Rates:
         a = assumptions
         eff = a.compute_efficiency if a.compute_efficiency is not None else \
             default_compute_efficiency(gpu, training.compile)
-        return cls(peak=peak_flops(gpu, training.precision),
-                   peak_fsdp=peak_flops(gpu, fsdp_compute_precision(training)), eff=float(eff),
+        return cls(peak=peak_flops(gpu, training.precision, training.tf32),
+                   peak_fsdp=peak_flops(gpu, fsdp_compute_precision(training), training.tf32),
+                   eff=float(eff),
                    bw_intra=gpu.intra_node_bandwidth_bytes_per_s * a.intra_node_comm_efficiency,
                    bw_inter=gpu.inter_node_bandwidth_bytes_per_s * a.inter_node_comm_efficiency,
                    pcie=gpu.pcie_bandwidth_bytes_per_s * a.pcie_efficiency,

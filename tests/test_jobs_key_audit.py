@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from planner.jobs import read_job
 
 DATA = Path(__file__).parent / "data" / "jobs"
@@ -99,3 +101,39 @@ def test_torchtitan_keys_that_change_memory_or_speed_are_named(tmp_path):
             else text + f"\n{section}\n{line}\n"
         j = read_job(_write(tmp_path, src.name, edited))
         assert any(key in u for u in j.unmodelled), (key, j.unmodelled)
+
+
+# ---- tf32: the HF Trainer's / axolotl's allow_tf32 switch (a step-time input, --tf32) -------
+
+def _compute_s(*args: str) -> float:
+    from conftest import run
+
+    r = run("--model", "llama3-8b", "--gpu", "a100-80", "--n", "8", "--strategy", "full_shard",
+            "--checkpointing", "full", "--json", *args)
+    assert r.exit_code in (0, 3), r.stderr
+    return json.loads(r.stdout)["candidates"][0]["compute_s"]
+
+
+def test_tf32_runs_fp32_matmuls_at_the_tf32_rate():
+    """A100 datasheet: 19.5 TFLOPS FP32, 156 TF32 (hardware_profiles/a100-80.toml): an fp32
+    run's compute time with --tf32 is 19.5 / 156 = 1/8 of the plain one; under bf16-amp the
+    matmuls are bf16 and --tf32 changes nothing."""
+    plain, tf32 = _compute_s("--precision", "fp32"), _compute_s("--precision", "fp32", "--tf32")
+    assert tf32 / plain == pytest.approx(19.5 / 156, rel=1e-12)
+    assert _compute_s("--tf32") == _compute_s()
+
+
+def test_tf32_is_read_from_axolotl():
+    j = read_job(str(DATA / "axolotl_archived_code-llama_13b_lora.yml"))
+    assert j.values["training.tf32"] is False  # the file's "tf32: false"
+
+
+def test_tf32_is_read_from_training_arguments(tmp_path):
+    src = DATA / "hf_training_args_serialized_grpo.json"
+    text = src.read_text()
+    assert '"tf32": false' in text
+    assert read_job(str(src)).values["training.tf32"] is False
+    j = read_job(_write(tmp_path, src.name, text.replace('"tf32": false', '"tf32": true')))
+    assert j.values["training.tf32"] is True
+    assert "training.tf32" not in read_job(str(DATA / "hf_training_args_marketguardians.json")
+                                           ).values  # null: torch's default

@@ -78,6 +78,9 @@ def read_args(r: Reader, doc: dict, table: str, *, checkpointing: bool = True) -
         r.set("training.compile", "model", "torch_compile" if compiled else "torchdynamo")
     if r.boolean(doc.get("use_liger_kernel"), "use_liger_kernel"):
         r.set("training.loss", "fused", "use_liger_kernel")
+    tf32 = r.boolean(doc.get("tf32"), "tf32")
+    if tf32 is not None:  # TrainingArguments.__post_init__: allow_tf32 on or off
+        r.set("training.tf32", tf32, "tf32")
     attention(r, doc.get("attn_implementation"), "attn_implementation")
     distributed = fsdp(r, doc) | ds(r, doc)
     if checkpointing:
