@@ -54,7 +54,7 @@ def test_torchtune_amsgrad_is_not_modelled(tmp_path):
     assert any("optimizer.amsgrad" in u and "AMSGrad" in u for u in j.unmodelled), j.unmodelled
     j = read_job(_torchtune(tmp_path, "optimizer:\n  _component_: torch.optim.AdamW\n"
                                       "  lr: 2e-5\n  amsgrad: false"))
-    assert not [u for u in j.unmodelled if "amsgrad" in u]
+    assert not [u for u in j.unmodelled if "AMSGrad" in u]
 
 
 def test_deepspeed_sgd_momentum_and_amsgrad(tmp_path):
@@ -137,3 +137,19 @@ def test_tf32_is_read_from_training_arguments(tmp_path):
     assert j.values["training.tf32"] is True
     assert "training.tf32" not in read_job(str(DATA / "hf_training_args_marketguardians.json")
                                            ).values  # null: torch's default
+
+
+def test_torch_compile_mode_turns_compile_on_and_cuda_graph_modes_are_named(tmp_path):
+    """transformers' TrainingArguments.__post_init__: "if (self.torch_compile_mode is not None
+    or self.torch_compile_backend is not None) and not self.torch_compile: self.torch_compile
+    = True". reduce-overhead captures CUDA graphs (their pools are not modelled)."""
+    src = DATA / "hf_training_args_serialized_grpo.json"
+    doc = json.loads(src.read_text())
+    assert not doc.get("torch_compile") and doc.get("torch_compile_mode") is None
+    doc["torch_compile_mode"] = "default"
+    j = read_job(_write(tmp_path, src.name, json.dumps(doc)))
+    assert j.values["training.compile"] == "model"
+    assert not [u for u in j.unmodelled if "CUDA graphs" in u]  # "default": neutral
+    doc["torch_compile_mode"] = "reduce-overhead"
+    j = read_job(_write(tmp_path, src.name, json.dumps(doc)))
+    assert any("torch_compile_mode" in u and "CUDA graphs" in u for u in j.unmodelled)
