@@ -153,3 +153,28 @@ def test_torch_compile_mode_turns_compile_on_and_cuda_graph_modes_are_named(tmp_
     doc["torch_compile_mode"] = "reduce-overhead"
     j = read_job(_write(tmp_path, src.name, json.dumps(doc)))
     assert any("torch_compile_mode" in u and "CUDA graphs" in u for u in j.unmodelled)
+
+
+def test_deepspeed_collective_switches_are_named(tmp_path):
+    """DeepSpeed's zero_optimization.reduce_scatter false all-reduces the gradient buckets
+    (stage_1_and_2.py: allreduce instead of reduce-scatter, twice the traffic) and
+    allgather_partitions false broadcasts each rank's partition instead of one all-gather
+    (config docs): step-time changes fitcheck does not plan: NOT MODELLED lines."""
+    doc = {"train_micro_batch_size_per_gpu": 1,
+           "zero_optimization": {"stage": 2, "reduce_scatter": False,
+                                 "allgather_partitions": False}}
+    j = read_job(_write(tmp_path, "ds.json", json.dumps(doc)))
+    lines = " ".join(j.unmodelled)
+    assert "all-reduced instead of reduce-scattered" in lines
+    assert "series of broadcasts" in lines
+    doc["zero_optimization"] = {"stage": 2, "reduce_scatter": True, "allgather_partitions": True}
+    j = read_job(_write(tmp_path, "ds.json", json.dumps(doc)))
+    assert not [u for u in j.unmodelled if "broadcasts" in u or "all-reduced" in u]
+
+
+def test_accelerate_dynamo_mode_is_named(tmp_path):
+    src = DATA / "accelerate_template_multi_gpu.yaml"
+    text = src.read_text() + ("\ndynamo_config:\n  dynamo_backend: INDUCTOR\n"
+                              "  dynamo_mode: max-autotune\n")
+    j = read_job(_write(tmp_path, src.name, text), "accelerate")
+    assert any("dynamo_config.dynamo_mode" in u and "CUDA graphs" in u for u in j.unmodelled)
