@@ -215,6 +215,21 @@ RECOMPUTE: dict[Checkpointing, Recompute] = {
 }
 
 
+def recompute_of(model: ModelSpec, training: TrainingSpec,
+                 checkpointing: Checkpointing) -> Recompute:
+    """RECOMPUTE's share, and under selective checkpointing the linears torchtitan's
+    ``force_recompute_mm_shapes_by_fqns`` moves between kept and recomputed on top of it
+    (activations.sac_forced_share: exact in the weights moved; the alternation's own share
+    stays RECOMPUTE's half)."""
+    rc = RECOMPUTE[_ckpt(checkpointing)]
+    if checkpointing is not Checkpointing.SELECTIVE or not training.sac_force_recompute:
+        return rc
+    from planner.activations import sac_forced_share
+
+    share = sac_forced_share(model, training.sac_list, training.sac_force_recompute)
+    return dataclasses.replace(rc, matmul=rc.matmul + share) if share else rc
+
+
 def _ckpt(checkpointing: Checkpointing) -> Checkpointing:
     if checkpointing is Checkpointing.AUTO:
         raise ValueError("Checkpointing.AUTO must be expanded before estimating throughput")
@@ -351,16 +366,18 @@ def gather_bytes(precision: Precision) -> int:
     return precision.compute_bytes
 
 
-def peak_flops(gpu: GpuProfile, precision: Precision) -> float:
+def peak_flops(gpu: GpuProfile, precision: Precision, tf32: bool = False) -> float:
     """Dense peak FLOP/s of the precision's matmuls.
 
     bf16 / fp16 tensor cores for the half precisions; plain fp32 for FP32 (PyTorch's default
-    ``torch.backends.cuda.matmul.allow_tf32 = False`` since 1.12).
+    ``torch.backends.cuda.matmul.allow_tf32 = False`` since 1.12), TF32 tensor cores with
+    ``tf32`` (``--tf32``: allow_tf32 on; the profile's tf32_tflops, the fp32 rate on a GPU
+    without TF32).
     """
     if precision is Precision.FP16_AMP:
         return gpu.fp16_tflops * 1e12
     if precision is Precision.FP32:
-        return gpu.fp32_tflops * 1e12
+        return (gpu.tf32_tflops if tf32 else gpu.fp32_tflops) * 1e12
     return gpu.bf16_tflops * 1e12
 
 
@@ -950,8 +967,9 @@ class Rates:
         a = assumptions
         eff = a.compute_efficiency if a.compute_efficiency is not None else \
             default_compute_efficiency(gpu, training.compile)
-        return cls(peak=peak_flops(gpu, training.precision),
-                   peak_fsdp=peak_flops(gpu, fsdp_compute_precision(training)), eff=float(eff),
+        return cls(peak=peak_flops(gpu, training.precision, training.tf32),
+                   peak_fsdp=peak_flops(gpu, fsdp_compute_precision(training), training.tf32),
+                   eff=float(eff),
                    bw_intra=gpu.intra_node_bandwidth_bytes_per_s * a.intra_node_comm_efficiency,
                    bw_inter=gpu.inter_node_bandwidth_bytes_per_s * a.inter_node_comm_efficiency,
                    pcie=gpu.pcie_bandwidth_bytes_per_s * a.pcie_efficiency,
@@ -1002,7 +1020,7 @@ def step_inputs_at(model: ModelSpec, training: TrainingSpec, candidate: Candidat
         grad_b=float(fd.reduce if fsdp else grad_reduce_bytes(precision, candidate.strategy)),
         master_b=float(fd.storage if fsdp else precision.param_bytes),
         comm=collectives(candidate.strategy, training.grad_sync),
-        recompute=RECOMPUTE[_ckpt(candidate.checkpointing)],
+        recompute=recompute_of(model, training, candidate.checkpointing),
         p_unrecomputed=float(unrecomputed_weights(model, training.finetune)),
         f8_p_unrecomputed=float(_f8_unrecomputed(model, training)),
         offload=OFFLOAD_TRAFFIC[candidate.offload],
