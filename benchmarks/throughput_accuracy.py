@@ -47,7 +47,7 @@ GIB = 2**30
 
 # The embedded profiles (datasheet numbers, dense). Inter-node bandwidth is replaced per row by
 # what the source states (column inter_node_gbit_per_gpu).
-GPU_IDS = {"a100-sxm-80gb": "a100-80", "h100-sxm-80gb": "h100-80"}
+GPU_IDS = {"a100-sxm-80gb": "a100-80", "h100-sxm-80gb": "h100-80", "h200-sxm-141gb": "h200"}
 GPUS: dict[str, GpuProfile] = {k: load_profile(v) for k, v in GPU_IDS.items()}
 
 
