@@ -273,8 +273,8 @@ def test_default_efficiency_comes_from_the_profile():
     # (benchmarks/throughput_accuracy.py; tests/test_error_bands.py holds them to the fit)
     assert load_gpu("a100-80").compute_efficiency == 0.615
     assert load_gpu("h100-80").compute_efficiency == 0.395
-    assert load_gpu("a100-80").compiled_compute_efficiency == 0.69
-    assert load_gpu("h100-80").compiled_compute_efficiency == 0.425
+    assert load_gpu("a100-80").compiled_compute_efficiency == 0.68
+    assert load_gpu("h100-80").compiled_compute_efficiency == 0.43
     assert default_compute_efficiency(replace(GPU, compute_efficiency=0.7)) == 0.7
 
 
