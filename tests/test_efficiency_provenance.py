@@ -28,7 +28,7 @@ import pytest
 from planner import error_bands as eb
 from planner.hardware import load_gpu
 from planner.spec import CompileMode, Strategy
-from planner.throughput import default_compute_efficiency, efficiency_provenance
+from planner.throughput import efficiency_provenance
 from tests.conftest import run
 
 
