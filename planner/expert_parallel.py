@@ -91,13 +91,14 @@ def ep_tp_problem(model: ModelSpec, training: TrainingSpec, tp: int,
     "Beside tensor parallel"): every MoE on its TP rank's sequence shard, the routed experts
     whole. Refused by name: a sequence that does not split over TP (torchtitan/models/common/
     moe.py: "the caller must provide a TP-divisible token count"); what the referee
-    (probes/ep_trace.py with ``tp``) does not trace: shared experts and dense first blocks
-    (TP-sharded MLPs beside the routed ones: an all-gather in, a reduce-scatter out), MLA
-    attention under TP, selective checkpointing."""
+    (probes/ep_trace.py with ``tp``) does not trace: Qwen2-MoE's shared expert gate (not in
+    torchtitan's MoE), dense first blocks, MLA attention under TP, selective checkpointing.
+    Shared experts are modelled (TP-sharded, an all-gather in and a reduce-scatter out:
+    ``activations.ep_tp_saved``, ``estimator.shared_backward``)."""
     if training.local_seq % tp:
         return ("training.seq", f"{training.local_seq} is not a multiple of TP {tp}: under "
                 "expert parallel each TP rank routes its own sequence shard")
-    untraced = [(model.shared_ffn > 0, "parallel.tp", "shared experts"),
+    untraced = [(model.shared_expert_gate, "parallel.tp", "a shared expert gate (Qwen2-MoE)"),
                 (model.n_dense_layers > 0, "parallel.tp", "dense first blocks"),
                 (model.kv_lora_rank > 0, "parallel.tp", "MLA attention"),
                 (checkpointing is Checkpointing.SELECTIVE, "checkpointing",
@@ -280,6 +281,10 @@ def ep_inputs(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *,
         * model.experts_per_token
     idle = (training.ep_imbalance - 1.0) * routed * model.n_moe_layers
     return {"ep": float(ep), "ep_bytes": per_token * mb * seq, "ep_idle_mm": idle,
-            "tp_moe_layers": float(model.n_moe_layers) if tp > 1 else 0.0,
+            # shared experts (TP-sharded) bring back the MLP's all-gather and reduce-scatter
+            # of c t h, as a dense MLP's (models/common/moe_sharding.py
+            # ``_shared_experts_sharding_configs``)
+            "tp_moe_layers": float(model.n_moe_layers) if tp > 1 and not model.shared_ffn
+            else 0.0,
             "ep_layers": float(model.n_moe_layers),
             "ep_inter": vec.where(ep > gpn, 1.0, 0.0), "ep_comm_less": less}

@@ -155,6 +155,67 @@ def test_dispatch_beside_tp_routes_the_sequence_shard():
     assert saved[2]["mlp.input"] * 2 == saved[1]["mlp.input"]
 
 
+# Llama-4 Scout's MoE block with its shared expert (hf config: one shared expert of the
+# routed width, 8192): SCOUT's shape plus shared_ffn
+SCOUT_SHARED = dataclasses.replace(SCOUT, name="scout-shared", shared_ffn=8192)
+
+
+def test_shared_experts_beside_tp_save_their_gathered_input():
+    # torchtitan (moe_sharding.py _shared_experts_sharding_configs): the shared experts'
+    # parent all-gathers the MoE's sequence-shard input to Replicate, which their
+    # column-parallel w1 / w3 save whole: 4096 tokens x 5120 x 2 B = 41,943,040 B per block
+    # (every block is MoE), beside the router's input, the rank's shard (4096 / 2 x 5120 x 2 =
+    # 20,971,520 B); their four SwiGLU intermediates over 8192 / 2 features each: 4096 x 4096
+    # x 2 = 33,554,432 B
+    plan = activation_plan(SCOUT_SHARED, training(ep=2), Candidate(
+        strategy=Strategy.FULL_SHARD, offload=Offload.NONE, checkpointing=Checkpointing.NONE,
+        tp=2))
+    saved = {s.name: s.nbytes for s in plan.block_saved}
+    assert saved["mlp.shared.input"] == 41_943_040
+    assert saved["mlp.input"] == 20_971_520
+    for name in ("gate_out", "act_out", "up_out", "down.input"):
+        assert saved[f"mlp.shared.{name}"] == 33_554_432
+    # without TP the shared experts read the router's input (one storage): no second copy
+    one = activation_plan(SCOUT_SHARED, training(ep=2), Candidate(
+        strategy=Strategy.FULL_SHARD, offload=Offload.NONE, checkpointing=Checkpointing.NONE))
+    assert "mlp.shared.input" not in {s.name for s in one.block_saved}
+
+
+def test_shared_experts_backward_runs_first_by_hand():
+    # they run after the routed experts' combine, so backward first: when the routed
+    # experts' backward peaks their saved set is freed (the gathered input 41,943,040 + 4 x
+    # 33,554,432 = 176,160,768 B) and their unsharded weight gradients exist (3 x 5120 x
+    # 8192 / 2 x 2 B = 125,829,120 B). The routed side at Scout's shape, t = 4096 / 2 = 2048
+    # tokens, top 1: the residual gradients 2 x 2 x 2048 x 5120 = 41,943,040 B and the
+    # pair 2 x 2 x 2048 x 8192 = 67,108,864 B (109,051,904; the combine's 2 x 2 x 2048 x
+    # 5120 + 3 x 2 x 2048 x 5120 = 104,857,600 B is less): 109,051,904 - 176,160,768 +
+    # 125,829,120 = 58,720,256 B. The shared experts' own backward: the residual gradients
+    # 41,943,040, the all-gathered output gradient 4096 x 5120 x 2 = 41,943,040 and their
+    # pair 2 x 2 x 4096 x 4096 = 67,108,864: 150,994,944 B, the larger
+    plan = activation_plan(SCOUT_SHARED, training(ep=2), Candidate(
+        strategy=Strategy.FULL_SHARD, offload=Offload.NONE, checkpointing=Checkpointing.NONE,
+        tp=2))
+    assert plan.block_backward_transient == 150_994_944
+    # full checkpointing: the checkpointed forward peaks at the routed experts, before the
+    # shared experts have made anything: less by their 176,160,768 B
+    full = {s: activation_plan(m, training(ep=2), Candidate(
+        strategy=Strategy.FULL_SHARD, offload=Offload.NONE, checkpointing=Checkpointing.FULL,
+        tp=2)) for s, m in (("shared", SCOUT_SHARED), ("none", SCOUT))}
+    ckpt = {s: p.checkpointed_forward for s, p in full.items()}
+    # Scout's input (the shared experts' gathered copy aside) is the same in both
+    assert ckpt["shared"] == ckpt["none"]
+
+
+def test_shared_experts_bring_back_the_tp_collectives():
+    # their all-gather in and reduce-scatter out are a dense MLP's: no MoE layer is spared
+    cand = Candidate(strategy=Strategy.FULL_SHARD, offload=Offload.NONE,
+                     checkpointing=Checkpointing.FULL, tp=2)
+    got = ep_inputs(SCOUT_SHARED, training(ep=2), cand, mb=1, seq=4096, gpn=8, c=2, n=8)
+    assert got["tp_moe_layers"] == 0.0
+    assert ep_inputs(SCOUT, training(ep=2), cand, mb=1, seq=4096, gpn=8, c=2,
+                     n=8)["tp_moe_layers"] == 48.0
+
+
 # ---------------------------------------------------------------------------------------------
 # The dispatch (token_dispatcher.py AllToAllTokenDispatcher)
 

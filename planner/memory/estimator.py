@@ -111,7 +111,7 @@ def activation_plan(model: ModelSpec, training: TrainingSpec, candidate: Candida
         local = training if candidate.tp == 1 else dataclasses.replace(
             training, seq=training.seq // candidate.tp)
         plan = with_dispatch(plan, model, local, precision, autocast,
-                             candidate.checkpointing)
+                             candidate.checkpointing, candidate.tp)
     return float8_activations(plan, model, training, candidate)
 
 
@@ -170,7 +170,8 @@ def with_ring(plan: ActivationPlan, model: ModelSpec, training: TrainingSpec,
 
 def with_dispatch(plan: ActivationPlan, model: ModelSpec, training: TrainingSpec,
                   precision: Precision, autocast: bool,
-                  checkpointing: Checkpointing = Checkpointing.NONE) -> ActivationPlan:
+                  checkpointing: Checkpointing = Checkpointing.NONE, tp: int = 1
+                  ) -> ActivationPlan:
     """The plan with expert parallel's token dispatch (planner/expert_parallel.py): the
     expert-side saved tensors over the rows the rank receives, the permutation indices, the
     MLP's backward pair over those rows, and the dispatch's forward buffers as the block's
@@ -210,6 +211,14 @@ def with_dispatch(plan: ActivationPlan, model: ModelSpec, training: TrainingSpec
     down = max(c * r_rows * model.hidden * model.n_moe_layers // model.n_layers - act, 0)
     ckpt_fwd = plan.checkpointed_forward + more - combine + down \
         if plan.checkpointed_forward else 0
+    # torchtitan's MoE runs its shared experts after the routed ones' combine (models/common/
+    # moe.py ``MoE.forward``, lines 440-452 at b5bcd76): at the routed experts' peak they
+    # have saved nothing yet, and they run backward first (autograd: the ops made last),
+    # so their saved tensors are freed when the routed experts' backward peaks (traced,
+    # probes/ep_trace.py)
+    shared = shared_saved(saved, model)
+    if ckpt_fwd:
+        ckpt_fwd -= shared
     # the MLP's backward pair of intermediate gradients (activations.py) over R = imbalance
     # x the t x top_k rows it counts, in the MoE blocks
     pair = (2 if model.mlp.gated else 1) * c * training.micro_batch * training.local_seq \
@@ -227,8 +236,40 @@ def with_dispatch(plan: ActivationPlan, model: ModelSpec, training: TrainingSpec
     return dataclasses.replace(
         plan, block_saved=saved, block_kept=kept, recompute=recompute,
         checkpointed_forward=ckpt_fwd,
-        block_backward_transient=max(plan.block_backward_transient + more_bwd, combine),
+        block_backward_transient=max(
+            max(plan.block_backward_transient + more_bwd, combine) - shared
+            + shared_weight_grads(model, c, tp), shared_backward(plan, model, t, c, tp)),
         ring_forward=dispatch_forward_bytes(model, training, c))
+
+
+def shared_saved(saved: tuple, model: ModelSpec) -> int:
+    """What one MoE block's shared experts save (``mlp.shared.*`` of the average block,
+    weighted back to one MoE block): their intermediates, and beside TP their all-gathered
+    input (``activations.ep_tp_saved``; without TP the router's input, the same storage)."""
+    share = sum(s.nbytes for s in saved if s.name.startswith("mlp.shared."))
+    return share * model.n_layers // max(model.n_moe_layers, 1)
+
+
+def shared_weight_grads(model: ModelSpec, c: int, tp: int) -> int:
+    """FSDP2's unsharded gradients of one block's shared experts (compute dtype, their 1 / tp
+    under TP), alive from their backward to the block's reduce-scatter."""
+    if not model.shared_ffn:
+        return 0
+    return c * (3 if model.mlp.gated else 2) * model.hidden * model.shared_ffn // tp
+
+
+def shared_backward(plan: ActivationPlan, model: ModelSpec, t: int, c: int, tp: int) -> int:
+    """The shared experts' backward above every block's saved set (it runs before the
+    routed experts'): the residual stream's gradient and its branch's (r t h, on the rank's
+    sequence shard: ``t`` is its tokens), the MLP's pair of intermediate gradients over its
+    features / tp, and beside TP the output gradient all-gathered to every token for the
+    row-parallel w2 (c t h tp: ``RowwiseParallel``'s backward of the sequence-shard output;
+    models/common/moe_sharding.py ``_shared_expert_rowwise_config``)."""
+    if not model.shared_ffn:
+        return 0
+    pair = (2 if model.mlp.gated else 1) * c * t * tp * model.shared_ffn // tp
+    gathered = c * t * tp * model.hidden if tp > 1 else 0
+    return 2 * plan.residual_bytes * t * model.hidden + pair + gathered
 
 
 def adapter_input_bytes(training: TrainingSpec, candidate: Candidate) -> int:
