@@ -124,6 +124,10 @@ class ActivationPlan:
     """Full or (op-level) selective checkpointing: what one block's forward holds at once
     inside its checkpoint (``checkpointed_forward``) beyond what it keeps (``block_kept``,
     counted with every block's); 0 without checkpointing."""
+    ends_kept: tuple[int, int, int] | None = None
+    """An MoE model with dense first blocks (``block_kept`` their average): what the first,
+    the second and the last blocks keep each (the dense first ones, the MoE ones after
+    them), for the backward's sub-moments at either end; None: every block ``block_kept``."""
 
     def scaled(self, k: float) -> ActivationPlan:
         """Every activation term times k (a calibration's correction)."""
@@ -149,7 +153,9 @@ class ActivationPlan:
             offload_back=int(self.offload_back * k),
             ring_forward=int(self.ring_forward * k),
             ring_backward=int(self.ring_backward * k),
-            checkpointed_forward=int(self.checkpointed_forward * k))
+            checkpointed_forward=int(self.checkpointed_forward * k),
+            ends_kept=None if self.ends_kept is None else tuple(
+                int(x * k) for x in self.ends_kept))
 
     @property
     def block_bytes(self) -> int:

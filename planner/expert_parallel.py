@@ -92,14 +92,13 @@ def ep_tp_problem(model: ModelSpec, training: TrainingSpec, tp: int,
     whole. Refused by name: a sequence that does not split over TP (torchtitan/models/common/
     moe.py: "the caller must provide a TP-divisible token count"); what the referee
     (probes/ep_trace.py with ``tp``) does not trace: Qwen2-MoE's shared expert gate (not in
-    torchtitan's MoE), dense first blocks, MLA attention under TP, selective checkpointing.
-    Shared experts are modelled (TP-sharded, an all-gather in and a reduce-scatter out:
-    ``activations.ep_tp_saved``, ``estimator.shared_backward``)."""
+    torchtitan's MoE), MLA attention under TP, selective checkpointing. Shared experts
+    (TP-sharded, an all-gather in and a reduce-scatter out: ``activations.ep_tp_saved``,
+    ``estimator.shared_backward``) and dense first blocks (TP's dense MLP) are modelled."""
     if training.local_seq % tp:
         return ("training.seq", f"{training.local_seq} is not a multiple of TP {tp}: under "
                 "expert parallel each TP rank routes its own sequence shard")
     untraced = [(model.shared_expert_gate, "parallel.tp", "a shared expert gate (Qwen2-MoE)"),
-                (model.n_dense_layers > 0, "parallel.tp", "dense first blocks"),
                 (model.kv_lora_rank > 0, "parallel.tp", "MLA attention"),
                 (checkpointing is Checkpointing.SELECTIVE, "checkpointing",
                  "selective checkpointing")]

@@ -216,6 +216,46 @@ def test_shared_experts_bring_back_the_tp_collectives():
                      n=8)["tp_moe_layers"] == 48.0
 
 
+# A Mixtral-like block at h 512 (8 heads of 64, 2 kv heads, 8 experts of 1792) after one
+# dense first block of 1536 (DeepSeek's first_k_dense_replace), the EP trace's shape
+SMALL_DENSE = ModelSpec(name="mixtral-dense-like", n_layers=4, hidden=512, n_heads=8,
+                        n_kv_heads=2, ffn_hidden=1792, vocab=4096, n_experts=8,
+                        experts_per_token=2, n_dense_layers=1, dense_ffn_hidden=1536)
+
+
+def test_dense_first_block_is_the_last_reduced():
+    # the last block differentiated is the dense first one: its reduce-scatter input is alive
+    # through the embeddings' backward. Its elements: q and o 512 x 512 each, k and v
+    # 128 x 512 each, two norms of 512, the MLP 3 x 512 x 1536: 524,288 + 131,072 + 1,024 +
+    # 2,359,296 = 3,015,680; under TP 2, fp32 (the -amp reduce dtype): 1,507,840 x 4 =
+    # 6,031,360 B (the trace: 6.033 MB of reduce-scatter buffer at bwd_end, TP 2 x EP 2)
+    cand = Candidate(strategy=Strategy.FULL_SHARD, offload=Offload.NONE,
+                     checkpointing=Checkpointing.NONE, tp=2)
+    d = dtypes(Strategy.FULL_SHARD, Precision.BF16_AMP, training().fsdp_dtypes)
+    w = fsdp_working(SMALL_DENSE, count(SMALL_DENSE), cand, Precision.BF16_AMP, d, 4, ep=2,
+                     reduce_bytes=4)
+    assert w.rs_first == 6_031_360
+    # and its unit (bf16, TP 2) is the dense part alone: 3,015,680 elements against an MoE
+    # block's 655,360 (attention) + 1,024 (norms) + 4,096 (router) = 660,480 / 2 TP-sharded
+    # plus E / ep = 4 experts whole, 4 x 3 x 1792 x 512 = 11,010,048: 330,240 + 11,010,048 =
+    # 11,340,288 elements; the first block's less by (11,340,288 - 1,507,840) x 2 =
+    # 19,664,896 B
+    assert w.first_less[0] == 19_664_896
+
+
+def test_dense_first_block_gradient_shards():
+    # at the end of backward every block's gradient shard exists: the dense block's
+    # ceil(3,015,680 / 8) = 376,960 elements on each of 8 ranks against an MoE block's
+    # ceil(22,680,576 / 8) = 2,835,072 (22,020,096 of experts + 660,480; no padding: E / ep =
+    # 4 experts over efsdp 4 ranks, one each): 2,458,112 fewer
+    from planner.memory.estimator import dense_grad_delta
+    from planner.params import trainable
+
+    T = trainable(SMALL_DENSE, training().finetune)
+    assert T.train_per_block == 22_680_576
+    assert dense_grad_delta(SMALL_DENSE, training(ep=2), T, 8, 0) == -2_458_112
+
+
 # ---------------------------------------------------------------------------------------------
 # The dispatch (token_dispatcher.py AllToAllTokenDispatcher)
 

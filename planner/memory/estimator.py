@@ -112,7 +112,27 @@ def activation_plan(model: ModelSpec, training: TrainingSpec, candidate: Candida
             training, seq=training.seq // candidate.tp)
         plan = with_dispatch(plan, model, local, precision, autocast,
                              candidate.checkpointing, candidate.tp)
+    if model.n_dense_layers and model.n_dense_layers < model.n_layers:
+        plan = with_block_ends(plan, model, training, candidate)
     return float8_activations(plan, model, training, candidate)
+
+
+def with_block_ends(plan: ActivationPlan, model: ModelSpec, training: TrainingSpec,
+                    candidate: Candidate) -> ActivationPlan:
+    """An MoE model with dense first blocks: ``plan.block_kept`` is their average; what an
+    MoE block keeps is the plan of the same model with no dense block, what a dense one
+    keeps the rest of the sum: L x average = (L - nd) x MoE + nd x dense. The backward's
+    sub-moments at the last blocks free MoE blocks', at the first ones dense blocks'
+    (moments.block_backward)."""
+    L, nd = model.n_layers, model.n_dense_layers
+    moe_plan = activation_plan(dataclasses.replace(model, n_dense_layers=0, dense_ffn_hidden=0),
+                               training, candidate)
+    moe = moe_plan.block_kept
+    dense = (L * plan.block_kept - (L - nd) * moe) // nd
+    # a checkpointed block's recompute: the larger kind's (the average's is neither)
+    dense_recompute = (L * plan.recompute - (L - nd) * moe_plan.recompute) // nd
+    return dataclasses.replace(plan, ends_kept=(dense, dense if nd > 1 else moe, moe),
+                               recompute=max(moe_plan.recompute, dense_recompute))
 
 
 def float8_activations(plan: Any, model: ModelSpec, training: TrainingSpec,
@@ -429,6 +449,7 @@ def step_for(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, 
                                    tied=model.tied_embeddings, trains=embed_trains)
         if whole_graph else 0,
         fsdp_version=training.fsdp_version, block_grad_pad=pad,
+        dense_grad_delta=dense_grad_delta(model, training, T, degree * tp, pad),
         unsynced_grads=unsynced_gradients(model, training, candidate),
         unsynced_root=unsynced_gradients(model, training, candidate, part="root"),
         unsynced_block=unsynced_gradients(model, training, candidate, part="block"),
@@ -454,6 +475,20 @@ def step_for(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, 
         work=work if strategy.is_zero else dataclasses.replace(work,
                                                               buckets=work.buckets * (n_gpus > 1)),
         acts=acts, cublas=ov.cublas_workspace_bytes)
+
+
+def dense_grad_delta(model: ModelSpec, training: TrainingSpec, T: Any, ranks: Any,
+                     pad: Any) -> Any:
+    """Elements of the dense first blocks' sharded gradients on one of ``ranks`` minus as many
+    MoE blocks' (with their expert padding ``pad``): full training only (a frozen or adapted
+    first block is counted as the others)."""
+    nd = model.n_dense_layers
+    if not nd or not training.finetune.full or training.finetune.frozen_blocks(model.n_layers):
+        return 0
+    from planner.memory.working import dense_block_elems
+
+    return nd * (vec.ceil_div(dense_block_elems(model), ranks)
+                 - vec.ceil_div(T.train_per_block, ranks) - pad)
 
 
 def moments(step: Step) -> dict[Phase, Breakdown]:
