@@ -256,6 +256,25 @@ def test_dense_first_block_gradient_shards():
     assert dense_grad_delta(SMALL_DENSE, training(ep=2), T, 8, 0) == -2_458_112
 
 
+def test_groups_of_one_rank_gather_nothing_in_forward():
+    # TP 8 x EP 8 on 8 GPUs: the dense group (dp = 8 / 8) and the experts' (efsdp = 8 / 8)
+    # are one rank each, so FSDP2 copies the shard in and no all-gather output exists: at the
+    # last block's forward all-gather the root and the unit alone. h 512 with 8 kv heads:
+    # attention 4 x 512 x 512 = 1,048,576, norms 1,024, router 8 x 512 = 4,096: 1,053,696 / 8
+    # = 131,712; one expert whole, 3 x 1792 x 512 = 2,752,512; (131,712 + 2,752,512) x 2 B =
+    # 5,768,448 B; the root (embedding and head 2 x 4096 x 512, norm 512) / 8 x 2 B =
+    # 1,048,704 B: 6,817,152 B (the trace: 6.827 MB of unsharded parameters at that moment)
+    model = dataclasses.replace(SMALL_DENSE, n_kv_heads=8, n_dense_layers=0,
+                                dense_ffn_hidden=0)
+    cand = Candidate(strategy=Strategy.FULL_SHARD, offload=Offload.NONE,
+                     checkpointing=Checkpointing.FULL, tp=8)
+    d = dtypes(Strategy.FULL_SHARD, Precision.BF16_AMP, training().fsdp_dtypes)
+    w = fsdp_working(model, count(model), cand, Precision.BF16_AMP, d, 1, ep=8)
+    assert w.fwd_gather == 6_817_152
+    # nothing prefetched either (both groups gather nothing before their own wait)
+    assert w.fwd_prefetched == 0
+
+
 # ---------------------------------------------------------------------------------------------
 # The dispatch (token_dispatcher.py AllToAllTokenDispatcher)
 

@@ -297,6 +297,17 @@ def fsdp_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate,
         fwd_prefetched = prefetched if ep > 1 else 0
         freed, lingering = 0, unit
         gather_fwd = root + 2 * unit + prev_out
+        if ep > 1:
+            # a group of one rank all-gathers nothing (``foreach_all_gather`` is skipped:
+            # the shard is copied in) and keeps no output: under EP x TP with dp = n / tp 1
+            # (TP 8 on 8 GPUs) the dense group is one rank, the experts' too where ep = n
+            # (traced, TP 8 x EP 8: the forward's all-gather moment holds the unit alone)
+            dense_out = unit - experts_out
+            gather_fwd = vec.where(degree == 1, root + unit + experts_out * (efsdp > 1)
+                                   + kept_out * (L > 1), gather_fwd)
+            prefetched = prefetched - dense_out * (degree == 1)
+            fwd_prefetched = prefetched
+            bwd = unit + prefetched
     else:  # SHARD_GRAD_OP, NO_SHARD: kept unsharded from forward until post-backward
         # (an MoE model's dense first blocks: their own, smaller units)
         fwd = loss = bwd = L * unit - model.n_dense_layers * dense_less
