@@ -36,7 +36,9 @@ mesh over 8 fake ranks, AdamW's step): at small widths the planner is within 2 %
 every moment for EP 2/4/8, balanced and imbalanced, no and full checkpointing, Mixtral's,
 DeepSeek-V3's and Llama-4 Scout's expert shapes, selective checkpointing balanced
 (tests/test_ep_trace.py); selective checkpointing's block backward at imbalance 2 misses by
-up to 3.3 % (strict xfails there).
+up to 3.3 % (strict xfails there). Beside TP 2, 4 and 8 (``ep_tp_problem``), with shared
+experts and dense first blocks, within 2 % but where the dense TP model's own misses show
+(docs/model.md §8.8 "Beside tensor parallel").
 """
 
 from __future__ import annotations

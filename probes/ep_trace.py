@@ -29,6 +29,13 @@ EP rank N / ep rows and receives R / ep from each, R = imbalance x N (this proce
 same saved inputs). The router, top-k and renormalisation are the reference MoE's, and so
 is the combine's multiply in the compute dtype (the reference's ``moe.expert_out``;
 torchtitan multiplies in fp32, a difference the planner's docs note, with or without EP).
+
+Shared experts (``spec.shared_ffn``) are a dense MLP of that width on every token, run after
+the routed experts' combine and added (``MoE.forward``, models/common/moe.py lines 440-452);
+the first ``spec.n_dense_layers`` blocks get a dense MLP of ``dense_ffn_hidden`` and no
+experts (DeepSeek-V3's dense blocks). Beside TP (``tp`` > 1) the shared experts and the
+dense blocks' MLPs are TP-sharded as torchtitan shards them (probes/finetune_tp.py
+``apply_tp_plan`` ``ep_moe``).
 """
 
 from __future__ import annotations
