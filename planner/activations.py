@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+from typing import NamedTuple
 
 from planner.arch import variants_of
 from planner.arch.base import FP32, Ctx, Saved, scaled
@@ -123,6 +124,10 @@ class ActivationPlan:
     """Full or (op-level) selective checkpointing: what one block's forward holds at once
     inside its checkpoint (``checkpointed_forward``) beyond what it keeps (``block_kept``,
     counted with every block's); 0 without checkpointing."""
+    ends_kept: tuple[int, int, int] | None = None
+    """An MoE model with dense first blocks (``block_kept`` their average): what the first,
+    the second and the last blocks keep each (the dense first ones, the MoE ones after
+    them), for the backward's sub-moments at either end; None: every block ``block_kept``."""
 
     def scaled(self, k: float) -> ActivationPlan:
         """Every activation term times k (a calibration's correction)."""
@@ -148,7 +153,9 @@ class ActivationPlan:
             offload_back=int(self.offload_back * k),
             ring_forward=int(self.ring_forward * k),
             ring_backward=int(self.ring_backward * k),
-            checkpointed_forward=int(self.checkpointed_forward * k))
+            checkpointed_forward=int(self.checkpointed_forward * k),
+            ends_kept=None if self.ends_kept is None else tuple(
+                int(x * k) for x in self.ends_kept))
 
     @property
     def block_bytes(self) -> int:
@@ -560,24 +567,69 @@ def checkpointed_forward(saved: list[Saved]) -> int:
     return sum(s.nbytes for s in saved if not s.name.endswith(OP_INTERNAL))
 
 
-def tp_saved(saved: list[Saved], tp: int, mlp_local: bool = False) -> list[Saved]:
+def tp_saved(saved: list[Saved], tp: int, mlp_local: MlpLocal | None = None) -> list[Saved]:
     """Per GPU under tensor + sequence parallel (Korthikanti et al. 2022, sec. 4.2.2: every
     activation split tp ways). As torchtitan runs it (``SequenceParallel`` norms,
     ``ColwiseParallel(input_layouts=Shard(1))``), the all-gathered inputs of the
     column-parallel linears (q/k/v, the MLP's inputs, the output head) are saved whole by
     autograd; the paper's re-gather in backward is not done. RoPE's tables are replicated.
     ``mlp_local``: the MLP is expert parallel's MoE beside TP, on its rank's sequence shard
-    (no all-gather: docs/model.md §8.8), so its inputs are split tp ways too."""
+    (no all-gather: docs/model.md §8.8), so its inputs are split tp ways too but what
+    ``ep_tp_saved`` keeps whole."""
     if tp <= 1:
         return saved
+    if mlp_local is not None:
+        return ep_tp_saved(saved, tp, mlp_local)
     out = []
     for x in saved:
         base = x.name.removeprefix("lora.")
         full = x.name in _TP_FULL or (x.name.startswith("lora.") and base.split(".")[0]
                                       in ("q", "k", "v", "gate", "up"))
-        if mlp_local and x.name.startswith("mlp."):
-            full = False
         out.append(x if full else Saved(x.name, -(-x.nbytes // tp)))
+    return out
+
+
+class MlpLocal(NamedTuple):
+    """Expert parallel beside TP (``tp_saved``'s ``mlp_local``): what of an MoE model's
+    average block is not on the rank's sequence shard. ``dense_share``: the dense first
+    blocks' share of the blocks (n_dense_layers / n_layers), whose MLP input is all-gathered
+    as without EP; ``shared_input``: the bytes of the shared experts' all-gathered input in
+    the average block (c t h x the MoE blocks' share; 0 without shared experts)."""
+
+    dense_share: float = 0.0
+    shared_input: int = 0
+
+
+def mlp_local_for(model: ModelSpec, t: int, c: int) -> MlpLocal:
+    """``MlpLocal`` of ``model`` at t tokens per GPU before TP, compute dtype c bytes."""
+    L, nd = model.n_layers, model.n_dense_layers
+    shared = c * t * model.hidden * (L - nd) // L if model.shared_ffn else 0
+    return MlpLocal(dense_share=nd / L, shared_input=shared)
+
+
+def ep_tp_saved(saved: list[Saved], tp: int, local: MlpLocal) -> list[Saved]:
+    """``tp_saved`` under expert parallel beside TP (docs/model.md §8.8 "Beside tensor
+    parallel"), as torchtitan lays it out at b5bcd76 (models/common/moe_sharding.py): the
+    MoE's router, dispatch and routed experts run on the rank's sequence shard (no
+    all-gather), so its input and everything of the MLP splits tp ways; the shared experts
+    (``_shared_experts_sharding_configs``, lines 167-198) all-gather that input to Replicate
+    for their column-parallel w1 / w3, which save it whole (``local.shared_input``; their
+    intermediates over features / tp); a dense first block's MLP is TP's as without EP
+    (models/common/decoder_sharding.py ``set_dense_ffn_sharding``): its all-gathered input
+    saved whole (``local.dense_share`` of ``mlp.input``)."""
+    out = []
+    for x in saved:
+        if x.name.startswith("mlp.") and x.name not in _TP_FULL:
+            out.append(Saved(x.name, -(-x.nbytes // tp)))
+        elif x.name.startswith("mlp."):  # the MLP's input: the MoE blocks' share local
+            dense = int(x.nbytes * local.dense_share)
+            out.append(Saved(x.name, -(-(x.nbytes - dense) // tp)))
+            if dense:
+                out.append(Saved(x.name.replace("mlp.", "mlp.dense.", 1), dense))
+        else:
+            out.extend(tp_saved([x], tp))
+    if local.shared_input:
+        out.append(Saved("mlp.shared.input", local.shared_input))
     return out
 
 
@@ -609,7 +661,8 @@ def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Preci
     eager_saved = saved
     if ft.lora:
         saved = lora_saved(model, saved, ft, t, c, adapter_bytes)
-    saved = tp_saved(saved, tp, mlp_local)
+    local = mlp_local_for(model, t, c) if mlp_local else None
+    saved = tp_saved(saved, tp, local)
     block_total = sum(s.nbytes for s in saved)
     h, f = model.hidden, model.ffn_hidden
     tokens = t * model.experts_per_token if model.is_moe else t
@@ -623,7 +676,7 @@ def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Preci
         ckpt_fwd = checkpointed_forward(saved)
     elif checkpointing is Checkpointing.SELECTIVE:
         sac = op_sac_kept(model, t, batch, seq, attention, c, r, sac_list, sac_force)
-        kept_list = tp_saved(sac, tp, mlp_local)
+        kept_list = tp_saved(sac, tp, local)
         kept = sum(x.nbytes for x in kept_list)
         # in backward the block is re-run: everything it saves comes back, except what the
         # policy kept (already counted in `kept`)

@@ -60,9 +60,20 @@ class Activations:
     """Activation offloading: the tensors brought back and alive at once in a block's
     backward (ActivationPlan.gpu_back; 0 without)."""
 
+    first_block: Any = None
+    """What the first block holds until its backward ends, where the blocks differ (an MoE
+    model's dense first blocks: ActivationPlan.ends_kept); None: ``gpu_per_block``."""
+    second_block: Any = None
+    """... the second block (None: ``gpu_per_block``)."""
+    last_block: Any = None
+    """... the last block and the one before it (None: ``gpu_per_block``)."""
+
     def __post_init__(self) -> None:
         if self.gpu_per_block is None:
             object.__setattr__(self, "gpu_per_block", self.kept_per_block)
+        for f in ("first_block", "second_block", "last_block"):
+            if getattr(self, f) is None:
+                object.__setattr__(self, f, self.gpu_per_block)
         if self.bwd_blocks is None:
             object.__setattr__(self, "bwd_blocks", self.kept_blocks)
 
@@ -81,7 +92,9 @@ class Activations:
                    recompute=plan.recompute, ring_fwd=plan.ring_forward,
                    ckpt_fwd=plan.checkpointed_forward,
                    residual_bytes=plan.residual_bytes, kept_logits=plan.kept_logits,
-                   loss_gap=plan.loss_gap)
+                   loss_gap=plan.loss_gap,
+                   **({} if plan.ends_kept is None or plan.offload else dict(zip(
+                       ("first_block", "second_block", "last_block"), plan.ends_kept))))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -121,6 +134,9 @@ class Step:
     block_grad_pad: Any = 0
     """FSDP2: elements one rank's sharded gradient of a block holds beyond an even split (the
     stacked MoE experts' dim-0 padding, states.expert_padding)."""
+    dense_grad_delta: Any = 0
+    """An MoE model's trainable dense first blocks: the elements of their sharded gradients
+    on one rank minus as many typical blocks' (with their padding); 0 without."""
     allocator: Any = "default"
     """The CUDA allocator mode (planner.spec.Allocator)."""
     init: Any = "meta"
@@ -286,13 +302,17 @@ def block_backward(s: Step) -> Breakdown:
     """
     last = _last_block(s)
     g = _block_grad(s)
-    kept = s.acts.gpu_per_block
+    # what the first, the second and the last block keep (they differ where an MoE model has
+    # dense first blocks; the block before the last keeps as the last)
+    k_first, k_second, kept = s.acts.first_block, s.acts.second_block, s.acts.last_block
     prev = last.plus(activations=-kept, gradients=g, gathered_params=-s.work.freed_per_block,
                      comm_buffers=s.work.rs_unit)
-    first = last.plus(activations=kept - s.acts.bwd_blocks,
+    # the first block's unit and unsharded gradients (a dense first block's are smaller)
+    unit_less, grads_less = s.work.first_less
+    first = last.plus(activations=k_first - s.acts.bwd_blocks,
                       gradients=(vec.maximum(s.train_blocks, 1) - 1) * g,
-                      gathered_params=s.work.gathered_bwd_first - s.work.gathered_bwd,
-                      comm_buffers=s.work.rs_unit)
+                      gathered_params=s.work.gathered_bwd_first - s.work.gathered_bwd
+                      - unit_less, comm_buffers=s.work.rs_unit)
     subs = [last, prev, first] if s.n_layers > 1 else [last]
     if s.fsdp and s.fsdp_version == 2:
         if s.unsynced_grads:
@@ -303,10 +323,10 @@ def block_backward(s: Step) -> Breakdown:
                  (vec.ceil_div(s.train_block_params, s.grad_shards) + s.block_grad_pad)
                  * s.grad_bytes) - s.unsynced_block
             prev = last.plus(activations=-kept, gradients=g, comm_buffers=s.work.rs_unit)
-            first = last.plus(activations=kept - s.acts.bwd_blocks,
+            first = last.plus(activations=k_first - s.acts.bwd_blocks,
                               gradients=(vec.maximum(s.train_blocks, 1) - 1) * g,
-                              gathered_params=s.work.gathered_bwd_first - s.work.gathered_bwd,
-                              comm_buffers=s.work.rs_unit)
+                              gathered_params=s.work.gathered_bwd_first - s.work.gathered_bwd
+                              - unit_less, comm_buffers=s.work.rs_unit)
             subs = [last, prev, first] if s.n_layers > 1 else [last]
         if s.n_layers == 2:
             # the block before the last is the first: nothing is prefetched for it
@@ -320,24 +340,34 @@ def block_backward(s: Step) -> Breakdown:
         if s.n_layers > 2:
             # the second block (the one before the first): every later block's gradient,
             # and the first block's all-gather output prefetched beside its own unit
-            early.insert(2, first.plus(activations=kept, gradients=-g,
+            early.insert(2, first.plus(activations=k_second, gradients=-g,
                                        gathered_params=s.work.post_freed))
             subs = list(early)
+        # each early sub-moment's own block: the last, the one before it, the second, the first
+        own = {2: [kept, k_first], 3: [kept, kept, k_first]}.get(len(early), [kept, kept,
+                                                                       k_second, k_first])
         if s.n_layers > 1:
             # the first block's copy-out (pre-backward): its all-gather output and its
             # unsharded parameters alive together, before its backward runs
-            subs.append(first.plus(gathered_params=s.work.post_freed,
+            subs.append(first.plus(gathered_params=s.work.post_freed - unit_less,
                                    transients=s.acts.kept_logits - first.transients))
-        for b in early:
-            subs.append(b.plus(activations=-kept,
+        # ... and its unit, unsharded gradients and reduce-scatter input: the first block's
+        # (a dense first block's) for the last of them
+        rs_first = s.work.rs_unit if s.work.rs_first is None else s.work.rs_first
+        mine = [(0, 0, s.work.rs_unit)] * (len(early) - 1) + [(unit_less, grads_less, rs_first)]
+        if len(early) == 1:
+            mine = [(0, 0, s.work.rs_unit)]
+        for b, k, (ul, gl, _) in zip(early, own, mine):
+            subs.append(b.plus(activations=-k,
                                transients=s.work.grad_layout_copy - s.acts.recompute,
-                               gradients=s.work.unsharded_block_grads))
-        for b in (early[0], early[-1]):
-            subs.append(b.plus(activations=-kept,
+                               gradients=s.work.unsharded_block_grads - gl))
+        for i in (0, -1):
+            b, k, (ul, gl, rs) = early[i], own[i], mine[i]
+            subs.append(b.plus(activations=-k,
                                transients=s.acts.kept_logits - b.transients,
-                               gradients=s.work.unsharded_block_grads,
-                               gathered_params=-s.work.post_freed,
-                               comm_buffers=s.work.buckets + s.work.rs_unit - b.comm_buffers))
+                               gradients=s.work.unsharded_block_grads - gl,
+                               gathered_params=-(s.work.post_freed - ul),
+                               comm_buffers=s.work.buckets + rs - b.comm_buffers))
         return largest(subs)[1]
     if s.fsdp:
         for b, lingering in ((last, 0), (first, s.work.lingering_first)):
@@ -371,16 +401,19 @@ def backward_end(s: Step) -> Breakdown:
                            transients=grad_in,
                            comm_buffers=s.work.buckets + s.work.bwd_buffers)
     block_grads = 0 if s.params_offloaded else \
-        s.train_blocks * (vec.ceil_div(s.train_block_params, s.degree) + s.block_grad_pad) \
-        * s.grad_bytes
+        (s.train_blocks * (vec.ceil_div(s.train_block_params, s.degree) + s.block_grad_pad)
+         + s.dense_grad_delta) * s.grad_bytes
+    # the last block differentiated is the first: its reduce-scatter input (a dense first
+    # block's where the MoE model has them)
+    rs_first = s.work.rs_unit if s.work.rs_first is None else s.work.rs_first
     root_grads = 0 if s.params_offloaded else vec.where(
         s.accumulating, vec.ceil_div(s.train_root_params, s.degree) * s.grad_bytes, 0)
     emb = s.base.plus(gathered_params=s.work.gathered_end,
                       gradients=block_grads + root_grads
                       + s.root_grad_elems * s.compute_bytes,
-                      transients=grad_in, comm_buffers=s.work.rs_unit)
+                      transients=grad_in, comm_buffers=rs_first)
     root_rs = emb.plus(transients=s.acts.kept_logits - grad_in,
-                       comm_buffers=s.work.rs_root - s.work.rs_unit,
+                       comm_buffers=s.work.rs_root - rs_first,
                        gathered_params=-s.work.gathered_end)
     subs = [emb, root_rs]
     if s.unsynced_grads:
