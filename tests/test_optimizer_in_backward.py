@@ -102,6 +102,20 @@ def test_refusals_name_the_field():
           needles=("--compile: model with --optimizer-in-backward", "NOT MODELLED"))
 
 
+def test_the_report_refuses_it_and_min_gpus_asks_one_gpu(tmp_path):
+    r = run("report", "--models", "llama3.2-1b", "--gpus", "h100-80", "--n", "1,2",
+            "--optimizer-in-backward", "--out", str(tmp_path / "r"))
+    one_line_error(r, 2, "--optimizer-in-backward: is not in the report's sweep")
+    # Llama-3.2-1B, 1.24B params under bf16-amp: fp32 params (4 B) and AdamW's two fp32
+    # states (8 B), no gradient set: 12 B x 1.24e9 = 15 GB on one 80 GB GPU, the fewest
+    r = run("--model", "llama3.2-1b", "--gpu", "h100-80", "--optimizer-in-backward",
+            "--find", "min-gpus", "--json")
+    assert r.exit_code == 0, r.stderr
+    import json
+
+    assert json.loads(r.stdout)["found"]["value"] == 1
+
+
 def test_one_gpu_plans_ddp_and_says_so():
     r = run("--model", "llama3.2-1b", "--gpu", "h100-80", "--n", "1",
             "--optimizer-in-backward")
