@@ -54,7 +54,9 @@ allocates global-shaped temporaries that the tracker counts as optimizer memory 
 SGD-momentum 5x the sharded state; the "inflated first iteration" of the notes). An iteration is
 ``grad_accum`` micro-batches (capped at 2: the second one already sees the accumulated
 gradients, further ones repeat it) of forward + loss + backward, then ``optimizer.step()`` and
-``zero_grad(set_to_none=True)``.
+``zero_grad(set_to_none=True)``. With ``optimizer_in_backward`` (one GPU) each parameter has its
+own optimizer, stepped in its post-accumulate-grad hook as torchtune does (``InBackward``), and
+nothing runs after backward: the trace has no optimizer moment.
 
 Result categories (bytes, one rank; fake CPU tensors so no 512-byte allocator rounding):
 ``params`` (sharded / local), ``unsharded_params`` (FSDP all-gathered params), ``grads``
