@@ -251,26 +251,59 @@ def mm_outputs(model: ModelSpec, t: int, c: int, dense: bool = False) -> list[Sa
 
 
 def sac_linears(model: ModelSpec, t: int, c: int, sac_list: SacList,
-                dense: bool = False) -> list[Saved]:
+                dense: bool = False, force: tuple[str, ...] = ()) -> list[Saved]:
     """The linear outputs selective checkpointing keeps in one block, in execution order:
     every other ``aten.mm`` (the 1st, 3rd, ...: torchtitan's policy counts ``mm`` and
     ``linear`` only) and, under the current list, every ``addmm`` (a biased linear: ``addmm``
-    is in torch's ``compute_intensive_ops``, and it is not counted, so it is always saved)."""
-    kept: list[Saved] = []
+    is in torch's ``compute_intensive_ops``, and it is not counted, so it is always saved).
+    ``force``: torchtitan's ``force_recompute_mm_shapes_by_fqns`` (planner/sac.py): an
+    ``mm`` whose weight has the shape of a named linear's is recomputed and not counted."""
+    return [o.saved for o in sac_kept_linears(model, t, c, sac_list, dense, force)]
+
+
+def sac_kept_linears(model: ModelSpec, t: int, c: int, sac_list: SacList,
+                     dense: bool = False, force: tuple[str, ...] = ()) -> list:
+    """sac_linears' outputs as the block's ``LinearOut``s (their weight shapes included)."""
+    from planner.sac import forced_shapes
+
+    shapes = forced_shapes(model, force, dense)
+    kept = []
     n_mm = 0
     for out in variants_of(model).block_linear_outputs(model, t, c, dense):
         if out.biased:
             if sac_list is SacList.CURRENT:
-                kept.append(out.saved)
+                kept.append(out)
+            continue
+        if out.weight in shapes:  # recomputed, not counted (torchtitan's lines 265-267)
             continue
         n_mm += 1
         if n_mm % 2:
-            kept.append(out.saved)
+            kept.append(out)
     return kept
 
 
+def sac_forced_share(model: ModelSpec, sac_list: SacList, force: tuple[str, ...]) -> float:
+    """The block matmul weights ``force`` moves from kept to recomputed (negative: the
+    alternation's shift keeps more), as a share of the average block's matmul weights
+    (throughput.matmul_params): what selective checkpointing recomputes beyond its share
+    without ``force``. Each weight is one matmul a token runs again in backward."""
+    if not force:
+        return 0.0
+    L, nd = model.n_layers, model.n_dense_layers
+
+    def kept(dense: bool, f: tuple[str, ...]) -> int:
+        return sum(o.weight[0] * o.weight[1] for o in
+                   sac_kept_linears(model, 1, 1, sac_list, dense, f) if not o.biased)
+
+    moved = (L - nd) * (kept(False, ()) - kept(False, force))
+    if nd:
+        moved += nd * (kept(True, ()) - kept(True, force))
+    return moved / L / variants_of(model).block_matmul_weights(model)
+
+
 def op_sac_kept(model: ModelSpec, t: int, batch: int, seq: int, attention: Attention,
-                c: int, r: int, sac_list: SacList = SacList.CURRENT) -> list[Saved]:
+                c: int, r: int, sac_list: SacList = SacList.CURRENT,
+                force: tuple[str, ...] = ()) -> list[Saved]:
     """What selective (op-level) checkpointing keeps per block.
 
     PyTorch's selective activation checkpointing as torchtitan configures it
@@ -284,14 +317,15 @@ def op_sac_kept(model: ModelSpec, t: int, batch: int, seq: int, attention: Atten
     linears) and, since 7074b056a (#3146, 2026-05-26), the router's ``topk`` (its fp32 values
     and int64 indices). MoE experts (``_grouped_mm``) are in neither list. Kept: the block
     input (the checkpoint's input) plus those outputs. (Megatron's "selective", recompute the
-    attention core only, is a different policy.)
+    attention core only, is a different policy.) ``force``: the module names whose linears'
+    shapes are recomputed (torchtitan's ``force_recompute_mm_shapes_by_fqns``: sac_linears).
     """
     kept = [Saved("block.input", r * t * model.hidden)]
-    linears = sac_linears(model, t, c, sac_list)
+    linears = sac_linears(model, t, c, sac_list, force=force)
     L, nd = model.n_layers, model.n_dense_layers
     if nd:  # the average block (as block_saved)
         linears = scaled(linears, L - nd, L) + scaled(
-            sac_linears(model, t, c, sac_list, dense=True), nd, L)
+            sac_linears(model, t, c, sac_list, dense=True, force=force), nd, L)
     kept += linears
     if attention is Attention.SDPA:
         kept += [Saved("sdpa.out", c * t * model.o_in_dim),
@@ -557,7 +591,8 @@ def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Preci
                      offload: bool = False, cp: int = 1, offload_trl: bool = False,
                      offload_weights: bool = True, cp_repeat_kv: bool = True,
                      sac_list: SacList = SacList.CURRENT,
-                     mlp_local: bool = False) -> ActivationPlan:
+                     mlp_local: bool = False,
+                     sac_force: tuple[str, ...] = ()) -> ActivationPlan:
     """``seq`` is the sequence one GPU holds (under context parallel ``cp``: seq / cp;
     ``cp_repeat_kv``: SDPA is given the keys and values repeated to the query heads).
     ``offload_trl``: TRL's OffloadActivations instead of torchtune's; ``offload_weights``:
@@ -587,7 +622,7 @@ def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Preci
         recompute = block_total
         ckpt_fwd = checkpointed_forward(saved)
     elif checkpointing is Checkpointing.SELECTIVE:
-        sac = op_sac_kept(model, t, batch, seq, attention, c, r, sac_list)
+        sac = op_sac_kept(model, t, batch, seq, attention, c, r, sac_list, sac_force)
         kept_list = tp_saved(sac, tp, mlp_local)
         kept = sum(x.nbytes for x in kept_list)
         # in backward the block is re-run: everything it saves comes back, except what the

@@ -229,6 +229,8 @@ def deepspeed_json(t) -> dict[str, Any]:
 
 
 def _plain(v: Any) -> Any:
+    if isinstance(v, tuple):  # a list of names (training.sac_force_recompute)
+        return [_plain(x) for x in v]
     return v if v is None or isinstance(v, (bool, int, float)) else str(v)
 
 

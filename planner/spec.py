@@ -755,8 +755,16 @@ class TrainingSpec:
     activation_offload_impl: OffloadImpl = OffloadImpl.TORCHTUNE
     """Whose ``OffloadActivations`` (torchtune's or TRL's copy) runs --activation-offload."""
     compile: CompileMode = CompileMode.NONE
+    tf32: bool = False
+    """fp32 matmuls on TF32 tensor cores (``torch.backends.cuda.matmul.allow_tf32``, off by
+    default since torch 1.12; the HF Trainer's ``tf32``): the step's fp32 matmuls at the
+    profile's ``tf32_tflops`` instead of ``fp32_tflops``. No memory effect."""
     sac_list: SacList = SacList.CURRENT
     """The op save list of ``--checkpointing selective`` (torchtitan's, by release: SacList)."""
+    sac_force_recompute: tuple[str, ...] = ("moe.router.gate",)
+    """torchtitan's ``force_recompute_mm_shapes_by_fqns`` under ``--checkpointing selective``:
+    module names whose linears' weight shapes are recomputed and left out of the every-other-mm
+    count (planner/sac.py; torchtitan's default since 2025-07-16)."""
     float8: Float8Recipe = Float8Recipe.NONE
     """torchao float8 training of the blocks' linears (docs/model.md "Float8 training")."""
     float8_all_gather: bool = False

@@ -166,6 +166,7 @@ def reference_factory(spec: ModelSpec) -> ModelFactory:
                       context_fn=opts.recompute_context,
                       selective_policy=opts.selective_policy,
                       sac_list=tr.sac_list.value,
+                      sac_force=tr.sac_force_recompute,
                       loss=tr.loss.value, loss_chunks=tr.loss_chunks,
                       keep_logits=tr.keep_logits)
         effects = {"loss", "keep_logits"}
@@ -1169,6 +1170,7 @@ def _trace(factory: ModelFactory, training: TrainingSpec, candidate: Candidate,
         "checkpointing": candidate.checkpointing.value,
         "selective_policy": selective_policy,
         "sac_list": training.sac_list.value,
+        "sac_force_recompute": list(training.sac_force_recompute),
         "attention": training.attention.value,
         "optimizer": training.optimizer.value,
         "optimizer_impl": training.optimizer_impl.value,

@@ -103,6 +103,7 @@ def activation_plan(model: ModelSpec, training: TrainingSpec, candidate: Candida
                             offload_trl=trl, offload_weights=not trl or autocast and
                             precision.amp or candidate.strategy.is_fsdp,
                             sac_list=training.sac_list,
+                            sac_force=training.sac_force_recompute,
                             mlp_local=training.ep > 1 and candidate.tp > 1)
     if training.cp > 1:
         plan = with_ring(plan, model, training, candidate, precision, autocast)
@@ -162,7 +163,8 @@ def with_ring(plan: ActivationPlan, model: ModelSpec, training: TrainingSpec,
     freed = after_sdpa(plan.block_saved)
     if candidate.checkpointing is Checkpointing.SELECTIVE:
         kept = op_sac_kept(model, t, training.micro_batch, training.local_seq,
-                           training.attention, c, r, training.sac_list)
+                           training.attention, c, r, training.sac_list,
+                           training.sac_force_recompute)
         freed += -(-sac_freed_by_rope(model, kept) // tp)
     return dataclasses.replace(plan, ring_forward=ring_forward_bytes(**shape),
                                ring_backward=grads_in + weight_grads
