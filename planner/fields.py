@@ -419,6 +419,12 @@ FIELDS: tuple[Field, ...] = (
     Field(path="training.keep_logits", flag="--keep-logits", check=validate.boolean,
           is_flag=True, help="The loop keeps the logits alive through backward (a reference "
           "held past the loss)."),
+    Field(path="training.optimizer_in_backward", flag="--optimizer-in-backward",
+          check=validate.boolean, is_flag=True,
+          help="Each parameter is stepped by its own optimizer as soon as its gradient is "
+          "accumulated, then its gradient is freed (torchtune optimizer_in_bwd: "
+          "register_post_accumulate_grad_hook): no full gradient set is held. One GPU, "
+          "one micro-batch per step."),
     Field(path="training.activation_offload", flag="--activation-offload",
           check=validate.boolean, is_flag=True,
           help="Saved activations copied to pinned host RAM in forward and brought back in "

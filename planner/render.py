@@ -548,7 +548,8 @@ def table(answer: Answer, found: Found | None = None, *, width: int = 100,
                     f"grad-accum {t.grad_accum} ({t.grad_accum * t.micro_batch * cl.n_gpus} "
                     "sequences)")
     head.append(f"training  seq {t.seq}, micro-batch {t.micro_batch}, grad-accum {t.grad_accum}, "
-                f"{t.precision}, {t.optimizer} ({t.optimizer_impl}), attention {t.attention}"
+                f"{t.precision}, {t.optimizer} ({t.optimizer_impl}"
+                f"{', in backward' if t.optimizer_in_backward else ''}), attention {t.attention}"
                 + cp_words(t))
     ft = finetune_line(q)
     if ft:

@@ -24,6 +24,7 @@ from planner.error_bands import DEFAULT_AT_RISK, DEFAULT_MARGIN
 from planner.spec import (
     Checkpointing,
     Cluster,
+    CompileMode,
     DeepSpeedConfig,
     FineTune,
     FlatParams,
@@ -466,6 +467,43 @@ def onebit_problem(training: TrainingSpec, strategies: Any, offload: Any, tp: An
     return None
 
 
+def in_backward_problem(training: TrainingSpec, n_gpus: int, strategies: Any, offload: Any,
+                        name: Any = str) -> tuple[str, str] | None:
+    """(field, why) when ``--optimizer-in-backward`` cannot be planned; None when it can or
+    is not asked. torchtune refuses it with gradient accumulation and with gradient clipping
+    (recipes/full_finetune_single_device.py:146-157 at 1814feb17); only its full-finetune
+    recipes read it (not the LoRA ones). Modelled on one GPU: torchtune's distributed recipes
+    run it under FSDP2, whose post-backward calls the sharded parameters' hooks after each
+    reduce-scatter (torch ``_fsdp_collectives.py`` ``foreach_reduce``): not modelled, nor
+    DeepSpeed (its engine steps its own optimizer), nor offload."""
+    if not training.optimizer_in_backward:
+        return None
+    flag = name("training.optimizer_in_backward")
+    if training.grad_accum > 1:
+        return ("training.grad_accum", f"{training.grad_accum} with {flag}: every gradient is "
+                "stepped and freed as it is accumulated, so there is nothing to accumulate "
+                "into (torchtune: \"Gradient accumulation is not supported with optimizer in "
+                "bwd\")")
+    if n_gpus > 1:
+        return ("hardware.n", f"{n_gpus} GPUs with {flag} are NOT MODELLED (one GPU only: "
+                "under FSDP2 each parameter steps after its unit's reduce-scatter)")
+    other = [s for s in (strategies or ()) if s is not Strategy.DDP]
+    if other:
+        return ("strategy", f"{other[0]} with {flag} is NOT MODELLED (one GPU, no sharding)")
+    if offload not in ("auto", Offload.NONE, None):
+        return ("offload", f"{offload} with {flag} is NOT MODELLED")
+    if not training.finetune.full:
+        return ("training.optimizer_in_backward", "with LoRA or frozen parameters is NOT "
+                "MODELLED (torchtune's LoRA recipes do not read optimizer_in_bwd)")
+    if training.compile is CompileMode.MODEL:
+        return ("training.compile", f"model with {flag} is NOT MODELLED (one compiled "
+                "backward returns every gradient at once)")
+    if training.optimizer.onebit:
+        return ("training.optimizer", f"{training.optimizer} with {flag}: DeepSpeed's "
+                "optimizer steps in its engine, not in a hook")
+    return None
+
+
 def float8_problem(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile
                    ) -> tuple[str, str] | None:
     """(field, why) when ``--float8`` cannot be planned; None when it can or is not asked.
@@ -802,6 +840,12 @@ def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
         if problem:
             raise naming.fail(*problem)
         strategies, offload, tp = (Strategy.DDP,), Offload.NONE, 1
+    problem = in_backward_problem(training, cluster.n_gpus, v["strategy"], offload,
+                                  naming.name)
+    if problem:
+        raise naming.fail(*problem)
+    if training.optimizer_in_backward:
+        strategies, offload = (Strategy.DDP,), Offload.NONE
     ds = training.deepspeed
     if offload == "auto" and ds.bf16_master_weights_and_grads and not ds.bf16_optimizer_states:
         # fp32 states beside bf16 master weights: DeepSpeed runs them only offloaded

@@ -744,6 +744,11 @@ class TrainingSpec:
     keep_logits: bool = False
     """The loop holds the logits through backward (their fp32 copy is freed once log_softmax
     has run: autograd saves its output, not its input; traced)."""
+    optimizer_in_backward: bool = False
+    """Every parameter is stepped by its own optimizer in a post-accumulate-grad hook as soon
+    as its gradient is accumulated, then its gradient is freed (torchtune
+    ``optimizer_in_bwd``): no full gradient set, no step after backward (docs/model.md
+    "Optimizer in backward")."""
     activation_offload: bool = False
     """Saved activations offloaded to pinned host RAM (torchtune/TRL ``OffloadActivations``):
     the GPU keeps what is in flight, the host a copy of every offloaded tensor."""

@@ -43,7 +43,8 @@ from planner.memory.states import (
     train_dtypes,
 )
 from planner.memory.working import Working, autocast_working, fsdp_working, zero_working
-from planner.params import block_tensors, count, total_params, trainable
+from planner.memory.zero import optimizer_temp_bytes
+from planner.params import block_tensors, count, numel, total_params, trainable
 from planner.spec import (
     Allocator,
     Candidate,
@@ -445,6 +446,8 @@ def step_for(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, 
     whole_graph = training.compile is CompileMode.MODEL and strategy is Strategy.DDP
     table_grad = model.vocab * model.hidden // tp * td.grad if embed_trains else 0
     return Step(
+        **(in_backward_terms(model, training, td, table_grad)
+           if training.optimizer_in_backward else {}),
         whole_graph=whole_graph,
         graph_grads=graph_gradients(states.gradients, table_grad, n_gpus) if whole_graph else 0,
         graph_table=table_backward(model.vocab * model.hidden // tp, td.grad,
@@ -491,6 +494,30 @@ def dense_grad_delta(model: ModelSpec, training: TrainingSpec, T: Any, ranks: An
 
     return nd * (vec.ceil_div(dense_block_elems(model), ranks)
                  - vec.ceil_div(T.train_per_block, ranks) - pad)
+
+
+def in_backward_terms(model: ModelSpec, training: TrainingSpec, td: Any,
+                      table_grad: Any) -> dict[str, Any]:
+    """``--optimizer-in-backward`` (one GPU, full fine-tune: request.in_backward_problem):
+    torchtune builds one optimizer per parameter and steps it in the parameter's
+    post-accumulate-grad hook, then ``zero_grad()`` frees its gradient
+    (torchtune/training/memory.py ``register_optim_in_bwd_hooks``, 1814feb17 l. 219-242). A
+    one-tensor step's temporaries: planner/memory/zero.py ``optimizer_temp_bytes`` over that
+    tensor (foreach: its sqrt copy; the for-loop: two). In a block's backward the gradients
+    not yet stepped: one tensor's (the engine runs an AccumulateGrad node, and so its hook,
+    as soon as its gradient arrives) or, in a compiled block, the block's every gradient
+    (its backward graph returns them together)."""
+    sizes = [numel(shape) for _, shape in block_tensors(model)]
+    largest_block = max(sizes, default=0)
+    pending = sum(sizes) if training.compile in (CompileMode.BLOCKS, CompileMode.BLOCKS_LOSS) \
+        else largest_block
+    table = model.vocab * model.hidden
+
+    def temps(elems: int) -> Any:
+        return optimizer_temp_bytes(elems, elems, training, td.state, False)
+
+    return {"in_backward": True, "in_flight": pending * td.grad + temps(largest_block),
+            "table_grad": table_grad, "table_step": temps(table) if table_grad else 0}
 
 
 def moments(step: Step) -> dict[Phase, Breakdown]:

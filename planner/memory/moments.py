@@ -163,6 +163,20 @@ class Step:
     """Of those, the new gradients one graph returns at once."""
     graph_table: Any = 0
     """What the embeddings' compiled backward holds beyond the gradients."""
+    in_backward: bool = False
+    """``--optimizer-in-backward``: each parameter is stepped in its post-accumulate-grad
+    hook and its gradient freed (torchtune ``register_optim_in_bwd_hooks``); no gradient
+    set is held and no step runs after backward."""
+    in_flight: Any = 0
+    """Optimizer in backward: inside a block's backward, the gradients not yet stepped (the
+    largest tensor's; a compiled block's whole backward graph returns all of its own at
+    once) and the step temporaries of its largest tensor."""
+    table_grad: Any = 0
+    """Optimizer in backward: the embedding table's gradient (the tied head's waits in the
+    autograd engine's input buffer until the embeddings' backward adds its own)."""
+    table_step: Any = 0
+    """Optimizer in backward: the step temporaries of the embedding table (and of an untied
+    head)."""
     states: Resident
     work: Working
     acts: Activations
@@ -252,10 +266,23 @@ def _ring_forward(s: Step) -> Breakdown:
 
 
 def loss_backward(s: Step) -> Breakdown:
-    """The loss's backward: the fp32 vocabulary gradients on top of all activations."""
-    return s.base.plus(gathered_params=s.work.gathered_loss, activations=s.activations_all,
-                       gradients=s.accumulated, transients=s.acts.loss_bwd + s.acts.kept_logits,
-                       comm_buffers=s.work.buckets)
+    """The loss's backward: the fp32 vocabulary gradients on top of all activations. With
+    the optimizer in backward an untied head is stepped right after its own backward: its
+    gradient and its step temporaries beside the head's input gradient; the loss's saved
+    output and the logits' gradient are gone by then (the engine drops a node's inputs
+    before the next node runs; traced)."""
+    at_loss = s.base.plus(gathered_params=s.work.gathered_loss, activations=s.activations_all,
+                          gradients=s.accumulated,
+                          transients=s.acts.loss_bwd + s.acts.kept_logits,
+                          comm_buffers=s.work.buckets)
+    if not s.in_backward or s.tied or not s.work.root_grad_bwd:
+        return at_loss
+    head = s.base.plus(gathered_params=s.work.gathered_loss,
+                       activations=s.activations_all - s.acts.loss_out,
+                       gradients=s.work.root_grad_bwd,
+                       transients=s.acts.residual_bytes * s.tokens_x_hidden + s.acts.kept_logits,
+                       optimizer_temporaries=s.table_step, comm_buffers=s.work.buckets)
+    return largest([at_loss, head])[1]
 
 
 def _last_block(s: Step) -> Breakdown:
@@ -264,6 +291,15 @@ def _last_block(s: Step) -> Breakdown:
     root saved before the blocks is left), the head's gradient exists, one block is being
     differentiated (and recomputed). Full-size accumulated grads already hold the head's;
     FSDP's unsharded root grad is separate."""
+    if s.in_backward:
+        # the tied head's gradient waits in the engine's input buffer for the embeddings'
+        # (one AccumulateGrad node per leaf); an untied head was stepped and freed
+        grads = s.table_grad if s.tied else 0
+        return s.base.plus(gathered_params=s.work.gathered_bwd,
+                           activations=s.acts.bwd_blocks + s.acts.back + s.acts.root_before,
+                           gradients=grads, transients=s.acts.recompute + s.acts.kept_logits
+                           + vec.maximum(s.acts.block_bwd - s.in_flight, 0),
+                           optimizer_temporaries=s.in_flight)
     if s.fsdp:
         grads = s.accumulated + s.work.root_grad_bwd
     else:
@@ -277,8 +313,8 @@ def _last_block(s: Step) -> Breakdown:
 
 def _block_grad(s: Step) -> Any:
     """One block's new gradient (or shard); accumulated grads already hold it."""
-    if s.offloaded:
-        return 0
+    if s.offloaded or s.in_backward:
+        return 0  # optimizer in backward: stepped and freed (``in_flight``)
     return vec.where(s.accumulating, 0,
                      (vec.ceil_div(s.train_block_params, s.grad_shards) + s.block_grad_pad)
                      * s.grad_bytes)
@@ -396,6 +432,8 @@ def backward_end(s: Step) -> Breakdown:
         grad_in = grad_in + 2 * s.vocab_x_hidden * (s.compute_bytes if s.fsdp else s.grad_bytes)
     if s.whole_graph:
         return _compiled_end(s)
+    if s.in_backward:
+        return _in_backward_end(s, grad_in)
     if not s.fsdp:
         return s.base.plus(gathered_params=s.work.gathered_end, gradients=s.states.gradients,
                            transients=grad_in,
@@ -430,6 +468,18 @@ def backward_end(s: Step) -> Breakdown:
     return largest(subs)[1]
 
 
+def _in_backward_end(s: Step, grad_in: Any) -> Breakdown:
+    """Optimizer in backward, one GPU: the embeddings' backward makes the table's gradient
+    (tied: added to the head's, out of place, as without it), then its hook steps it: the
+    table's gradient and its step temporaries, the input gradient freed (the engine drops a
+    node's inputs before the next node runs). No other gradient is held."""
+    emb = s.base.plus(gathered_params=s.work.gathered_end, gradients=s.table_grad,
+                      transients=grad_in, comm_buffers=s.work.buckets + s.work.bwd_buffers)
+    step = s.base.plus(gradients=s.table_grad, transients=s.acts.kept_logits,
+                       optimizer_temporaries=s.table_step)
+    return largest([emb, step])[1]
+
+
 def _compiled_end(s: Step) -> Breakdown:
     """``--compile model``: the compiled backward's last op, the embeddings' backward, with
     every new gradient of its graph returned at once; after the first micro-batch they are
@@ -442,7 +492,10 @@ def _compiled_end(s: Step) -> Breakdown:
 
 
 def optimizer_step(s: Step) -> Breakdown:
-    """optimizer.step(): states, every gradient and the step's temporaries."""
+    """optimizer.step(): states, every gradient and the step's temporaries. With the
+    optimizer in backward there is no step here: what stays between steps."""
+    if s.in_backward:
+        return s.base.plus(transients=s.acts.kept_logits)
     return s.base.plus(gradients=s.states.gradients - s.work.step_grads_freed,
                        comm_buffers=s.work.buckets,
                        transients=s.acts.kept_logits,

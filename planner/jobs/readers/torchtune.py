@@ -10,7 +10,9 @@ gradient_accumulation_steps; tokenizer.max_seq_len -> seq (null: the dataset dec
 gradients and optimizer states are in bfloat16"), fp32 -> fp32; optimizer._component_ (+ fused
 / foreach) -> optimizer; loss._component_ (LinearCrossEntropyLoss, CEWithChunkedOutputLoss ->
 chunked:num_output_chunks); enable_activation_checkpointing -> full (ac_mode selective: not
-modelled); enable_activation_offloading -> training.activation_offload; compile true -> each
+modelled); enable_activation_offloading -> training.activation_offload; optimizer_in_bwd ->
+training.optimizer_in_backward (a single-device full fine-tune; under FSDP2 a warning, the plan
+an upper bound; refused with clip_grad_norm, as torchtune refuses it); compile true -> each
 layer and the loss; fsdp_cpu_offload -> params_and_optimizer; fsdp_reshard_after_forward false ->
 shard_grad_op; data_parallel_shard_dim / _replicate_dim / tensor_parallel_dim -> strategy and
 parallel.*; context_parallel_dim and context_parallel_rotate_method -> parallel.cp and
@@ -117,6 +119,7 @@ def read(r: Reader) -> None:
     optimizer(r, r.mapping(doc.get("optimizer"), "optimizer"))
     loss(r, r.mapping(doc.get("loss"), "loss"))
     distribution(r, doc, single)
+    in_backward(r, doc, single)
     if r.boolean(doc.get("enable_fp8_training"), "enable_fp8_training"):
         recipe = doc.get("fp8_recipe_name") or "tensorwise"
         r.set("training.float8", Vocab(str(recipe)), "enable_fp8_training")
@@ -253,6 +256,31 @@ def optimizer(r: Reader, o: dict) -> None:
     if "paged" in comp.lower():
         r.warn(f"{r.name}: optimizer._component_ {comp} is paged: its state may spill to host "
                "RAM under pressure; sized as if it stays on the GPU")
+
+
+def in_backward(r: Reader, doc: dict, single: bool) -> None:
+    """optimizer_in_bwd: the full-finetune recipes step each parameter in its
+    post-accumulate-grad hook (torchtune/training/memory.py ``register_optim_in_bwd_hooks``)
+    and raise on clip_grad_norm or gradient_accumulation_steps > 1 with it
+    (recipes/full_finetune_single_device.py, ``__init__``); the LoRA recipes never read it.
+    Planned on one GPU; a distributed recipe runs it under FSDP2 (each parameter steps after
+    its unit's reduce-scatter), which is not modelled: planned without it, which holds every
+    sharded gradient and the step's temporaries, an upper bound."""
+    if not r.boolean(doc.get("optimizer_in_bwd"), "optimizer_in_bwd"):
+        return
+    if "lora_" in str(r.mapping(doc.get("model"), "model").get("_component_", "")):
+        r.warn(f"{r.name}: optimizer_in_bwd is not read by torchtune's LoRA recipes; ignored")
+        return
+    if doc.get("clip_grad_norm") is not None:
+        raise r.fail("clip_grad_norm", f"{doc['clip_grad_norm']!r} with optimizer_in_bwd: "
+                     "torchtune refuses it (\"Gradient clipping is not supported with "
+                     "optimizer in bwd\"); set clip_grad_norm: null")
+    if not single:
+        r.warn(f"{r.name}: optimizer_in_bwd under FSDP2 (each parameter stepped after its "
+               "unit's reduce-scatter) is not modelled: planned without it, which holds "
+               "more (an upper bound)")
+        return
+    r.set("training.optimizer_in_backward", True, "optimizer_in_bwd")
 
 
 def loss(r: Reader, l: dict) -> None:
