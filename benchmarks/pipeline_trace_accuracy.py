@@ -8,8 +8,8 @@ one or two per schedule and mechanism); this runs them all:
 
 and prints planner vs trace per configuration; exit 1 if one is off by more than 2 % (the
 strict xfail's known gap aside). The PP x EP configurations (``EP_CASES``, ``--ep`` alone:
-torchtitan's expert parallel inside each stage, docs/model.md §8.8 "Beside pipeline parallel") are held at the peak and
-after every action of the rank.
+torchtitan's expert parallel inside each stage, docs/model.md §8.8 "Beside pipeline
+parallel") are held at the peak and after every action of the rank.
 """
 
 from __future__ import annotations
@@ -195,7 +195,7 @@ CASES: list[Any] = [  # (extra values, rank): measured, docs/model.md §8.7
 
 """Every configuration, as ``case`` reads it."""
 
-# ---- PP x EP (docs/model.md §8.8 "Beside pipeline parallel"): torchtitan's expert parallel inside each stage ----------
+# ---- PP x EP (docs/model.md §8.8 "Beside pipeline parallel"): EP inside each stage ---------
 MOE = {  # Mixtral's ratios at small width (tests/test_ep_trace.py "mixtral")
     "model.layers": 4, "model.hidden": 512, "model.heads": 8, "model.kv_heads": 2,
     "model.ffn": 1792, "model.vocab": 4096, "model.experts": 8, "model.experts_per_token": 2,

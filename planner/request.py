@@ -580,8 +580,8 @@ def pipeline_from(v: Mapping[str, Any], model: ModelSpec, training: TrainingSpec
     if why:
         raise naming.fail(*why)
     unmodelled = [(model.tied_embeddings, None, "tied embeddings"),
-                  # MoE: traced under expert parallel alone (docs/model.md §8.8 "Beside pipeline parallel"), its
-                  # routed experts in every block
+                  # MoE: traced under expert parallel alone, its routed experts in every
+                  # block (docs/model.md §8.8 "Beside pipeline parallel")
                   (model.is_moe and training.ep <= 1, "parallel.ep",
                    "an MoE model without expert parallel"),
                   (model.is_moe and model.shared_ffn > 0, None,
@@ -611,8 +611,9 @@ def ep_options(v: Mapping[str, Any], model: ModelSpec, training: TrainingSpec,
         raise naming.fail("parallel.ep", problem)
     tp = options.tp or 1
     if training.pipeline.enabled:
-        # beside a pipeline (docs/model.md §8.8 "Beside pipeline parallel"): one stage's FSDP2 as the pipeline runs it
-        # (full_shard, not resharded after forward), traced without TP and selective
+        # beside a pipeline (docs/model.md §8.8 "Beside pipeline parallel"): one stage's
+        # FSDP2 as the pipeline runs it (full_shard, not resharded after forward), traced
+        # without TP and selective checkpointing
         problem = ep_pp_untraced(training, tp, options.checkpointing)
         if problem:
             raise naming.fail(*problem)

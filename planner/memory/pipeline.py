@@ -302,12 +302,13 @@ def group_elements(model: ModelSpec, blocks: int, first: bool, last: bool, tp: i
 def ep_group_elements(model: ModelSpec, blocks: int, first: bool, last: bool, dp: int,
                       ep: int) -> tuple[int, int, int]:
     """(gathered, unsharded-gradient, shard) elements of ``rank_groups``' tensors on one rank
-    of a stage of ``dp`` ranks under expert parallel ``ep`` (docs/model.md §8.8 "Beside pipeline parallel"): a block's
-    stacked routed experts are its stage's E / ep local ones, FSDP2-sharded over the stage's
-    efsdp = dp / ep ranks (torchtitan b5bcd76 ``fsdp.py`` lines 318-360, the per-parameter
-    mesh; ``expert_parallel._held``): all-gathered from the efsdp ranks' padded shards, their
-    unsharded gradients the local experts' (unpadded), each rank's shard ``_held``; every
-    other tensor as ``group_elements`` (dim-0 shards over dp). ep 1: no EP."""
+    of a stage of ``dp`` ranks under expert parallel ``ep`` (docs/model.md §8.8 "Beside
+    pipeline parallel"): a block's stacked routed experts are its stage's E / ep local ones,
+    FSDP2-sharded over the stage's efsdp = dp / ep ranks (torchtitan b5bcd76 ``fsdp.py``
+    lines 318-360, the per-parameter mesh; ``expert_parallel._held``): all-gathered from the
+    efsdp ranks' padded shards, their unsharded gradients the local experts' (unpadded), each
+    rank's shard ``_held``; every other tensor as ``group_elements`` (dim-0 shards over dp).
+    ep 1: no EP."""
     from planner.expert_parallel import ep_expert_padding, gathered_experts
 
     el, shard = group_elements(model, blocks, first, last, 1, dp)
@@ -524,8 +525,8 @@ class Ranks:
         # the stage outputs each micro-batch leaves to the step's end (kept_output)
         self.kept = tuple(kept_output(model, training, s, compute, tp)
                           for s in range(p.n_stages))
-        # the last forward's stage output, kept to the step's end by GPipe's and 1F1B's loop
-        # (StageBytes.last_output), less what ``kept`` already holds of it
+        # the latest forward's stage output, held past its backward by GPipe's and 1F1B's
+        # loop (StageBytes.last_output), less what ``kept`` already holds of it
         t = training.micro_batch * training.local_seq
         single = p.schedule in (PipeSchedule.GPIPE, PipeSchedule.ONE_F_ONE_B)
         self.last_output = tuple(
@@ -541,8 +542,6 @@ class Ranks:
         # on the first stage, else a block
         self.end_first = (self.embed_unit + self.whole) * fd.param
         self.end_other = block_unit * fd.param
-        # ``bound``'s extras after a forward (with the loss's or a ring's transients) and at a
-        # backward's start, on a rank without and with the last stage
         # expert parallel (docs/model.md §8.8 "Beside pipeline parallel"), traced: a block's
         # backward peaks in its MoE's, after the local experts' down projection's weight
         # gradient (param dtype, E / ep x h x f: autograd's, before the block's
@@ -553,6 +552,8 @@ class Ranks:
         self.ep_grad = (model.n_experts // ep * model.hidden * model.ffn_hidden * fd.param
                         if ep > 1 else 0)
         self.head_saved = acts.root - acts.root_before if ep > 1 else 0
+        # ``bound``'s extras after a forward (with the loss's or a ring's transients) and at a
+        # backward's start, on a rank without and with the last stage
         self.anywhere = tuple(max(0, acts.loss_fwd if last else 0,
                                   acts.loss_bwd if last else 0, acts.ring_fwd,
                                   acts.block_bwd + acts.recompute + self.ep_grad)
