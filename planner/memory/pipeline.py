@@ -604,10 +604,19 @@ class Ranks:
         for s, most, rs in zip(st.stages, st.flight, kind.rs_units):
             kept = max(0, size[s])
             flight = kept * most
-            # one input gradient held anywhere, two after a backward (StageBytes.input_grad)
-            held_most += flight + self.input_grad[s]
-            out = self.last_output[s] + self.input_grad[s]  # after a backward
-            extra = max(extra, self.end_extra(s) - kept + out,  # at the end of a backward
+            # the schedule's locals (StageBytes.input_grad, last_output): an input gradient
+            # is held beside the most micro-batches in flight only where 1F1B reaches them
+            # again after a backward (M > its warm-up); elsewhere the moments that hold it
+            # hold a micro-batch fewer, which is no smaller (an input gradient is a stage
+            # output's size). Two after a backward, one at the reduction, and the latest
+            # forward's output past its backward. Kept tight: an upper bound above the
+            # walked peaks makes ``fullest_rank`` walk more ranks.
+            ig = self.input_grad[s]
+            ig_held = ig if (self.p.schedule is PipeSchedule.ONE_F_ONE_B
+                             and most < self.p.microbatches) else 0
+            held_most += flight + ig_held
+            out = self.last_output[s] + ig - ig_held
+            extra = max(extra, self.end_extra(s) - kept + out + ig,  # at a backward's end
                         # at s's reduction
                         max(rs, (s == 0 and self.whole and self.embed_unit)) * reduce - flight
                         + out)
