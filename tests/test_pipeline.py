@@ -1430,3 +1430,27 @@ def test_pp_x_ep_fewest_gpus_steps_over_whole_ep_groups():
     n = min_gpus(r, 2)
     assert n is not None and n % 8 == 0 and n > 8, n
     assert fits_any(r.with_gpus(n)) and not fits_any(r.with_gpus(n - 8))
+
+
+def test_pp_x_ep_step_time_counts_each_rank_s_all_to_alls(monkeypatch):
+    """Under --pp 2 --ep 2 (the Mixtral-like referee model: 4 layers, 2 blocks a stage, M 4,
+    1F1B) the slowest rank's token all-to-alls are on its critical path, stretched by the
+    bubble. By hand, per MoE layer and micro-batch without checkpointing: 4 all-to-alls
+    (dispatch and combine, forward and backward), each moving c h R (ep - 1) / ep = 2 x 512
+    x 2048 x 1/2 = 1,048,576 B into a GPU at the node's rate, and 5 latencies (the 4 and a
+    count exchange); the rank's 2 blocks x M 4 micro-batches x the bubble's 1 + (pp - 1) / M
+    = 1.25. The step less the same step with the all-to-alls taken out is that."""
+    from planner import throughput
+    from planner.fields import SPEC
+    from planner.request import build_request
+    from planner.spec import Candidate, Checkpointing, Strategy
+
+    r = build_request(BENCH.ep_values_of({}), SPEC)
+    c = Candidate(strategy=Strategy.FULL_SHARD, checkpointing=Checkpointing.NONE)
+    x = throughput.step_inputs(r.model, r.training, r.cluster, c)
+    assert x.ep_bytes == 1_048_576
+    per_layer = 4 * 1_048_576 / x.bw_intra + 5 * x.lat_intra
+    with_a2a = throughput.estimate_step(r.model, r.training, r.cluster, c).step_time_s
+    monkeypatch.setattr(throughput, "ep_all_to_all_s", lambda x, recompute: 0.0)
+    without = throughput.estimate_step(r.model, r.training, r.cluster, c).step_time_s
+    assert with_a2a - without == pytest.approx(1.25 * 4 * 2 * per_layer, rel=1e-9)
