@@ -4,10 +4,12 @@
 rank (docs/model.md §8.7). CI runs the configurations marked ``CI`` (tests/test_pipeline.py,
 one or two per schedule and mechanism); this runs them all:
 
-    python benchmarks/pipeline_trace_accuracy.py [--jobs 2]
+    python benchmarks/pipeline_trace_accuracy.py [--jobs 2] [--ep]
 
 and prints planner vs trace per configuration; exit 1 if one is off by more than 2 % (the
-strict xfail's known gap aside).
+strict xfail's known gap aside). The PP x EP configurations (``EP_CASES``, ``--ep`` alone:
+torchtitan's expert parallel inside each stage, docs/model.md §8.8 "Beside pipeline
+parallel") are held at the peak and after every action of the rank.
 """
 
 from __future__ import annotations
@@ -193,6 +195,101 @@ CASES: list[Any] = [  # (extra values, rank): measured, docs/model.md §8.7
 
 """Every configuration, as ``case`` reads it."""
 
+# ---- PP x EP (docs/model.md §8.8 "Beside pipeline parallel"): EP inside each stage ---------
+MOE = {  # Mixtral's ratios at small width (tests/test_ep_trace.py "mixtral")
+    "model.layers": 4, "model.hidden": 512, "model.heads": 8, "model.kv_heads": 2,
+    "model.ffn": 1792, "model.vocab": 4096, "model.experts": 8, "model.experts_per_token": 2,
+    "model.tied_embeddings": False, "hardware.gpu": "h100-80", "training.seq": 1024,
+    "checkpointing": "none", "strategy": "full_shard", "calibration": "none"}
+DSV3 = {"model.heads": 8, "model.kv_heads": 8, "model.ffn": 144, "model.experts": 16,
+        "model.experts_per_token": 6}
+"""DeepSeek-V3's expert ratios (ffn ~ h / 3.5, 16 experts, top 6), over MOE."""
+SCOUT = {"model.ffn": 1024, "model.experts": 4, "model.experts_per_token": 1}
+"""Llama-4 Scout's (4 experts, top 1), over MOE: at 8 ranks a stage, efsdp x ep > E, the
+experts ``Shard(1)``."""
+EP_BASE = {"hardware.n": 8, "parallel.pp": 2, "parallel.pp_microbatches": 4, "parallel.ep": 2}
+"""What every PP x EP configuration adds to MOE before its own values: a stage of 4 ranks."""
+GPIPE, FULL = {"parallel.pp_schedule": "gpipe"}, {"checkpointing": "full"}
+
+EP_CASES: list[Any] = [  # (extra values, rank): every action and the peak within 2 %
+    ci({}, 0), ci({**GPIPE}, 1), ci({**FULL}, 1),
+    ({}, 1), ({**GPIPE}, 0), ({**FULL}, 0), ({**GPIPE, **FULL}, 0), ({**GPIPE, **FULL}, 1),
+    ({"parallel.ep": 4}, 0), ({"parallel.ep": 4, **FULL}, 1),
+    ({"parallel.ep_imbalance": 2.0}, 0), ({"parallel.ep_imbalance": 2.0}, 1),
+    ({"parallel.ep": 4, "parallel.ep_imbalance": 2.0, **GPIPE}, 1),
+    ({"parallel.ep_imbalance": 2.0, **FULL}, 0),
+    ({"parallel.pp_microbatches": 8}, 0), ({"parallel.pp_microbatches": 8, **GPIPE}, 1),
+    ({"parallel.pp": 4, "model.layers": 8}, 0), ({"parallel.pp": 4, "model.layers": 8}, 3),
+    ({**DSV3}, 0), ({**DSV3, **FULL}, 1), ({**DSV3, "parallel.ep": 4,
+                                             "parallel.ep_imbalance": 2.0}, 1),
+    ({**SCOUT, "hardware.n": 16}, 0), ({**SCOUT, "hardware.n": 16, **FULL}, 1),
+]
+"""PP x EP configurations, as ``case`` reads them (CI: tests/test_pipeline.py)."""
+
+
+def ep_values_of(extra: dict) -> dict:
+    return {**MOE, **EP_BASE, **extra}
+
+
+def planned_timeline(values: dict, rank: int) -> list:
+    """The planner's (kind, stage, micro-batch, bytes held) after each of the rank's actions
+    (``planner.memory.pipeline.rank_timeline``), as the probe's timeline lists them."""
+    from planner.fields import SPEC
+    from planner.memory.breakdown import Overheads
+    from planner.memory.estimator import activation_plan
+    from planner.memory.moments import Activations
+    from planner.memory.pipeline import rank_timeline
+    from planner.request import build_request
+    from planner.spec import Candidate, Checkpointing, Strategy
+
+    r = build_request(values, SPEC)
+    c = Candidate(strategy=Strategy.FULL_SHARD,
+                  checkpointing=Checkpointing(values["checkpointing"]))
+    acts = Activations.of(activation_plan(r.model, r.training, c))
+    dp = r.cluster.n_gpus // r.training.pipeline.degree
+    return [[k, s, mb, b.total] for k, s, mb, b in
+            rank_timeline(r.model, r.training, rank, dp, acts,
+                          Overheads(cublas_workspace_bytes=0), c.checkpointing)]
+
+
+def check_ep(entry: Any) -> tuple[Case, int, int, list, list]:
+    """(the case, traced peak less the optimizer's 0-dim step tensors, planned peak, the
+    traced actions, the planned ones)."""
+    c = case(entry)
+    values = ep_values_of(c[0])
+    traced = traced_rank(values, c[1], timeline=True)
+    return (c, traced["peak_bytes"] - traced["optimizer_scalar_bytes"],
+            planned_rank(values, c[1]), traced["actions"], planned_timeline(values, c[1]))
+
+
+def action_errors(traced: list, planned: list) -> list[float]:
+    """Each action's (planned - traced) / traced; the actions must be the same, in order."""
+    if [a[:3] for a in traced] != [a[:3] for a in planned]:
+        raise AssertionError(f"actions differ: {traced} vs {planned}")
+    return [(p[3] - t[3]) / t[3] for t, p in zip(traced, planned)]
+
+
+def main_ep(jobs: int) -> int:
+    """The PP x EP table: the peak and the worst action per configuration."""
+    print("| PP x EP configuration (beside Mixtral-like 4 layers, pp 2, M 4, 8 GPUs, ep 2) | "
+          "rank | CI | traced MB | planned MB | peak err | worst action |")
+    print("|---|---:|:-:|---:|---:|---:|---:|")
+    bad = 0
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        for c, traced, planned, t_act, p_act in pool.map(check_ep, EP_CASES):
+            err = (planned - traced) / traced
+            errs = action_errors(t_act, p_act)
+            worst = max(errs, key=abs)
+            off = max(abs(err), abs(worst)) > 0.02 and c[3] is None
+            bad += off
+            print(f"| {json.dumps(c[0], sort_keys=True)} | {c[1]} | {'yes' if c[2] else ''} | "
+                  f"{traced / 1e6:.1f} | {planned / 1e6:.1f} | {err * 100:+.2f} % | "
+                  f"{worst * 100:+.2f} %{' (known gap)' if c[3] else ''}"
+                  f"{' **over 2 %**' if off else ''} |")
+    print(f"\n{len(EP_CASES)} PP x EP configurations, {sum(case(x)[2] for x in EP_CASES)} in "
+          f"CI; {bad} over 2 % (known gaps aside)")
+    return 1 if bad else 0
+
 
 def values_of(extra: dict) -> dict:
     return {**SMALL, **BASE, **extra}
@@ -210,7 +307,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                     help="configurations traced at once (each in its own process)")
+    ap.add_argument("--ep", action="store_true",
+                    help="only the PP x EP configurations (EP_CASES)")
     args = ap.parse_args(argv)
+    if args.ep:
+        return main_ep(args.jobs)
     print("| configuration (beside 8 layers, pp 2, M 4, 4 GPUs) | rank | CI | traced MB | "
           "planned MB | err |")
     print("|---|---:|:-:|---:|---:|---:|")
@@ -224,8 +325,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{traced / 1e6:.1f} | {planned / 1e6:.1f} | {err * 100:+.2f} %"
                   f"{' (known gap)' if c[3] else ''}{' **over 2 %**' if off else ''} |")
     print(f"\n{len(CASES)} configurations, {sum(case(x)[2] for x in CASES)} in CI; "
-          f"{bad} over 2 % (known gaps aside)")
-    return 1 if bad else 0
+          f"{bad} over 2 % (known gaps aside)\n")
+    return main_ep(args.jobs) or (1 if bad else 0)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,9 @@ DeepSeek-V3's and Llama-4 Scout's expert shapes, selective checkpointing balance
 (tests/test_ep_trace.py); selective checkpointing's block backward at imbalance 2 misses by
 up to 3.3 % (strict xfails there). Beside TP 2, 4 and 8 (``ep_tp_problem``), with shared
 experts and dense first blocks, within 2 % but where the dense TP model's own misses show
-(docs/model.md §8.8 "Beside tensor parallel").
+(docs/model.md §8.8 "Beside tensor parallel"). Beside pipeline parallel (GPipe, 1F1B:
+``ep_pp_problem``) each stage's ranks hold their own EP groups; one pipeline rank under EP is
+traced too (probes/pipeline_trace.py, memory/pipeline.py ``ep_group_elements``).
 """
 
 from __future__ import annotations
@@ -69,7 +71,9 @@ def ep_problem(model: ModelSpec, training: TrainingSpec, n_gpus: int) -> str | N
     if n_gpus % ep:
         return f"EP {ep} does not divide the {n_gpus} GPUs"
     if training.pipeline.enabled:
-        return "expert parallel with pipeline parallel is not modelled"
+        problem = ep_pp_problem(training, n_gpus)
+        if problem:
+            return problem
     if training.cp > 1:
         return "expert parallel with context parallel is not modelled"
     if training.fsdp_version != 2:
@@ -83,6 +87,43 @@ def ep_problem(model: ModelSpec, training: TrainingSpec, n_gpus: int) -> str | N
     if training.ep_imbalance > ep:
         return (f"an imbalance of {training.ep_imbalance:g} is more than EP {ep} (every "
                 "routed row of the group on one rank)")
+    return None
+
+
+EP_PP_SCHEDULES = ("gpipe", "1f1b")
+"""The pipeline schedules expert parallel is modelled beside (traced: probes/pipeline_trace.py
+with ``parallel.ep``, docs/model.md §8.8 "Beside pipeline parallel")."""
+
+
+def ep_pp_problem(training: TrainingSpec, n_gpus: int) -> str | None:
+    """Why EP beside pipeline parallel cannot be modelled here, or None. torchtitan (b5bcd76,
+    ``parallel_dims.py`` lines 187-191, 280-330) borrows EP from each stage's data-parallel
+    ranks: the sparse mesh ``(pp, dp_replicate, efsdp, ep)`` beside the dense ``(pp, ...,
+    fsdp, tp)``, so ep must divide n / pp. Traced: GPipe and 1F1B (one stage per rank);
+    the looped and split-backward schedules (torchtitan's DeepSeek-V3 671B config runs
+    Interleaved 1F1B) are not."""
+    p = training.pipeline
+    if p.schedule.value not in EP_PP_SCHEDULES:
+        return (f"expert parallel with pipeline schedule {p.schedule.value} is NOT MODELLED "
+                "(not traced; modelled: gpipe, 1f1b)")
+    dp = n_gpus // p.degree
+    if dp % training.ep:
+        return (f"EP {training.ep} does not divide the {dp} data-parallel ranks of a pipeline "
+                f"stage (n {n_gpus} / pp {p.degree}): torchtitan takes EP from each stage's "
+                "ranks")
+    return None
+
+
+def ep_pp_untraced(training: TrainingSpec, tp: int, checkpointing: Checkpointing
+                   ) -> tuple[str, str] | None:
+    """(field, why) for what EP beside pipeline parallel is not traced with, or None: tensor
+    parallel in the stage, selective checkpointing (context parallel: ``ep_problem``)."""
+    if tp > 1:
+        return ("parallel.tp", "expert parallel with pipeline and tensor parallel together "
+                "is NOT MODELLED (not traced)")
+    if checkpointing is Checkpointing.SELECTIVE:
+        return ("checkpointing", "expert parallel with pipeline parallel under selective "
+                "checkpointing is NOT MODELLED (not traced)")
     return None
 
 

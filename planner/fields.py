@@ -578,7 +578,8 @@ FIELDS: tuple[Field, ...] = (
           help="Expert-parallel degree for MoE models: torchtitan's EP (each GPU owns "
           "experts / N routed experts, tokens sent to them by all-to-all), FSDP2 over every "
           "GPU for the rest (with --tp N: tensor parallel for the attention, each TP rank "
-          "routing its own sequence shard). 1: none."),
+          "routing its own sequence shard; with --pp M under gpipe or 1f1b: EP inside each "
+          "stage's ranks). 1: none."),
     Field(path="parallel.ep_imbalance", flag="--ep-imbalance", metavar="X",
           check=lambda raw: validate.number(raw, low=1, high=1024), default=1.0,
           help="EP (dropless): rows the busiest GPU's experts receive over the balanced "

@@ -139,9 +139,10 @@ class One:
     def __init__(self, r: Request, _counts: dict[int, One] | None = None) -> None:
         self.request = r = r.resolved()
         self.modes = checkpointing_modes(r.options.checkpointing)
-        if r.training.ep > 1 and (r.options.tp or 1) > 1:
-            # EP x TP under selective checkpointing is not traced (expert_parallel.
-            # ep_tp_problem refuses it when asked): `auto` tries none and full
+        if r.training.ep > 1 and ((r.options.tp or 1) > 1 or r.training.pipeline.enabled):
+            # EP x TP and EP x PP under selective checkpointing are not traced
+            # (expert_parallel.ep_tp_problem / ep_pp_untraced refuse it when asked): `auto`
+            # tries none and full
             self.modes = tuple(m for m in self.modes if m is not Checkpointing.SELECTIVE)
         self.n_gpus, self.gpus_per_node = r.cluster.n_gpus, r.cluster.gpus_per_node
         self._estimates: dict[Candidate, Estimate] = {}
@@ -514,11 +515,15 @@ def pipeline_min_gpus(r: Request, start: int) -> int | None:
     the GPUs step by pp x tp x cp) at or above ``start`` that fit. The pipeline, its TP and
     its CP are fixed, so more GPUs only shard each stage's states over more ranks: the need
     falls with dp, and the first fit is found by bisection over dp_shard
-    (``MAX_GPUS_SEARCHED`` at most)."""
+    (``MAX_GPUS_SEARCHED`` at most). Under ``--ep`` the GPUs step by pp x tp x ep (the
+    experts' padding over efsdp = dp / ep, a few rows, is taken to keep the need falling)."""
     cp = r.training.cp
-    # the GPUs of one dp_shard rank: its pipeline, TP and CP groups
-    pp = r.training.pipeline.degree * (r.options.tp or 1) * cp
-    lo, hi = max(-(-2 // cp), -(-start // pp)), MAX_GPUS_SEARCHED // pp
+    # the GPUs of one dp_shard rank: its pipeline, TP and CP groups; under EP (never beside
+    # CP) of ep of them, which each stage's data-parallel ranks must split into
+    # (expert_parallel.ep_pp_problem)
+    ep = r.training.ep
+    pp = r.training.pipeline.degree * (r.options.tp or 1) * cp * ep
+    lo, hi = max(-(-2 // (cp * ep)), -(-start // pp)), MAX_GPUS_SEARCHED // pp
 
     def ok(dp: int) -> bool:
         return bool(fits_any(r.with_gpus(pp * dp)))

@@ -46,7 +46,7 @@ from planner.spec import (
 from planner import pipeline
 from planner.candidates import tp_problem
 from planner.context_parallel import CP_STRATEGIES, cp_problem
-from planner.expert_parallel import EP_STRATEGIES, ep_problem, ep_tp_problem
+from planner.expert_parallel import EP_STRATEGIES, ep_pp_untraced, ep_problem, ep_tp_problem
 from planner.memory.zero import zeropp_problem
 from planner.params import trainable
 from planner.throughput import DEFAULT_ASSUMPTIONS, ThroughputAssumptions
@@ -641,8 +641,8 @@ def pipeline_from(v: Mapping[str, Any], model: ModelSpec, training: TrainingSpec
     """The pipeline of ``--pp`` and its schedule, micro-batches and stages per rank
     (planner/pipeline.py), or one error naming the field torch or torchtitan would refuse.
     What the model does not cover under a pipeline is refused by name: a tied embedding (its
-    two uses sit on the first and the last stage), MoE, fine-tuning, FSDP1, gradient
-    accumulation around the schedule."""
+    two uses sit on the first and the last stage), MoE but under expert parallel with routed
+    experts in every block, fine-tuning, FSDP1, gradient accumulation around the schedule."""
     pp = v["parallel.pp"]
     schedule = v["parallel.pp_schedule"] or PipeSchedule.ONE_F_ONE_B
     virtual = v["parallel.pp_virtual_stages"] or pipeline.default_virtual(schedule)
@@ -662,7 +662,14 @@ def pipeline_from(v: Mapping[str, Any], model: ModelSpec, training: TrainingSpec
     if why:
         raise naming.fail(*why)
     unmodelled = [(model.tied_embeddings, None, "tied embeddings"),
-                  (model.is_moe, None, "an MoE model"),
+                  # MoE: traced under expert parallel alone, its routed experts in every
+                  # block (docs/model.md §8.8 "Beside pipeline parallel")
+                  (model.is_moe and training.ep <= 1, "parallel.ep",
+                   "an MoE model without expert parallel"),
+                  (model.is_moe and model.shared_ffn > 0, None,
+                   "shared experts (not traced)"),
+                  (model.is_moe and model.n_dense_layers > 0, None,
+                   "dense first blocks in an MoE model (not traced)"),
                   (not training.finetune.full, None, "LoRA or frozen parameters"),
                   (training.fsdp_version == 1, "training.fsdp_version", "FSDP1"),
                   (training.grad_accum > 1, "training.grad_accum", "gradient accumulation"),
@@ -685,6 +692,14 @@ def ep_options(v: Mapping[str, Any], model: ModelSpec, training: TrainingSpec,
     if problem:
         raise naming.fail("parallel.ep", problem)
     tp = options.tp or 1
+    if training.pipeline.enabled:
+        # beside a pipeline (docs/model.md §8.8 "Beside pipeline parallel"): one stage's
+        # FSDP2 as the pipeline runs it (full_shard, not resharded after forward), traced
+        # without TP and selective checkpointing
+        problem = ep_pp_untraced(training, tp, options.checkpointing)
+        if problem:
+            raise naming.fail(*problem)
+        return options
     if tp > 1:
         # torchtitan's EP x TP (docs/model.md §8.8): each TP rank routes its own sequence
         # shard, so the (local) sequence must split over TP (torchtitan/models/common/moe.py:

@@ -1163,7 +1163,14 @@ def pipeline_step(model: ModelSpec, training: TrainingSpec, cluster: Cluster,
     (``cp_rotation_s``, *assumed* not hidden, as without the pipeline; stretched by the bubble
     like the TP collectives), sends seq / (cp x tp) positions across each stage boundary, and
     is credited 1 / (pp x tp x cp) of the pipeline's tokens; FSDP runs over n / (pp x tp)
-    ranks (dp_shard x cp)."""
+    ranks (dp_shard x cp).
+
+    With expert parallel in each stage (torchtitan's PP x EP, docs/model.md §8.8 "Beside
+    pipeline parallel"): each rank's MoE blocks run their token all-to-alls for every
+    micro-batch (``ep_all_to_all_s`` over the rank's blocks, on its critical path as without
+    the pipeline, stretched by the bubble) and the busiest GPU's surplus expert rows; FSDP
+    gathers and reduces a block's E / ep local experts over efsdp = dp / ep ranks, the rest
+    over dp."""
     from planner import pipeline
     from planner.params import block_tensors, numel, root_tensors
 
@@ -1197,11 +1204,18 @@ def pipeline_step(model: ModelSpec, training: TrainingSpec, cluster: Cluster,
             # core would divide by a zero step time
             continue
         if (blocks, last) not in cores:  # ranks alike in blocks and head time alike
+            # expert parallel: the busiest GPU's surplus expert rows and the token
+            # all-to-alls of the rank's own MoE blocks (every block: PP x EP is modelled
+            # with routed experts in each, request.pipeline_from)
+            share_l = blocks / model.n_layers
             rank_x = dataclasses.replace(solo, n_layers=float(blocks),
                                          p_head=x.p_head if last else 0.0,
-                                         ga=float(p.microbatches))
+                                         ga=float(p.microbatches),
+                                         ep_idle_mm=x.ep_idle_mm * share_l,
+                                         ep_layers=x.ep_layers * share_l)
             core = step_core(rank_x)
             sp = tp_collectives_s(x, float(blocks), float(p.microbatches))
+            sp = sp + ep_all_to_all_s(rank_x, x.recompute.attention)
             # context parallel: the key/value rotation of the rank's blocks for every
             # micro-batch, on the critical path as without the pipeline (*assumed* not hidden;
             # cp_rotation_s reads no head term)
@@ -1219,6 +1233,19 @@ def pipeline_step(model: ModelSpec, training: TrainingSpec, cluster: Cluster,
     hop_dp = x.lat_inter if spans else x.lat_intra
     t_ag = _ring_s(params / tp * x.gather_b, dp, units, bw_dp, hop_dp)
     t_rs = _ring_s(params / tp * x.grad_b, dp, units, bw_dp, hop_dp)
+    if training.ep > 1:
+        # a block's routed experts are the stage's E / ep local ones, gathered and reduced
+        # over efsdp = dp / ep ranks (their own param group: a collective of their own per
+        # block), the rest over dp (expert_parallel.ep_group_elements)
+        from planner.expert_parallel import expert_params
+
+        ep, efsdp = training.ep, dp // training.ep
+        x_rank = expert_params(model) * blocks_max / model.n_layers
+        dense = params - x_rank
+        t_ag = (_ring_s(dense * x.gather_b, dp, units, bw_dp, hop_dp)
+                + _ring_s(x_rank / ep * x.gather_b, efsdp, blocks_max, bw_dp, hop_dp))
+        t_rs = (_ring_s(dense * x.grad_b, dp, units, bw_dp, hop_dp)
+                + _ring_s(x_rank / ep * x.grad_b, efsdp, blocks_max, bw_dp, hop_dp))
     one_fwd = slowest.compute_s / p.microbatches / 3.0  # forward ~ 1/3 of forward + backward
     exposed_ag = max(t_ag / units, t_ag - x.overlap * one_fwd)
     inside = dp * tp < gpn  # neighbouring stages are n / pp GPUs apart

@@ -337,3 +337,66 @@ class per_param_mesh_view:
         from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
 
         FSDPState._fsdp_param_group = self._orig
+
+
+def shard_stage(stage: nn.Module, spec: ModelSpec, dp_mesh: Any, sparse: Any, mp: Any,
+                reshard: bool) -> None:
+    """FSDP2 of one pipeline stage under EP as torchtitan's ``apply_fsdp_to_decoder``
+    (b5bcd76 ``fsdp.py`` lines 234-265, 384-420): the embedding its own unit, the final
+    norm and the head one unit (``reshard_after_forward`` only under the "always" policy:
+    False here, as under PP by default), each block (``shard_stage_blocks``); the root
+    (``stage``, sharded by the caller) holds nothing else. Prefetching: forward, the
+    embedding the first block and the last block the norm + head; backward, the head the
+    last block and the first block the embedding."""
+    from torch.distributed.fsdp import fully_shard
+
+    blocks = list(stage.blocks)
+    embed = stage.embed
+    head = [stage.final_norm, stage.lm_head] if stage.lm_head is not None else None
+    if embed is not None:
+        fully_shard(embed, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
+    if head is not None:
+        fully_shard(head, mesh=dp_mesh, reshard_after_forward=False, mp_policy=mp)
+    shard_stage_blocks(blocks, spec, dp_mesh, sparse, mp, reshard)
+    if blocks and embed is not None:
+        embed.set_modules_to_forward_prefetch([blocks[0]])
+        blocks[0].set_modules_to_backward_prefetch([embed])
+    if blocks and head is not None:
+        blocks[-1].set_modules_to_forward_prefetch([stage.final_norm])
+        stage.lm_head.set_modules_to_backward_prefetch([blocks[-1]])
+
+
+def shard_stage_blocks(blocks: list, spec: ModelSpec, dp_mesh: Any, sparse: Any, mp: Any,
+                       reshard: bool) -> None:
+    """FSDP2 of one pipeline stage's MoE blocks under EP, as torchtitan shards each stage's
+    model part (b5bcd76: ``pipeline_parallel.py`` ``pipeline_llm`` lines 109-120 call the
+    model's parallelize function on each part; ``fsdp.py`` ``apply_fsdp_to_decoder`` lines
+    318-360): one ``fully_shard`` unit per block whose ``shard_placement_fn`` puts the routed
+    experts on the stage's ``efsdp`` mesh (``Shard(1)`` where efsdp x ep > E, lines 282-291)
+    and every other parameter on the stage's dense mesh; the EP group (the stage's ``ep``
+    mesh) handed to every ``EPMoE``; then the explicit prefetching of lines 384-420 between
+    the stage's blocks (forward: the next; backward: the previous). ``sparse``: the stage's
+    ``(efsdp, ep)`` mesh, ``dp_mesh``: its dense one."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp._fully_shard._fsdp_common import ShardPlacementResult
+    from torch.distributed.fsdp._fully_shard._fsdp_init import _get_mesh_info
+    from torch.distributed.tensor import Shard
+
+    edp_info, dp_info = _get_mesh_info(sparse["efsdp"]), _get_mesh_info(dp_mesh)
+    place = Shard(1) if sparse.size() > spec.n_experts else Shard(0)
+    for blk in blocks:
+        blk.mlp.group = sparse["ep"].get_group()
+        experts = set(blk.mlp.experts.parameters())
+
+        def placement(p: nn.Parameter, experts: set = experts) -> Any:
+            if p in experts:
+                return ShardPlacementResult(placement=place, mesh_info=edp_info)
+            return ShardPlacementResult(placement=Shard(0), mesh_info=dp_info)
+
+        fully_shard(blk, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp,
+                    shard_placement_fn=placement)
+    for cur, nxt in zip(blocks, blocks[1:]):
+        cur.set_modules_to_forward_prefetch([nxt])
+    rev = blocks[::-1]
+    for cur, prev in zip(rev, rev[1:]):
+        cur.set_modules_to_backward_prefetch([prev])

@@ -32,6 +32,15 @@ selective-checkpoint mode, as DTensor's dispatch does). With ``tp`` > 1 as well 
 CP) the mesh is ``(pp, dp_shard x cp, tp)``: TP's column-parallel q, k, v are local tensors
 of n_heads / tp heads, which the ring takes as it does on a GPU.
 
+With ``ep`` > 1 (PP x EP, torchtitan's layout for DeepSeek-V3 and Llama-4: docs/model.md
+§8.8 "Beside pipeline parallel") every block's MoE is torchtitan's all-to-all dispatch
+(``probes.ep_trace.EPMoE``), a sparse ``(pp, efsdp, ep)`` mesh is built over the same ranks
+beside the dense ``(pp, dp)`` one (efsdp = dp / ep), and each stage is sharded as torchtitan's
+``apply_fsdp_to_decoder`` shards a model part (``probes.ep_trace.shard_stage``: the embedding
+and the norm + head their own units, each block one unit with the experts on the stage's
+efsdp mesh, explicit prefetching); the stage's all-to-alls run inside its forward and
+backward of every micro-batch. Not with TP, CP or selective checkpointing.
+
 What the fake process group cannot do, emulated:
 
 - a received tensor reads back as it was allocated: the warm-up vote of ``_PipelineSchedule
@@ -183,12 +192,29 @@ def _record_actions(schedule: Any, stages: list, tracker: Any, out: list) -> Non
     """Append [kind, stage, micro-batch, bytes held] after each compute action of the step:
     F once its loss (last stage) has run (``_maybe_compute_loss`` follows every forward), I
     or B after ``backward_one_chunk`` (``full_backward``), W after
-    ``backward_weight_one_chunk``."""
+    ``backward_weight_one_chunk``; an I or B also with the most held while it ran and the
+    categories then."""
 
     def held() -> int:
         snap = tracker.get_tracker_snapshot("current")
         return sum(int(v) for dev in snap.values() for k, v in dev.items()
                    if str(k).endswith("Total"))
+
+    def during(run: Any) -> tuple[Any, int, dict]:
+        """(run(), the most held while it ran, the categories then): the tracker's peak is
+        started afresh from what is held now and restored to the larger after."""
+        kept = dict(tracker._peak_mem), dict(tracker._peak_mem_snap)
+        tracker._peak_mem_snap = tracker.get_tracker_snapshot("current")
+        tracker._peak_mem = {d: snap["Total"] for d, snap in tracker._peak_mem_snap.items()}
+        result = run()
+        snap = tracker.get_tracker_snapshot("peak")
+        top = sum(int(v) for dev in snap.values() for k, v in dev.items()
+                  if str(k).endswith("Total"))
+        cats = {str(k).split(".")[-1]: int(v) for dev in snap.values() for k, v in dev.items()}
+        for d, v in kept[0].items():
+            if v >= tracker._peak_mem.get(d, 0):
+                tracker._peak_mem[d], tracker._peak_mem_snap[d] = v, kept[1][d]
+        return result, top, cats
 
     loss = schedule._maybe_compute_loss
 
@@ -203,9 +229,10 @@ def _record_actions(schedule: Any, stages: list, tracker: Any, out: list) -> Non
 
         def after_backward(mb: int, *args: Any, _s: Any = stage, _b: Any = backward,
                            **kwargs: Any) -> Any:
-            result = _b(mb, *args, **kwargs)
+            result, top, cats = during(lambda: _b(mb, *args, **kwargs))
+            # the backward's own peak too (its categories: the referee's diagnosis)
             out.append(["B" if kwargs.get("full_backward", True) else "I", _s.stage_index,
-                        mb, held()])
+                        mb, held(), top, cats])
             return result
 
         def after_weight(mb: int, *args: Any, _s: Any = stage, _w: Any = weight,
@@ -259,6 +286,22 @@ def trace_rank(spec: ModelSpec, training: TrainingSpec, checkpointing: Checkpoin
     mesh = init_device_mesh("cpu", (p.degree, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
     net = build_model(spec, device="meta", checkpointing=checkpointing,
                       attention=training.attention.value)
+    ep = training.ep
+    sparse = None
+    if ep > 1:  # PP x EP: torchtitan's all-to-all dispatch in every MoE block (module doc)
+        from probes.ep_trace import install
+        from probes.trace_types import UnsupportedConfig
+
+        if tp > 1 or cp > 1 or checkpointing is Checkpointing.SELECTIVE:
+            raise UnsupportedConfig("PP x EP is traced without TP, CP and selective "
+                                    "checkpointing")
+        if dp % ep:
+            raise ValueError(f"EP {ep} does not divide the {dp} data-parallel ranks of a stage")
+        install(net, spec, training)
+        # torchtitan's sparse mesh (pp, efsdp, ep) over the same ranks (parallel_dims.py
+        # ``build_mesh``, lines 280-330: efsdp = dp_shard x cp x tp / ep, ep innermost)
+        sparse = init_device_mesh("cpu", (p.degree, dp // ep, ep),
+                                  mesh_dim_names=("pp", "efsdp", "ep"))
     if tp > 1:  # torchtitan: TP first, then FSDP over dp_shard, then the stage split
         from probes.finetune_tp import apply_tp_plan
 
@@ -280,7 +323,11 @@ def trace_rank(spec: ModelSpec, training: TrainingSpec, checkpointing: Checkpoin
     for s in pipeline.rank_stages(p, pp_rank):
         first, last = s == 0, s == p.n_stages - 1
         mod = StageModule(net, first, last, starts[s], starts[s] + layers[s], tp)
-        for blk in mod.blocks:
+        if sparse is not None:
+            from probes.ep_trace import shard_stage
+
+            shard_stage(mod, spec, mesh["dp"], sparse["efsdp", "ep"], mp, reshard=False)
+        for blk in mod.blocks if sparse is None else ():
             fully_shard(blk, mesh=mesh["dp"], reshard_after_forward=False, mp_policy=mp)
         fully_shard(mod, mesh=mesh["dp"], reshard_after_forward=False, mp_policy=root_mp)
         mods.append((s, mod))

@@ -443,7 +443,12 @@ def test_step_time_counts_the_all_to_alls():
     (["--model", "mixtral-8x7b", "--ep", "2", "--ep-imbalance", "3"], ("--ep", "imbalance")),
     (["--model", "mixtral-8x7b", "--ep-imbalance", "2"], ("--ep-imbalance", "--ep > 1")),
     (["--model", "mixtral-8x7b", "--ep", "2", "--compile", "blocks"], ("--ep", "--compile")),
-    (["--model", "mixtral-8x7b", "--ep", "2", "--pp", "2"], ("--pp", "MoE")),
+    # PP x EP (docs/model.md §8.8 "Beside pipeline parallel") is modelled under GPipe and
+    # 1F1B with routed experts in every block; what its referee does not trace is refused
+    (["--model", "mixtral-8x7b", "--ep", "2", "--pp", "2", "--pp-schedule",
+      "interleaved-1f1b"], ("--ep", "interleaved-1f1b is NOT MODELLED")),
+    (["--model", "deepseek-v2-lite", "--ep", "2", "--pp", "2"], ("--pp", "shared experts")),
+    (["--model", "mixtral-8x7b", "--pp", "2"], ("--pp", "without expert parallel")),
     (["--model", "mixtral-8x7b", "--ep", "2", "--cp", "2"], ("--cp", "MoE")),
     # TP for an MoE model without EP (torchtitan TP-shards the experts there): refused;
     # EP x TP (docs/model.md §8.8) is modelled but for what its referee does not trace

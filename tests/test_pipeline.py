@@ -461,8 +461,11 @@ def test_stage_memory_by_hand():
     # stage 1 is not first -> 4 activation receive buffers
     assert ph1[Phase.BLOCK_BWD].comm_buffers == 4_194_304
     logits = 1024 * 32000 * 2
+    # a backward after the first starts with the previous micro-batch's input gradient (1024
+    # x 512 x 2 B) still in the send ops the schedule's local holds (StageBytes.input_grad)
     assert ph1[Phase.BLOCK_BWD].activations == (4 * acts.kept_per_block
-                                                + acts.root - acts.root_before + logits)
+                                                + acts.root - acts.root_before + logits
+                                                + 1_048_576)
 
 
 def test_full_checkpointing_keeps_the_receive_buffer_once():
@@ -534,8 +537,11 @@ def test_pp_x_tp_stage_memory_by_hand():
     assert bwd.activations == 2 * (4 * acts.kept_per_block + 524_288 + acts.root_before)
     ph1 = rank_phases(m, t, 1, 2, acts, Overheads(), 2)
     assert ph1[Phase.BLOCK_BWD].comm_buffers == 2_097_152
+    # + the previous micro-batch's input gradient in the send ops, its TP piece (1 x 512 x
+    # 512 x 2 B: StageBytes.input_grad)
     assert ph1[Phase.BLOCK_BWD].activations == (4 * acts.kept_per_block
-                                                + acts.root - acts.root_before + 32_768_000)
+                                                + acts.root - acts.root_before + 32_768_000
+                                                + 524_288)
     # the gradient of the last stage holds no whole table: 4 blocks + norm (512) + the
     # head's rows (16,000 * 512), fp32
     assert ph1[Phase.BWD_END].gradients == (4 * 1_704_960 + 512 + 8_192_000) * 4
@@ -669,8 +675,11 @@ def test_pp_x_cp_stage_memory_by_hand():
     assert (fwd.activations, fwd.transients) == (held, 6_864_896)
     ph1 = rank_phases(m, t, 1, 2, acts, Overheads())
     assert ph1[Phase.BLOCK_BWD].comm_buffers == 2_097_152
+    # + the previous micro-batch's input gradient in the send ops, seq / cp long (512 x 512
+    # x 2 B: StageBytes.input_grad)
     assert ph1[Phase.BLOCK_BWD].activations == (4 * acts.kept_per_block
-                                                + acts.root - acts.root_before + 32_768_000)
+                                                + acts.root - acts.root_before + 32_768_000
+                                                + 524_288)
 
 
 def test_pp_x_cp_kept_block_is_the_local_one():
@@ -1309,3 +1318,139 @@ def test_pipeline_side_streams_in_a_traced_two_step_run():
     for s, derived in ((min(side, key=lambda k: len(side[k])), RS_STAGE0),
                        (max(side, key=lambda k: len(side[k])), AG_STAGE0)):
         assert derived <= snap[s] < derived + page, (s, snap[s], derived)
+
+
+# ---- PP x EP (docs/model.md §8.8 "Beside pipeline parallel") ---------------------------------
+
+def test_pp_x_ep_stage_elements_by_hand():
+    """torchtitan's EP inside a stage: the Mixtral-like model of the PP x EP referee
+    (benchmarks/pipeline_trace_accuracy.py MOE: h 512, 8 heads, 2 kv heads, ffn 1792, 8
+    experts, vocab 4096), 12 GPUs, pp 2 -> dp 6 per stage, ep 2 -> efsdp 3; 4 layers: stage 0
+    = embedding + 2 blocks. By hand:
+
+      a block's dense tensors: norms 2 x 512, q 512^2 = 262,144, k, v 128 x 512 = 65,536
+        each, o 262,144, router 8 x 512 = 4,096: 660,480; its experts (8, 1792, 512) x 3
+        = 3 x 7,340,032
+      the stage's E / ep = 4 local experts over efsdp 3 ranks, dim 0 (dp 6 <= E 8):
+        ceil(4 / 3) = 2 experts' rows per rank, 2 x 917,504 = 1,835,008 per matrix
+      gathered = embedding 2,097,152 + 2 x (660,480 + 3 x 1,835,008 x 3 ranks)
+               = 2,097,152 + 2 x 17,175,552 = 36,448,256 (2 of the 6 gathered experts padding)
+      unsharded gradients (the 4 local experts, unpadded)
+               = 2,097,152 + 2 x (660,480 + 3 x 4 x 917,504) = 25,438,208
+      shard = dense dim-0 shards over 6: embedding ceil(2,097,152 / 6) = 349,526; a block
+              86 + 43,691 + 10,923 + 10,923 + 43,691 + 86 + 683 = 110,083
+            + experts 2 blocks x 3 x 1,835,008 = 11,010,048
+            = 349,526 + 220,166 + 11,010,048 = 11,579,740"""
+    from planner.fields import SPEC
+    from planner.memory.pipeline import ep_group_elements, group_elements
+    from planner.request import build_request
+
+    r = build_request(BENCH.ep_values_of({"hardware.n": 12, "hardware.gpus_per_node": 12}),
+                      SPEC)
+    assert ep_group_elements(r.model, 2, True, False, 6, 2) == (36_448_256, 25_438_208,
+                                                                11_579_740)
+    # without EP the same stage gathers all 8 experts: 2,097,152 + 2 x (660,480 + 22,020,096)
+    assert group_elements(r.model, 2, True, False, 1, 6)[0] == 47_458_304
+
+
+def test_walk_holds_the_schedule_s_locals_by_hand():
+    """GPipe and 1F1B keep two tensors past a micro-batch's backward (torch 2.13
+    schedules.py ``_step_microbatches``): the latest forward's output (``output``) until the
+    next forward rebinds it, and a stage's input gradient in the send ops (``ops`` /
+    ``bwd_sends``) until the next backward's rebind them: after a backward its own and the one
+    before. The last stage of pp 2, M 2, each micro-batch holding 10, its output 5 past its
+    backward, an input gradient 3:
+
+      GPipe F F B B: 10, 20; B0 frees 10, adds its gradient: 13; B1 frees 10, the latest
+        forward's output stays (5), its gradient (3): 11, then the older send ops go: 8 at
+        the reduction
+      1F1B F B F B: 10; B0: 0 + 5 + 3 = 8; F1: + 10 - 5 (rebound) = 13; B1: 13 - 10 + 5 + 3
+        = 11; the reduction 8"""
+    from planner.memory.pipeline import StageBytes, walk
+    from planner.spec import Pipeline
+
+    b = {1: StageBytes(held=10, gathered=0, grads=0, sharded_grads=0, last_output=5,
+                       input_grad=3)}
+    for schedule, after in ((PipeSchedule.GPIPE, [10, 20, 13, 11]),
+                            (PipeSchedule.ONE_F_ONE_B, [10, 8, 13, 11])):
+        p = Pipeline(degree=2, schedule=schedule, microbatches=2)
+        w = walk(p, 1, b)
+        assert [m.activations for _, m in w.actions] == after
+        assert [m.activations for m in w.reduce] == [8]
+
+
+@pytest.mark.parametrize("extra,field,needle", [
+    (["--pp-schedule", "interleaved-1f1b"], "--ep", "interleaved-1f1b is NOT MODELLED"),
+    (["--tp", "2", "--n", "16"], "--tp", "pipeline and tensor parallel"),
+    (["--checkpointing", "selective"], "--checkpointing", "selective"),
+    (["--ep", "8"], "--ep", "does not divide the 4 data-parallel ranks"),
+    (["--ep", "1"], "--pp", "an MoE model without expert parallel"),
+])
+def test_pp_x_ep_refusals(extra, field, needle):
+    from tests.conftest import one_line_error, run
+
+    args = ["--params", "1e9", "--layers", "4", "--hidden", "512", "--heads", "8",
+            "--ffn", "1792", "--vocab", "4096", "--experts", "8", "--experts-per-token", "2",
+            "--gpu", "h100-80", "--n", "8", "--pp", "2", "--ep", "2"]
+    err = one_line_error(run(*args, *extra), 2, field, needle)
+    assert "NOT MODELLED" in err or "divide" in err
+
+
+EP_TRACED = [  # the PP x EP configurations CI traces (the benchmark traces all of EP_CASES)
+    pytest.param(c[0], c[1], marks=[pytest.mark.xfail(strict=True, reason=c[3])])
+    if c[3] else (c[0], c[1])
+    for c in map(BENCH.case, BENCH.EP_CASES) if c[2]]
+
+
+@pytest.mark.trace
+@pytest.mark.parametrize("extra,rank", EP_TRACED)
+def test_pp_x_ep_every_action_matches_a_trace(extra, rank):
+    """One rank of GPipe or 1F1B with torchtitan's expert parallel inside each stage (the
+    all-to-all dispatch in every MoE block, the experts on the stage's (efsdp, ep) mesh), on
+    fake tensors: the planner's peak of that rank, and what it holds after each of its
+    forwards and backwards, within 2 %."""
+    _, traced, planned, t_act, p_act = BENCH.check_ep((extra, rank))
+    assert abs(planned - traced) / traced <= 0.02, (planned, traced)
+    errors = BENCH.action_errors(t_act, p_act)
+    assert max(map(abs, errors)) <= 0.02, errors
+
+
+def test_pp_x_ep_fewest_gpus_steps_over_whole_ep_groups():
+    """Under --pp 2 --ep 4 the fewest-GPUs search steps by pp x ep = 8 (each stage's
+    data-parallel ranks split into EP groups of 4): the count found is a multiple of 8, and
+    the one below it (one dp_shard rank fewer per EP group) does not fit."""
+    from planner.fields import SPEC
+    from planner.plan import fits_any, min_gpus
+    from planner.request import build_request
+
+    values = BENCH.ep_values_of({"model.layers": 16, "model.hidden": 4096, "model.heads": 32,
+                                 "model.ffn": 14336, "hardware.n": 16,
+                                 "parallel.ep": 4, "training.seq": 4096})
+    r = build_request(values, SPEC)
+    n = min_gpus(r, 2)
+    assert n is not None and n % 8 == 0 and n > 8, n
+    assert fits_any(r.with_gpus(n)) and not fits_any(r.with_gpus(n - 8))
+
+
+def test_pp_x_ep_step_time_counts_each_rank_s_all_to_alls(monkeypatch):
+    """Under --pp 2 --ep 2 (the Mixtral-like referee model: 4 layers, 2 blocks a stage, M 4,
+    1F1B) the slowest rank's token all-to-alls are on its critical path, stretched by the
+    bubble. By hand, per MoE layer and micro-batch without checkpointing: 4 all-to-alls
+    (dispatch and combine, forward and backward), each moving c h R (ep - 1) / ep = 2 x 512
+    x 2048 x 1/2 = 1,048,576 B into a GPU at the node's rate, and 5 latencies (the 4 and a
+    count exchange); the rank's 2 blocks x M 4 micro-batches x the bubble's 1 + (pp - 1) / M
+    = 1.25. The step less the same step with the all-to-alls taken out is that."""
+    from planner import throughput
+    from planner.fields import SPEC
+    from planner.request import build_request
+    from planner.spec import Candidate, Checkpointing, Strategy
+
+    r = build_request(BENCH.ep_values_of({}), SPEC)
+    c = Candidate(strategy=Strategy.FULL_SHARD, checkpointing=Checkpointing.NONE)
+    x = throughput.step_inputs(r.model, r.training, r.cluster, c)
+    assert x.ep_bytes == 1_048_576
+    per_layer = 4 * 1_048_576 / x.bw_intra + 5 * x.lat_intra
+    with_a2a = throughput.estimate_step(r.model, r.training, r.cluster, c).step_time_s
+    monkeypatch.setattr(throughput, "ep_all_to_all_s", lambda x, recompute: 0.0)
+    without = throughput.estimate_step(r.model, r.training, r.cluster, c).step_time_s
+    assert with_a2a - without == pytest.approx(1.25 * 4 * 2 * per_layer, rel=1e-9)

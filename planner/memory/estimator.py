@@ -706,7 +706,8 @@ def pipeline_estimate(model: ModelSpec, training: TrainingSpec, candidate: Candi
     """Under ``--pp`` (planner/memory/pipeline.py): the moments of the fullest pipeline rank,
     FSDP2 over its n / (pp x tp) data-parallel ranks, each stage tensor-parallel over
     ``candidate.tp``. One NCCL communicator for the stage's FSDP group, one for the
-    pipeline's send/recv and one for the TP group."""
+    pipeline's send/recv, one for the TP group, and under EP one for the EP group and one
+    for the experts' efsdp group."""
     from planner.memory.pipeline import fullest_rank_free  # pipeline plans only (cold start)
 
     p = training.pipeline
@@ -729,8 +730,12 @@ def pipeline_estimate(model: ModelSpec, training: TrainingSpec, candidate: Candi
                                                 min(n_gpus, gpus_per_node)),
                       risk=risk_band(candidate.strategy, training.compile,
                                      is_finetune(training)))
-    # FSDP's shard group, the pipeline's point-to-point group and the TP group
-    return dataclasses.replace(est, nccl_bytes=(2 + (tp > 1)) * ov.nccl_bytes_per_communicator)
+    # FSDP's shard group, the pipeline's point-to-point group and the TP group; under EP the
+    # stage's EP group (the token all-to-alls) and its efsdp group (the experts' FSDP2, where
+    # it has more than one rank: torchtitan's sparse mesh, docs/model.md §8.8)
+    ep = training.ep
+    groups = 2 + (tp > 1) + (ep > 1) * (1 + (dp // ep > 1))
+    return dataclasses.replace(est, nccl_bytes=groups * ov.nccl_bytes_per_communicator)
 
 
 def pipeline_cache(rs_free: dict[Phase, Any] | None, model: ModelSpec,
@@ -765,7 +770,7 @@ def pipeline_cache(rs_free: dict[Phase, Any] | None, model: ModelSpec,
         layers = stage_layers(model.n_layers, p.n_stages)
         c = dtypes(Strategy.FULL_SHARD, training.precision, training.fsdp_dtypes).compute
         ag = sum(all_gather_buffer(units(model, s == 0, s == p.n_stages - 1, layers[s],
-                                         candidate.tp)[0], dp, training, c)
+                                         candidate.tp, training.ep, dp)[0], dp, training, c)
                  for s in rank_stages(p, rank))
     return {ph: 0 if ph is Phase.INIT else (rs_free[ph] if rs_free is not None else 0) + ag
             for ph in PHASES}

@@ -152,6 +152,21 @@ class StageBytes:
     grads: Any
     sharded_grads: Any
     kept: Any = 0
+    last_output: Any = 0
+    """A micro-batch's stage output (beyond ``kept``) that outlives its backward under GPipe
+    and 1F1B when it is the rank's latest forward's: ``_step_microbatches`` binds each
+    forward's output to a local (``output = self._stage.forward_one_chunk(...)``, torch 2.13
+    schedules.py, ``ScheduleGPipe`` and ``Schedule1F1B``), which holds it until the next
+    forward rebinds it, or through the rest of the backward loop and
+    ``perform_reduce_grad`` (traced: after each backward of 1F1B's last rank and after the
+    last backward of every rank, one micro-batch's logits on the last stage, a block output
+    elsewhere; docs/model.md §8.7)."""
+    input_grad: Any = 0
+    """A micro-batch's input gradient (the stage's P2P send to the previous stage), under
+    GPipe and 1F1B: ``backward_one_chunk`` leaves it in ``bwd_cache``, and the schedule's
+    ``get_bwd_send_ops`` moves it into the send ops, which a local (``ops`` /
+    ``bwd_sends``) holds until the next backward's rebinds it: after a backward, its own and
+    the one before it; otherwise one (traced: 1,048,576 B each at seq 1024, h 512, bf16)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +192,9 @@ class Walk:
     backward_start: list[Moment]
     backward_end: list[Moment]
     reduce: list[Moment]
+    actions: list[tuple[str, Moment]]
+    """(``F`` or ``B``, the moment after it) for each op in order, without ``records_only``
+    (the referee's timeline: ``Ranks.timeline``)."""
 
 
 def walk(p: Any, rank: int, stage: dict[int, StageBytes], *, records_only: bool = False,
@@ -201,7 +219,7 @@ def walk(p: Any, rank: int, stage: dict[int, StageBytes], *, records_only: bool 
     not grow with the moments kept. Every reduction's moment is kept."""
     done = dict.fromkeys(stage, 0)
     started: set[int] = set()
-    out = Walk([], [], [], [])
+    out = Walk([], [], [], [], [])
     # running totals, updated at each op (the same sums as recounting every stage each time:
     # micro-batches held x bytes each, unsharded gradients of started stages and sharded ones
     # of reduced stages, gathered parameters of stages not yet resharded)
@@ -219,11 +237,22 @@ def walk(p: Any, rank: int, stage: dict[int, StageBytes], *, records_only: bool 
         return Moment(activations=activations, gradients=gradients, gathered=gathered, stage=s,
                       rs_free=rs_free)
 
+    # the latest forward's (stage, micro-batch), and its output held past its backward by
+    # the schedule's local (StageBytes.last_output) until the next forward rebinds it
+    latest: tuple[int, int] | None = None
+    dangling: Any = 0
+    sent: dict[int, int] = dict.fromkeys(stage, 0)  # input gradients held (input_grad)
+    count: Counter = Counter()
     for kind, s in pipeline.rank_ops(p, rank):
         b = stage[s]
+        mb = count[(kind, s)]
+        count[(kind, s)] += 1
         if kind == "F":
-            activations = activations + b.held
+            activations = activations + b.held - dangling
+            latest, dangling = (s, mb), 0
             key = activations + gradients + gathered
+            if not records_only:
+                out.actions.append(("F", now(s)))
             if not scalar or key > top_f or (s == last and key > top_last):
                 out.after_forward.append(now(s))
                 top_f = max(top_f, key) if scalar else top_f
@@ -238,10 +267,20 @@ def walk(p: Any, rank: int, stage: dict[int, StageBytes], *, records_only: bool 
             started.add(s)
             gradients = gradients + b.grads
         done[s] += 1
+        if (s, mb) == latest:
+            dangling = b.last_output
+            activations = activations + dangling
+        activations = activations + b.input_grad
+        sent[s] += 1
+        if not records_only:
+            out.actions.append(("B", now(s)))
         key = activations + gradients + gathered + (end_extra(s) if end_extra else 0)
         if not scalar or key > top_end:
             out.backward_end.append(now(s))
             top_end = max(top_end, key) if scalar else top_end
+        if sent[s] == 2:  # the earlier send ops rebound to this backward's
+            activations = activations - b.input_grad
+            sent[s] = 1
         if done[s] == p.microbatches:
             out.reduce.append(now(s))
             gradients = gradients - b.grads + b.sharded_grads
@@ -260,13 +299,39 @@ def group_elements(model: ModelSpec, blocks: int, first: bool, last: bool, tp: i
 
 
 @functools.lru_cache(maxsize=4096)
-def units(model: ModelSpec, first: bool, last: bool, blocks: int, tp: int = 1
-          ) -> tuple[int, int]:
+def ep_group_elements(model: ModelSpec, blocks: int, first: bool, last: bool, dp: int,
+                      ep: int) -> tuple[int, int, int]:
+    """(gathered, unsharded-gradient, shard) elements of ``rank_groups``' tensors on one rank
+    of a stage of ``dp`` ranks under expert parallel ``ep`` (docs/model.md §8.8 "Beside
+    pipeline parallel"): a block's stacked routed experts are its stage's E / ep local ones,
+    FSDP2-sharded over the stage's efsdp = dp / ep ranks (torchtitan b5bcd76 ``fsdp.py``
+    lines 318-360, the per-parameter mesh; ``expert_parallel._held``): all-gathered from the
+    efsdp ranks' padded shards, their unsharded gradients the local experts' (unpadded), each
+    rank's shard ``_held``; every other tensor as ``group_elements`` (dim-0 shards over dp).
+    ep 1: no EP."""
+    from planner.expert_parallel import ep_expert_padding, gathered_experts
+
+    el, shard = group_elements(model, blocks, first, last, 1, dp)
+    if ep <= 1 or not blocks:
+        return el, el, shard
+    whole, gathered = gathered_experts(list(block_tensors(model)), ep, dp)
+    pad = ep_expert_padding(rank_groups(model, blocks, first, last), ep, dp)
+    return (el + blocks * (gathered - whole), el - blocks * (whole - whole // ep),
+            shard + pad)
+
+
+@functools.lru_cache(maxsize=4096)
+def units(model: ModelSpec, first: bool, last: bool, blocks: int, tp: int = 1, ep: int = 1,
+          dp: int = 1) -> tuple[int, int]:
     """(the rank's largest FSDP unit, the unit its backward reaches last) in elements (of its
     TP piece); units as torchtitan's ``apply_fsdp`` makes them: a block, the embedding, the
-    norm + head. The last one reached is the embedding on the first stage, else a block."""
+    norm + head. The last one reached is the embedding on the first stage, else a block.
+    Under expert parallel ``ep`` (stages of ``dp`` ranks) a block's unit holds its E / ep
+    local experts as gathered (``ep_group_elements``)."""
     roots = rank_groups(model, 0, first, last, tp)
     block = sum(numel(tp_local(n, s, tp)) for n, s in block_tensors(model))
+    if ep > 1:
+        block = ep_group_elements(model, 1, False, False, dp, ep)[0]
     embed = sum(numel(s) for n, s, _ in roots if n.startswith(INPUT_MODULES))
     head = sum(numel(s) for n, s, _ in roots if not n.startswith(INPUT_MODULES))
     return max(block if blocks else 0, embed, head), embed if first else block
@@ -412,14 +477,24 @@ def _kind_parts(model: ModelSpec, training: TrainingSpec, kind: tuple[tuple[int,
     groups = rank_groups(model, blocks, first, last, tp)
     fd = training.fsdp_dtypes
     d = dtypes(Strategy.FULL_SHARD, training.precision, fd)
+    ep = training.ep
     _, local = group_elements(model, blocks, first, last, tp, dp)  # dim-0 shards
+    # expert parallel (ep_group_elements): each rank's padded expert shards, their
+    # optimizer state alike (states.resident's padding)
+    pad = ep_group_elements(model, blocks, first, last, dp, ep)[2] - local if ep > 1 else 0
+    local += pad
     base = Breakdown(params=local * d.param,
                      optimizer_states=optimizer_state_bytes(model, training.optimizer, d.state,
-                                                            dp, groups),
+                                                            dp, groups)
+                     + optimizer_state_bytes(model, training.optimizer, d.state, 1,
+                                             (("pad", (1,), pad),)),
                      cublas_workspace=ov.cublas_workspace_bytes)
     whole = whole_table(model, first, tp)
 
     def part(b: int, is_first: bool, is_last: bool) -> tuple[Any, Any, Any]:
+        if ep > 1:
+            el, grad_el, shard = ep_group_elements(model, b, is_first, is_last, dp, ep)
+            return el * fd.param, grad_el * fd.reduce, shard * d.grad
         el, shard = group_elements(model, b, is_first, is_last, tp, dp)
         # the first stage's embedding gradient is the whole table under TP (whole_table)
         return el * fd.param, (el + (whole if is_first else 0)) * fd.reduce, shard * d.grad
@@ -427,7 +502,8 @@ def _kind_parts(model: ModelSpec, training: TrainingSpec, kind: tuple[tuple[int,
     temps = optimizer_temp_bytes(max(numel(s) for _, s, _ in groups), local, training,
                                  d.state, False, dp)
     return (base, tuple(part(*k) for k in kind),
-            tuple(units(model, f, x, b, tp)[0] for b, f, x in kind), local * d.grad, temps)
+            tuple(units(model, f, x, b, tp, ep, dp)[0] for b, f, x in kind), local * d.grad,
+            temps)
 
 
 class Ranks:
@@ -449,24 +525,47 @@ class Ranks:
         # the stage outputs each micro-batch leaves to the step's end (kept_output)
         self.kept = tuple(kept_output(model, training, s, compute, tp)
                           for s in range(p.n_stages))
+        # the latest forward's stage output, held past its backward by GPipe's and 1F1B's
+        # loop (StageBytes.last_output), less what ``kept`` already holds of it
+        t = training.micro_batch * training.local_seq
+        single = p.schedule in (PipeSchedule.GPIPE, PipeSchedule.ONE_F_ONE_B)
+        self.last_output = tuple(
+            single * (t * (model.vocab if s == p.n_stages - 1 else model.hidden) // tp
+                      * compute - self.kept[s]) for s in range(p.n_stages))
+        # a micro-batch's input gradient held by the send ops (StageBytes.input_grad)
+        self.input_grad = tuple(single * (s > 0) * (t * model.hidden // tp * compute)
+                                for s in range(p.n_stages))
         self.embed_unit = units(model, True, False, 0, tp)[0]
         self.whole = whole_table(model, True, tp)
-        block_unit = units(model, False, False, 1, tp)[0]
+        block_unit = units(model, False, False, 1, tp, training.ep, dp)[0]
         # the last unit's new gradient at a backward's end: the embedding (whole under TP)
         # on the first stage, else a block
         self.end_first = (self.embed_unit + self.whole) * fd.param
         self.end_other = block_unit * fd.param
+        # expert parallel (docs/model.md §8.8 "Beside pipeline parallel"), traced: a block's
+        # backward peaks in its MoE's, after the local experts' down projection's weight
+        # gradient (param dtype, E / ep x h x f: autograd's, before the block's
+        # post-backward adds it into the accumulated ones) and, on the last stage, after the
+        # loss's, the head's and the final norm's backward freed what they saved (as
+        # moments._last_block); without EP the pipeline's block moment stays as it was
+        ep = training.ep
+        self.ep_grad = (model.n_experts // ep * model.hidden * model.ffn_hidden * fd.param
+                        if ep > 1 else 0)
+        self.head_saved = acts.root - acts.root_before if ep > 1 else 0
         # ``bound``'s extras after a forward (with the loss's or a ring's transients) and at a
         # backward's start, on a rank without and with the last stage
         self.anywhere = tuple(max(0, acts.loss_fwd if last else 0,
                                   acts.loss_bwd if last else 0, acts.ring_fwd,
-                                  acts.block_bwd + acts.recompute) for last in (False, True))
+                                  acts.block_bwd + acts.recompute + self.ep_grad)
+                              for last in (False, True))
 
     def end_extra(self, s: int) -> Any:
         return self.end_first if s == 0 else self.end_other
 
     def stage_bytes(self, st: RankStates) -> dict[int, StageBytes]:
-        return {s: StageBytes(self.size[s], *part, kept=self.kept[s])
+        return {s: StageBytes(self.size[s], *part, kept=self.kept[s],
+                              last_output=self.last_output[s],
+                              input_grad=self.input_grad[s])
                 for s, part in zip(st.stages, st.kind.parts)}
 
     def kept_all(self, st: RankStates) -> Any:
@@ -505,15 +604,44 @@ class Ranks:
         for s, most, rs in zip(st.stages, st.flight, kind.rs_units):
             kept = max(0, size[s])
             flight = kept * most
-            held_most += flight
-            extra = max(extra, self.end_extra(s) - kept,  # at the end of a backward on s
+            # the schedule's locals (StageBytes.input_grad, last_output): an input gradient
+            # is held beside the most micro-batches in flight only where 1F1B reaches them
+            # again after a backward (M > its warm-up); elsewhere the moments that hold it
+            # hold a micro-batch fewer, which is no smaller (an input gradient is a stage
+            # output's size). Two after a backward, one at the reduction, and the latest
+            # forward's output past its backward. Kept tight: an upper bound above the
+            # walked peaks makes ``fullest_rank`` walk more ranks.
+            ig = self.input_grad[s]
+            ig_held = ig if (self.p.schedule is PipeSchedule.ONE_F_ONE_B
+                             and most < self.p.microbatches) else 0
+            held_most += flight + ig_held
+            out = self.last_output[s] + ig - ig_held
+            extra = max(extra, self.end_extra(s) - kept + out + ig,  # at a backward's end
                         # at s's reduction
-                        max(rs, (s == 0 and self.whole and self.embed_unit)) * reduce - flight)
+                        max(rs, (s == 0 and self.whole and self.embed_unit)) * reduce - flight
+                        + out)
         top = kind.fixed + held_most + extra
         if not isinstance(top, (int, float)):
             return None
         optimizer, merge = self.end_moments(st)
         return max(top, optimizer.total, *(m.total for m in merge))
+
+    def timeline(self, rank: int) -> list[tuple[str, int, int, Breakdown]]:
+        """(``F`` or ``B``, stage, micro-batch, what the rank holds after it) for each of the
+        rank's ops in order (``walk``'s moments, without the transients of ``phases``): the
+        referee compares it with the traced step's actions (after a forward of the last
+        stage: with its loss; a backward's end before the stage's reduction)."""
+        st = self.states[rank]
+        kind = st.kind
+        seen: dict[tuple[str, int], int] = {}
+        out = []
+        for op, m in walk(self.p, rank, self.stage_bytes(st)).actions:
+            mb = seen.get((op, m.stage), 0)
+            seen[(op, m.stage)] = mb + 1
+            out.append((op, m.stage, mb, kind.base.plus(
+                gathered_params=m.gathered, activations=m.activations, gradients=m.gradients,
+                comm_buffers=kind.p2p)))
+        return out
 
     def phases_and_free(self, rank: int) -> tuple[dict[Phase, Breakdown], dict[Phase, Any]]:
         """(the moments of the rank's step, walked along its ops (``walk``), each moment's
@@ -575,7 +703,11 @@ class Ranks:
                                   held.plus(transients=acts.ring_fwd)])
         block_bwd, block_free = most(
             # a backward starting with what the rank holds then
-            [(m, {"transients": acts.block_bwd + acts.recompute}) for m in w.backward_start]
+            # (under EP: the experts' new gradient, and on the last stage what the head saved
+            # gone: see __init__)
+            [(m, {"transients": acts.block_bwd + acts.recompute + self.ep_grad,
+                  "activations": -self.head_saved if m.stage == n_stages - 1 else 0})
+             for m in w.backward_start]
             # the end of a backward: that micro-batch's activations are gone, its stage's
             # unsharded gradients exist (fp32 under -amp), and the stage's last unit's new
             # gradient in the param dtype is being converted or added into them (FSDP2
@@ -610,6 +742,14 @@ class Ranks:
     def phases(self, rank: int) -> dict[Phase, Breakdown]:
         """The moments of the rank's step, walked along its ops (``walk``)."""
         return self.phases_and_free(rank)[0]
+
+
+def rank_timeline(model: ModelSpec, training: TrainingSpec, rank: int, dp: int,
+                  acts: Activations, ov: Overheads, ckpt: Checkpointing = Checkpointing.NONE
+                  ) -> list[tuple[str, int, int, Breakdown]]:
+    """What rank ``rank`` holds after each forward and backward of a single- or looped-stage
+    schedule (``Ranks.timeline``), no TP."""
+    return Ranks(model, training, dp, acts, ov, 1, ckpt).timeline(rank)
 
 
 def _rank(model: ModelSpec, training: TrainingSpec, rank: int, dp: int, acts: Activations,
