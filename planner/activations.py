@@ -560,6 +560,21 @@ def checkpointed_forward(saved: list[Saved]) -> int:
     return sum(s.nbytes for s in saved if not s.name.endswith(OP_INTERNAL))
 
 
+def reentrant_held(t: int, h: int, r: int, tp: int = 1) -> int:
+    """What a reentrant checkpoint holds through its block's backward beyond a non-reentrant
+    one: the recomputed block's output, r·t·h (the residual stream; split tp ways under
+    sequence parallel). torch/utils/checkpoint.py ``CheckpointFunction.backward`` re-runs the
+    block (``outputs = ctx.run_function(*detached_inputs)`` under ``enable_grad``) and keeps
+    ``outputs`` referenced while ``torch.autograd.backward(outputs_with_grad,
+    args_with_grad)`` runs through the recomputed graph; the non-reentrant checkpoint's
+    recompute discards its outputs (``_checkpoint_hook`` keeps only the saved tensors in
+    ``frame.recomputed``) and with ``early_stop`` does not compute them at all. The saved
+    set is the same (every saved tensor recomputed, freed as its node runs in both; the
+    inputs kept by ``ctx.save_for_backward`` / ``_NoopSaveInputs``). Traced
+    (tests/test_reentrant.py): +r·t·h at block backward, every other moment unchanged."""
+    return -(-r * t * h // tp)
+
+
 def tp_saved(saved: list[Saved], tp: int, mlp_local: bool = False) -> list[Saved]:
     """Per GPU under tensor + sequence parallel (Korthikanti et al. 2022, sec. 4.2.2: every
     activation split tp ways). As torchtitan runs it (``SequenceParallel`` norms,
@@ -592,12 +607,14 @@ def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Preci
                      offload_weights: bool = True, cp_repeat_kv: bool = True,
                      sac_list: SacList = SacList.CURRENT,
                      mlp_local: bool = False,
-                     sac_force: tuple[str, ...] = ()) -> ActivationPlan:
+                     sac_force: tuple[str, ...] = (),
+                     reentrant: bool = False) -> ActivationPlan:
     """``seq`` is the sequence one GPU holds (under context parallel ``cp``: seq / cp;
     ``cp_repeat_kv``: SDPA is given the keys and values repeated to the query heads).
     ``offload_trl``: TRL's OffloadActivations instead of torchtune's; ``offload_weights``:
     the weights the matmuls save are offloaded (False: TRL skipping a parameter's storage).
-    ``mlp_local``: expert parallel beside TP (``tp_saved``)."""
+    ``mlp_local``: expert parallel beside TP (``tp_saved``). ``reentrant``: full
+    checkpointing runs ``use_reentrant=True`` (``reentrant_held``)."""
     t = batch * seq
     regime, c, r = regime_for(precision, uses_autocast)
     ft = finetune or FineTune()
@@ -675,6 +692,8 @@ def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Preci
     # branch output and the largest pair of MLP intermediate grads.
     ff = (2 if model.mlp.gated else 1) * c * tokens * f
     block_bwd = 2 * r * t * h // tp + ff // tp
+    if reentrant and checkpointing is Checkpointing.FULL:
+        block_bwd += reentrant_held(t, h, r, tp)
     frozen_blocks = ft.frozen_blocks(model.n_layers)
     frozen_kept = 0
     if frozen_blocks and not ft.embeddings_frozen:

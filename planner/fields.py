@@ -42,6 +42,7 @@ from planner.spec import (
     PipeSchedule,
     Precision,
     SacList,
+    CheckpointImpl,
     Quantize,
     Strategy,
     TrainingSpec,
@@ -435,6 +436,14 @@ FIELDS: tuple[Field, ...] = (
           choices=_names(CompileMode), default=_train_default("compile"),
           help="torch.compile: none, each transformer block (torchtitan), or the whole "
           "model."),
+    Field(path="training.checkpoint_impl", flag="--checkpoint-impl",
+          check=_choice(CheckpointImpl), choices=_names(CheckpointImpl),
+          default=_train_default("checkpoint_impl"),
+          help="Which torch.utils.checkpoint runs --checkpointing full: non-reentrant "
+          "(use_reentrant=False: torchtitan, torchtune; the recompute stops before the "
+          "block's last matmul) or reentrant (use_reentrant=True: the HF Trainer's default, "
+          "DeepSpeed's checkpointing; the whole block re-runs and its output is held through "
+          "its backward)."),
     Field(path="training.sac_list", flag="--sac-list", check=_choice(SacList),
           choices=_names(SacList), default=_train_default("sac_list"),
           help="The op save list of --checkpointing selective: current (torchtitan since "
