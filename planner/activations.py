@@ -554,8 +554,10 @@ def checkpointed_forward(saved: list[Saved]) -> int:
     non-reentrant forward nothing is saved (its pack hook drops every tensor), so a tensor
     lives as long as the block's code refers to it; the block's own tensors (the norms'
     outputs, q, k, v, the attention output, the MLP's intermediates) are alive when the
-    MLP runs. A bound: the tensors made after the MLP's activation (its down projection's
-    output) are counted too. Traced (probes/ep_trace.py; the reference model at seq 4096:
+    MLP runs. A reentrant checkpoint's forward runs the block under ``no_grad``
+    (``CheckpointFunction.forward``): the same lifetimes (traced: tests/test_reentrant.py, the
+    forward moment equal). A bound: the tensors made after the MLP's activation (its down
+    projection's output) are counted too. Traced (probes/ep_trace.py; the reference model at seq 4096:
     the forward's peak is inside a checkpointed block's MLP)."""
     return sum(s.nbytes for s in saved if not s.name.endswith(OP_INTERNAL))
 
@@ -632,7 +634,7 @@ def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Preci
     tokens = t * model.experts_per_token if model.is_moe else t
     notes: list[str] = []
     if checkpointing is Checkpointing.FULL:
-        # Only the block input is kept (non-reentrant checkpoint holds its inputs); in
+        # Only the block input is kept (either checkpoint holds its inputs); in
         # backward one block is recomputed at a time.
         kept = -(-r * t * h // tp)
         kept_list = [Saved("block.input", kept)]

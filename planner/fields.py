@@ -21,6 +21,7 @@ from planner.error_bands import DEFAULT_AT_RISK, DEFAULT_MARGIN, parse_at_risk
 from planner.spec import (
     Allocator,
     Attention,
+    CheckpointImpl,
     Checkpointing,
     CompileMode,
     CpKv,
@@ -42,7 +43,6 @@ from planner.spec import (
     PipeSchedule,
     Precision,
     SacList,
-    CheckpointImpl,
     Quantize,
     Strategy,
     TrainingSpec,
