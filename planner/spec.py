@@ -200,15 +200,20 @@ class CheckpointImpl(enum.StrEnum):
     """Which ``torch.utils.checkpoint`` implementation runs ``--checkpointing full``
     (torch/utils/checkpoint.py; docs/model.md §5, docs/throughput.md).
 
-    NON_REENTRANT (``use_reentrant=False``; torchtitan, torchtune): saved-tensor hooks; the
+    NON_REENTRANT (``use_reentrant=False``; torchtune, accelerate's ``checkpoint_wrapper``,
+    transformers 5.x, torchtitan before 25413d224 of 2025-08-29): saved-tensor hooks; the
     recompute stops once every tensor backward needs is back (``early_stop=True`` by
-    default), so it skips the block's last matmul when nothing after it saves. REENTRANT
+    default), so it skips the block's last matmul when nothing after it saves.
+    NON_REENTRANT_NO_EARLY_STOP: the same with ``early_stop=False`` (torchtitan since
+    25413d224, #1580: ``activation_checkpoint.early_stop`` default false, hard-coded false
+    since c5d93d109): the recompute runs the whole block. REENTRANT
     (``use_reentrant=True``, ``CheckpointFunction``; transformers' default, DeepSpeed's own
     checkpointing works the same way): the block's whole forward re-runs under
     ``enable_grad`` inside its backward, its outputs held while ``torch.autograd.backward``
     runs through the recomputed graph."""
 
     NON_REENTRANT = "non-reentrant"
+    NON_REENTRANT_NO_EARLY_STOP = "non-reentrant-no-early-stop"
     REENTRANT = "reentrant"
 
 

@@ -227,8 +227,9 @@ def _with_impl(rc: Recompute, checkpointing: Checkpointing, impl: CheckpointImpl
     ``CheckpointFunction.backward`` re-runs ``ctx.run_function`` to its end before calling
     ``torch.autograd.backward`` on its outputs (``early_stop`` / ``_StopRecomputationError``
     belong to the non-reentrant ``_checkpoint_hook`` only), so the block's last matmul (and
-    under TP the reduce-scatter after it) is re-run as well."""
-    if impl is CheckpointImpl.REENTRANT and checkpointing is Checkpointing.FULL:
+    under TP the reduce-scatter after it) is re-run as well; so does a non-reentrant one
+    given ``early_stop=False`` (torchtitan's full AC since 25413d224)."""
+    if impl is not CheckpointImpl.NON_REENTRANT and checkpointing is Checkpointing.FULL:
         return dataclasses.replace(rc, early_stop=0.0)
     return rc
 

@@ -356,6 +356,7 @@ class _Ckpt:
         self.context_fn: Callable[[], tuple] = _no_ctx
         self.preserve_rng = False  # True with dropout: recompute must draw the same masks
         self.reentrant = False  # use_reentrant=True: torch's CheckpointFunction
+        self.early_stop = True  # non-reentrant: torch's default (torchtitan passes False)
 
     def run(self, fn: Callable, *args: torch.Tensor) -> torch.Tensor:
         if self.reentrant:
@@ -364,6 +365,8 @@ class _Ckpt:
         # the default context function is left out, not passed: torch.compile traces a
         # checkpoint only with none or one returning torch's dispatch modes
         extra = {} if self.context_fn is _no_ctx else {"context_fn": self.context_fn}
+        if not self.early_stop:
+            extra["early_stop"] = False
         return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=self.preserve_rng,
                           **extra)
 
@@ -700,6 +703,7 @@ class Transformer(nn.Module):
         loss_chunks: int = 8,
         keep_logits: bool = False,
         reentrant: bool = False,
+        early_stop: bool = True,
     ) -> Transformer:
         """Set activation checkpointing (none/selective/full), the selective policy
         ("regions": attention core + MLP activation, "op": torchtitan's op-level SAC) and the
@@ -715,7 +719,8 @@ class Transformer(nn.Module):
         cross-entropy (``_FusedLinearCrossEntropy``). ``keep_logits``: the loop holds the
         model's output (the head's output, or its chunks) through backward and the optimizer
         step, in ``held``. ``reentrant``: full checkpointing runs ``use_reentrant=True``
-        (``CheckpointFunction``) instead of the non-reentrant checkpoint."""
+        (``CheckpointFunction``) instead of the non-reentrant checkpoint; ``early_stop``: the
+        non-reentrant checkpoint's (False: torchtitan's full AC)."""
         if loss not in ("fp32", "bf16", "chunked", "fused"):
             raise ValueError(f"loss must be fp32, bf16, chunked or fused, not {loss!r}")
         if loss != "fp32" and self.spec.encoder_head:
@@ -746,6 +751,7 @@ class Transformer(nn.Module):
                 ck.context_fn = extra
                 ck.preserve_rng = self.spec.dropout > 0
             blk.ckpt.reentrant = bool(reentrant) and mode is Checkpointing.FULL
+            blk.ckpt.early_stop = bool(early_stop) or mode is not Checkpointing.FULL
             if op_sac:
                 blk.ckpt.context_fn = _op_sac_context_fn(extra, sac_list, shapes)
             blk.attn.eager = self.attention == "eager"

@@ -168,7 +168,9 @@ def reference_factory(spec: ModelSpec) -> ModelFactory:
                       sac_force=tr.sac_force_recompute,
                       loss=tr.loss.value, loss_chunks=tr.loss_chunks,
                       keep_logits=tr.keep_logits,
-                      reentrant=tr.checkpoint_impl is CheckpointImpl.REENTRANT)
+                      reentrant=tr.checkpoint_impl is CheckpointImpl.REENTRANT,
+                      early_stop=tr.checkpoint_impl is not
+                      CheckpointImpl.NON_REENTRANT_NO_EARLY_STOP)
         effects = {"loss", "keep_logits", "checkpoint_impl"}
         if tr.compile is CompileMode.BLOCKS and opts.checkpointing is Checkpointing.NONE \
                 and spec.position is PositionKind.ROPE and opts.attention is Attention.SDPA \
@@ -306,9 +308,9 @@ def effects_asked(training: TrainingSpec, candidate: Candidate) -> dict[str, str
         out["loss"] = f"loss {training.loss.value}"
     if training.keep_logits:
         out["keep_logits"] = "keep_logits"
-    if training.checkpoint_impl is CheckpointImpl.REENTRANT \
+    if training.checkpoint_impl is not CheckpointImpl.NON_REENTRANT \
             and candidate.checkpointing is Checkpointing.FULL:
-        out["checkpoint_impl"] = "reentrant checkpointing"
+        out["checkpoint_impl"] = f"{training.checkpoint_impl.value} checkpointing"
     if not training.finetune.full:
         out["finetune"] = "a fine-tune (LoRA / frozen parameters)"
     if candidate.tp > 1:

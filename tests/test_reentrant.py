@@ -50,11 +50,15 @@ def test_reentrant_recomputes_the_down_projection_by_hand():
 def test_step_time_slower_by_the_down_recompute():
     from planner.throughput import recompute_of
 
-    tr = TrainingSpec(seq=64, micro_batch=1)
-    re = TrainingSpec(seq=64, micro_batch=1, checkpoint_impl=CheckpointImpl.REENTRANT)
-    assert recompute_of(SMALL, tr, Checkpointing.FULL).early_stop == 1.0
-    assert recompute_of(SMALL, re, Checkpointing.FULL).early_stop == 0.0
-    assert recompute_of(SMALL, re, Checkpointing.NONE).early_stop == 0.0
+    def rc(impl, mode=Checkpointing.FULL):
+        return recompute_of(SMALL, TrainingSpec(seq=64, micro_batch=1, checkpoint_impl=impl),
+                            mode)
+
+    assert rc(CheckpointImpl.NON_REENTRANT).early_stop == 1.0
+    # torchtitan's early_stop=False re-runs the whole block as a reentrant checkpoint does
+    assert rc(CheckpointImpl.NON_REENTRANT_NO_EARLY_STOP).early_stop == 0.0
+    assert rc(CheckpointImpl.REENTRANT).early_stop == 0.0
+    assert rc(CheckpointImpl.REENTRANT, Checkpointing.NONE).early_stop == 0.0
 
 
 # ---- memory ----------------------------------------------------------------------------------
@@ -85,8 +89,9 @@ def test_block_backward_holds_the_block_output_by_hand():
 @pytest.mark.trace
 @pytest.mark.parametrize("precision", [Precision.BF16, Precision.BF16_AMP])
 def test_trace_measures_the_held_output_and_the_planner_matches(precision):
-    """The referee, both implementations: the reentrant trace holds r·t·h more at block
-    backward and the same everywhere else; the planner within 2 % at every moment."""
+    """The referee, the three: the reentrant trace holds r·t·h more at block backward and the
+    same everywhere else; without early stop the recompute's end adds at most a transient the
+    block's backward already covers; the planner within 2 % at every moment of each."""
     pytest.importorskip("torch")
     from planner.hardware import load_gpu
     from planner.spec import Cluster
@@ -101,6 +106,8 @@ def test_trace_measures_the_held_output_and_the_planner_matches(precision):
         tr = TrainingSpec(seq=64, micro_batch=2, precision=precision, checkpoint_impl=impl)
         out[impl] = compare(SMALL, tr, cl, cand, trace_step(SMALL, tr, cand, 1, 1))
     non, re = out[CheckpointImpl.NON_REENTRANT], out[CheckpointImpl.REENTRANT]
+    for pair in out[CheckpointImpl.NON_REENTRANT_NO_EARLY_STOP].moments.values():
+        assert abs(pair.rel_error) <= 0.02, pair
     # the residual stream: bf16 (2 B) in pure bf16, fp32 (4 B) under autocast; 128 tokens
     r = 2 if precision is Precision.BF16 else 4
     assert re.moments["block_bwd"].traced_bytes - non.moments["block_bwd"].traced_bytes \
@@ -209,6 +216,21 @@ def test_llamafactory_use_reentrant_gc(tmp_path):
 
 AX = ("base_model: Qwen/Qwen2.5-0.5B\nsequence_len: 512\nmicro_batch_size: 1\n"
       "gradient_checkpointing: true\ndatasets: []\n")
+
+
+def test_torchtitan_early_stop_by_release(tmp_path):
+    from pathlib import Path
+
+    jobs = Path(__file__).parent / "data" / "jobs"
+    v02 = (jobs / "torchtitan_llama3_70b.v0.2.0.toml").read_text()  # mode = "full"
+    # v0.2: [activation_checkpoint] early_stop, default false (25413d224)
+    impl, key = _read(tmp_path, "t.toml", v02)
+    assert impl == "non-reentrant-no-early-stop" and "default false" in key
+    on = v02.replace('mode = "full"', 'mode = "full"\nearly_stop = true')
+    assert _read(tmp_path, "t.toml", on)[0] == "non-reentrant"
+    # v0.1 (2025-06-17) had no such key: torch's default early stop
+    v01 = (jobs / "torchtitan_llama3_70b.v0.1.0.toml").read_text()
+    assert _read(tmp_path, "t.toml", v01)[0] == "non-reentrant"
 
 
 def test_axolotl_defaults(tmp_path):
