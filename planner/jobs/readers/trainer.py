@@ -190,13 +190,13 @@ def checkpoint_impl(r: Reader, doc: dict, table: str) -> None:
     ``use_reentrant`` in the kwargs decides. Kwargs without it reach ``checkpoint`` without it,
     where torch's own default is reentrant (torch/utils/checkpoint.py ``checkpoint``:
     ``use_reentrant is None`` -> True, with a warning); transformers 5.24 passes them on whenever
-    anything is left after ``every_n_layers`` and ``offload`` (trainer.py ``_inner_training_loop``
-    setup: ``gc_kwargs or None``). No kwargs: the framework's default at its table's version
+    anything is left after ``every_n_layers`` and ``offload`` (trainer.py ``Trainer.train``:
+    ``gc_kwargs or None``). No kwargs: the framework's default at its table's version
     (transformers 5.x: modeling_utils.py ``_activation_checkpointing_enable``,
-    ``{"use_reentrant": False}``, since huggingface/transformers#43203 of 2026-01-09; 4.35 to
-    4.57 set ``{"use_reentrant": True}``, and before 4.35 the models called ``checkpoint``
-    without it: reentrant). FSDP's own ``activation_checkpointing`` (set before this) is
-    accelerate's ``checkpoint_wrapper``, non-reentrant, and stays."""
+    ``{"use_reentrant": False}``, since huggingface/transformers#43203 of 2026-01-09; 4.x was
+    reentrant: ``{"use_reentrant": True}`` since #28538 of 2024-01, and before it nothing
+    reached ``checkpoint``, torch's default). FSDP's own ``activation_checkpointing`` (set
+    before this) is accelerate's ``checkpoint_wrapper``, non-reentrant, and stays."""
     if IMPL in r.raw:
         return
     key, kwargs = checkpoint_kwargs(r, doc)
