@@ -561,10 +561,27 @@ def checkpointed_forward(saved: list[Saved]) -> int:
     non-reentrant forward nothing is saved (its pack hook drops every tensor), so a tensor
     lives as long as the block's code refers to it; the block's own tensors (the norms'
     outputs, q, k, v, the attention output, the MLP's intermediates) are alive when the
-    MLP runs. A bound: the tensors made after the MLP's activation (its down projection's
-    output) are counted too. Traced (probes/ep_trace.py; the reference model at seq 4096:
+    MLP runs. A reentrant checkpoint's forward runs the block under ``no_grad``
+    (``CheckpointFunction.forward``): the same lifetimes (traced: tests/test_reentrant.py, the
+    forward moment equal). A bound: the tensors made after the MLP's activation (its down
+    projection's output) are counted too. Traced (probes/ep_trace.py; the reference model at seq 4096:
     the forward's peak is inside a checkpointed block's MLP)."""
     return sum(s.nbytes for s in saved if not s.name.endswith(OP_INTERNAL))
+
+
+def reentrant_held(t: int, h: int, r: int, tp: int = 1) -> int:
+    """What a reentrant checkpoint holds through its block's backward beyond a non-reentrant
+    one: the recomputed block's output, r·t·h (the residual stream; split tp ways under
+    sequence parallel). torch/utils/checkpoint.py ``CheckpointFunction.backward`` re-runs the
+    block (``outputs = ctx.run_function(*detached_inputs)`` under ``enable_grad``) and keeps
+    ``outputs`` referenced while ``torch.autograd.backward(outputs_with_grad,
+    args_with_grad)`` runs through the recomputed graph; the non-reentrant checkpoint's
+    recompute discards its outputs (``_checkpoint_hook`` keeps only the saved tensors in
+    ``frame.recomputed``) and with ``early_stop`` does not compute them at all. The saved
+    set is the same (every saved tensor recomputed, freed as its node runs in both; the
+    inputs kept by ``ctx.save_for_backward`` / ``_NoopSaveInputs``). Traced
+    (tests/test_reentrant.py): +r·t·h at block backward, every other moment unchanged."""
+    return -(-r * t * h // tp)
 
 
 def tp_saved(saved: list[Saved], tp: int, mlp_local: MlpLocal | None = None) -> list[Saved]:
@@ -644,12 +661,14 @@ def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Preci
                      offload_weights: bool = True, cp_repeat_kv: bool = True,
                      sac_list: SacList = SacList.CURRENT,
                      mlp_local: bool = False,
-                     sac_force: tuple[str, ...] = ()) -> ActivationPlan:
+                     sac_force: tuple[str, ...] = (),
+                     reentrant: bool = False) -> ActivationPlan:
     """``seq`` is the sequence one GPU holds (under context parallel ``cp``: seq / cp;
     ``cp_repeat_kv``: SDPA is given the keys and values repeated to the query heads).
     ``offload_trl``: TRL's OffloadActivations instead of torchtune's; ``offload_weights``:
     the weights the matmuls save are offloaded (False: TRL skipping a parameter's storage).
-    ``mlp_local``: expert parallel beside TP (``tp_saved``)."""
+    ``mlp_local``: expert parallel beside TP (``tp_saved``). ``reentrant``: full
+    checkpointing runs ``use_reentrant=True`` (``reentrant_held``)."""
     t = batch * seq
     regime, c, r = regime_for(precision, uses_autocast)
     ft = finetune or FineTune()
@@ -668,7 +687,7 @@ def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Preci
     tokens = t * model.experts_per_token if model.is_moe else t
     notes: list[str] = []
     if checkpointing is Checkpointing.FULL:
-        # Only the block input is kept (non-reentrant checkpoint holds its inputs); in
+        # Only the block input is kept (either checkpoint holds its inputs); in
         # backward one block is recomputed at a time.
         kept = -(-r * t * h // tp)
         kept_list = [Saved("block.input", kept)]
@@ -728,6 +747,8 @@ def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Preci
     # branch output and the largest pair of MLP intermediate grads.
     ff = (2 if model.mlp.gated else 1) * c * tokens * f
     block_bwd = 2 * r * t * h // tp + ff // tp
+    if reentrant and checkpointing is Checkpointing.FULL:
+        block_bwd += reentrant_held(t, h, r, tp)
     frozen_blocks = ft.frozen_blocks(model.n_layers)
     frozen_kept = 0
     if frozen_blocks and not ft.embeddings_frozen:

@@ -21,6 +21,7 @@ from planner.error_bands import DEFAULT_AT_RISK, DEFAULT_MARGIN, parse_at_risk
 from planner.spec import (
     Allocator,
     Attention,
+    CheckpointImpl,
     Checkpointing,
     CompileMode,
     CpKv,
@@ -441,6 +442,15 @@ FIELDS: tuple[Field, ...] = (
           choices=_names(CompileMode), default=_train_default("compile"),
           help="torch.compile: none, each transformer block (torchtitan), or the whole "
           "model."),
+    Field(path="training.checkpoint_impl", flag="--checkpoint-impl",
+          check=_choice(CheckpointImpl), choices=_names(CheckpointImpl),
+          default=_train_default("checkpoint_impl"),
+          help="Which torch.utils.checkpoint runs --checkpointing full: non-reentrant "
+          "(use_reentrant=False: torchtune, accelerate, transformers 5; the recompute stops "
+          "before the block's last matmul), non-reentrant-no-early-stop (early_stop=False: "
+          "torchtitan since 2025-08-29; the whole block re-runs) or reentrant "
+          "(use_reentrant=True: transformers before 5, LLaMA-Factory, axolotl; the whole "
+          "block re-runs and its output is held through its backward)."),
     Field(path="training.sac_list", flag="--sac-list", check=_choice(SacList),
           choices=_names(SacList), default=_train_default("sac_list"),
           help="The op save list of --checkpointing selective: current (torchtitan since "

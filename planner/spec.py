@@ -196,6 +196,27 @@ class Checkpointing(enum.StrEnum):
     AUTO = "auto"  # planner picks the least that fits (expanded before estimation)
 
 
+class CheckpointImpl(enum.StrEnum):
+    """Which ``torch.utils.checkpoint`` implementation runs ``--checkpointing full``
+    (torch/utils/checkpoint.py; docs/model.md §5, docs/throughput.md).
+
+    NON_REENTRANT (``use_reentrant=False``; torchtune, accelerate's ``checkpoint_wrapper``,
+    transformers 5.x, torchtitan before 25413d224 of 2025-08-29): saved-tensor hooks; the
+    recompute stops once every tensor backward needs is back (``early_stop=True`` by
+    default), so it skips the block's last matmul when nothing after it saves.
+    NON_REENTRANT_NO_EARLY_STOP: the same with ``early_stop=False`` (torchtitan since
+    25413d224, #1580: ``activation_checkpoint.early_stop`` default false, hard-coded false
+    since c5d93d109): the recompute runs the whole block. REENTRANT
+    (``use_reentrant=True``, ``CheckpointFunction``; transformers' default, DeepSpeed's own
+    checkpointing works the same way): the block's whole forward re-runs under
+    ``enable_grad`` inside its backward, its outputs held while ``torch.autograd.backward``
+    runs through the recomputed graph."""
+
+    NON_REENTRANT = "non-reentrant"
+    NON_REENTRANT_NO_EARLY_STOP = "non-reentrant-no-early-stop"
+    REENTRANT = "reentrant"
+
+
 class SacList(enum.StrEnum):
     """Which op save list torchtitan's op-level selective checkpointing runs
     (``torchtitan/distributed/activation_checkpoint.py``; docs/model.md §5.6).
@@ -759,6 +780,8 @@ class TrainingSpec:
     """fp32 matmuls on TF32 tensor cores (``torch.backends.cuda.matmul.allow_tf32``, off by
     default since torch 1.12; the HF Trainer's ``tf32``): the step's fp32 matmuls at the
     profile's ``tf32_tflops`` instead of ``fp32_tflops``. No memory effect."""
+    checkpoint_impl: CheckpointImpl = CheckpointImpl.NON_REENTRANT
+    """Which ``torch.utils.checkpoint`` runs ``--checkpointing full`` (CheckpointImpl)."""
     sac_list: SacList = SacList.CURRENT
     """The op save list of ``--checkpointing selective`` (torchtitan's, by release: SacList)."""
     sac_force_recompute: tuple[str, ...] = ("moe.router.gate",)

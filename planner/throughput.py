@@ -22,7 +22,8 @@ Conventions
   Models", sec. 4 / 5): FULL checkpointing re-runs each block's forward but its last matmul
   (``2 * (N_blocks - L * N_down) + 4 * L * seq * q_dim`` per token; the head is outside the
   checkpointed blocks; ``N_down``: the MLP's down projection, which PyTorch's non-reentrant
-  checkpoint does not re-run, planner/arch ``block_unrecomputed_weights``); SELECTIVE is
+  checkpoint does not re-run, planner/arch ``block_unrecomputed_weights``; a reentrant
+  checkpoint, ``--checkpoint-impl reentrant``, re-runs it: ``2 * N_blocks``); SELECTIVE is
   PyTorch's op-level selective checkpointing as torchtitan configures it (every other matmul
   output saved, the SDPA output saved): about half the block matmuls re-run, no attention.
 * MFU is measured against model FLOPs *without* recompute (PaLM appendix B definition), so
@@ -39,6 +40,7 @@ from planner import vec
 from planner.arch import variants_of
 from planner.spec import (
     Checkpointing,
+    CheckpointImpl,
     Candidate,
     Cluster,
     CompileMode,
@@ -162,10 +164,11 @@ def model_flops_per_token(model: ModelSpec, seq: int) -> float:
     return 6.0 * (model.n_layers * block + head) + 12.0 * model.n_layers * seq * attn_width(model)
 
 
-def recompute_flops_per_token(model: ModelSpec, seq: int, checkpointing: Checkpointing) -> float:
+def recompute_flops_per_token(model: ModelSpec, seq: int, checkpointing: Checkpointing,
+                              impl: CheckpointImpl = CheckpointImpl.NON_REENTRANT) -> float:
     """Extra forward FLOPs per token re-run in backward (Korthikanti et al. 2022), less the
-    last matmul a full recompute stops before (``unrecomputed_weights``)."""
-    rc = RECOMPUTE[_ckpt(checkpointing)]
+    last matmul a full non-reentrant recompute stops before (``unrecomputed_weights``)."""
+    rc = _with_impl(RECOMPUTE[_ckpt(checkpointing)], checkpointing, impl)
     block, _ = matmul_params(model)
     return (2.0 * model.n_layers * (rc.matmul * block - rc.early_stop * unrecomputed_weights(model))
             + rc.attention * 4.0 * model.n_layers * seq * attn_width(model))
@@ -174,7 +177,8 @@ def recompute_flops_per_token(model: ModelSpec, seq: int, checkpointing: Checkpo
 def unrecomputed_weights(model: ModelSpec, finetune: Any = None) -> int:
     """Matmul weights per block whose forward a FULL recompute skips (the MLP's down
     projection when nothing after it saves its output; planner/arch
-    ``block_unrecomputed_weights``: PyTorch's non-reentrant checkpoint stops early).
+    ``block_unrecomputed_weights``: PyTorch's non-reentrant checkpoint stops early; a
+    reentrant one does not, ``_with_impl``).
 
     ``finetune`` (a FineTune; None: full training): a LoRA adapter on down runs its
     ``lora_b`` matmul after the base one (torchtune LoRALinear / peft lora.Linear:
@@ -187,9 +191,11 @@ def unrecomputed_weights(model: ModelSpec, finetune: Any = None) -> int:
     return variants_of(model).block_unrecomputed_weights(model)
 
 
-def training_flops_per_token(model: ModelSpec, seq: int, checkpointing: Checkpointing) -> float:
+def training_flops_per_token(model: ModelSpec, seq: int, checkpointing: Checkpointing,
+                             impl: CheckpointImpl = CheckpointImpl.NON_REENTRANT) -> float:
     """FLOPs the hardware executes per token: model FLOPs + recompute."""
-    return model_flops_per_token(model, seq) + recompute_flops_per_token(model, seq, checkpointing)
+    return model_flops_per_token(model, seq) + recompute_flops_per_token(model, seq,
+                                                                         checkpointing, impl)
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,9 +216,22 @@ RECOMPUTE: dict[Checkpointing, Recompute] = {
     # op-level SAC (torchtitan's policy, planner/activations.py op_sac_kept): every other
     # matmul is recomputed (about half the block's matmul FLOPs), the SDPA output is saved.
     Checkpointing.SELECTIVE: Recompute(0.5, 0.0),
-    # the whole block but its last matmul (non-reentrant early stop: unrecomputed_weights)
+    # the whole block but its last matmul (non-reentrant early stop: unrecomputed_weights;
+    # a reentrant checkpoint re-runs it too: _with_impl)
     Checkpointing.FULL: Recompute(1.0, 1.0, 1.0),
 }
+
+
+def _with_impl(rc: Recompute, checkpointing: Checkpointing, impl: CheckpointImpl) -> Recompute:
+    """A reentrant full checkpoint has no early stop: torch/utils/checkpoint.py
+    ``CheckpointFunction.backward`` re-runs ``ctx.run_function`` to its end before calling
+    ``torch.autograd.backward`` on its outputs (``early_stop`` / ``_StopRecomputationError``
+    belong to the non-reentrant ``_checkpoint_hook`` only), so the block's last matmul (and
+    under TP the reduce-scatter after it) is re-run as well; so does a non-reentrant one
+    given ``early_stop=False`` (torchtitan's full AC since 25413d224)."""
+    if impl is not CheckpointImpl.NON_REENTRANT and checkpointing is Checkpointing.FULL:
+        return dataclasses.replace(rc, early_stop=0.0)
+    return rc
 
 
 def recompute_of(model: ModelSpec, training: TrainingSpec,
@@ -221,7 +240,7 @@ def recompute_of(model: ModelSpec, training: TrainingSpec,
     ``force_recompute_mm_shapes_by_fqns`` moves between kept and recomputed on top of it
     (activations.sac_forced_share: exact in the weights moved; the alternation's own share
     stays RECOMPUTE's half)."""
-    rc = RECOMPUTE[_ckpt(checkpointing)]
+    rc = _with_impl(RECOMPUTE[_ckpt(checkpointing)], checkpointing, training.checkpoint_impl)
     if checkpointing is not Checkpointing.SELECTIVE or not training.sac_force_recompute:
         return rc
     from planner.activations import sac_forced_share

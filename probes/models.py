@@ -71,7 +71,8 @@ RNG state so recomputation draws the same masks.
 Norms: RMSNorm is exactly Hugging Face's LlamaRMSNorm (fp32 upcast inside, weight applied to
 the down-cast result); LayerNorm is ``nn.LayerNorm`` (weight + bias). eps 1e-6 / 1e-5.
 
-Activation checkpointing (``torch.utils.checkpoint``, ``use_reentrant=False``,
+Activation checkpointing (``torch.utils.checkpoint``, ``use_reentrant=False`` unless
+``configure(reentrant=True)`` asks full checkpointing for ``use_reentrant=True``,
 ``preserve_rng_state`` only with dropout), set per model with ``checkpointing``:
 
 * ``full``: each block's whole forward is one checkpoint: only the block input (plus the
@@ -328,6 +329,25 @@ def _op_sac_context_fn(extra: Callable[[], tuple], sac_list: str = "current",
     return context_fn
 
 
+def _recompute_in(fn: Callable, context_fn: Callable[[], tuple]) -> Callable:
+    """``fn`` entering ``context_fn``'s recomputation context when it runs with gradients on.
+    A reentrant checkpoint takes no ``context_fn`` (torch/utils/checkpoint.py ``checkpoint``:
+    "Passing context_fn or debug is only supported when use_reentrant=False"): its forward
+    runs ``fn`` under ``torch.no_grad()`` and its backward re-runs it under
+    ``torch.enable_grad()`` (``CheckpointFunction.forward`` / ``.backward``), so grad mode
+    tells the recomputation apart."""
+    if context_fn is _no_ctx:
+        return fn
+
+    def run(*args):
+        if not torch.is_grad_enabled():
+            return fn(*args)
+        with context_fn()[1]:
+            return fn(*args)
+
+    return run
+
+
 class _Ckpt:
     """Activation-checkpointing settings shared by all blocks of one model."""
 
@@ -335,11 +355,18 @@ class _Ckpt:
         self.mode: Checkpointing = Checkpointing.NONE
         self.context_fn: Callable[[], tuple] = _no_ctx
         self.preserve_rng = False  # True with dropout: recompute must draw the same masks
+        self.reentrant = False  # use_reentrant=True: torch's CheckpointFunction
+        self.early_stop = True  # non-reentrant: torch's default (torchtitan passes False)
 
     def run(self, fn: Callable, *args: torch.Tensor) -> torch.Tensor:
+        if self.reentrant:
+            return checkpoint(_recompute_in(fn, self.context_fn), *args, use_reentrant=True,
+                              preserve_rng_state=self.preserve_rng)
         # the default context function is left out, not passed: torch.compile traces a
         # checkpoint only with none or one returning torch's dispatch modes
         extra = {} if self.context_fn is _no_ctx else {"context_fn": self.context_fn}
+        if not self.early_stop:
+            extra["early_stop"] = False
         return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=self.preserve_rng,
                           **extra)
 
@@ -675,6 +702,8 @@ class Transformer(nn.Module):
         loss: str = "fp32",
         loss_chunks: int = 8,
         keep_logits: bool = False,
+        reentrant: bool = False,
+        early_stop: bool = True,
     ) -> Transformer:
         """Set activation checkpointing (none/selective/full), the selective policy
         ("regions": attention core + MLP activation, "op": torchtitan's op-level SAC) and the
@@ -689,7 +718,9 @@ class Transformer(nn.Module):
         loss over ``loss_chunks`` chunks of the sequence; "fused" Liger's fused linear
         cross-entropy (``_FusedLinearCrossEntropy``). ``keep_logits``: the loop holds the
         model's output (the head's output, or its chunks) through backward and the optimizer
-        step, in ``held``."""
+        step, in ``held``. ``reentrant``: full checkpointing runs ``use_reentrant=True``
+        (``CheckpointFunction``) instead of the non-reentrant checkpoint; ``early_stop``: the
+        non-reentrant checkpoint's (False: torchtitan's full AC)."""
         if loss not in ("fp32", "bf16", "chunked", "fused"):
             raise ValueError(f"loss must be fp32, bf16, chunked or fused, not {loss!r}")
         if loss != "fp32" and self.spec.encoder_head:
@@ -719,6 +750,8 @@ class Transformer(nn.Module):
                 ck.mode = Checkpointing.NONE if op_sac else mode
                 ck.context_fn = extra
                 ck.preserve_rng = self.spec.dropout > 0
+            blk.ckpt.reentrant = bool(reentrant) and mode is Checkpointing.FULL
+            blk.ckpt.early_stop = bool(early_stop) or mode is not Checkpointing.FULL
             if op_sac:
                 blk.ckpt.context_fn = _op_sac_context_fn(extra, sac_list, shapes)
             blk.attn.eager = self.attention == "eager"

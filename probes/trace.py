@@ -105,6 +105,7 @@ from planner.spec import (
     Attention,
     Candidate,
     Checkpointing,
+    CheckpointImpl,
     CpKv,
     CompileMode,
     Float8Recipe,
@@ -168,8 +169,11 @@ def reference_factory(spec: ModelSpec) -> ModelFactory:
                       sac_list=tr.sac_list.value,
                       sac_force=tr.sac_force_recompute,
                       loss=tr.loss.value, loss_chunks=tr.loss_chunks,
-                      keep_logits=tr.keep_logits)
-        effects = {"loss", "keep_logits"}
+                      keep_logits=tr.keep_logits,
+                      reentrant=tr.checkpoint_impl is CheckpointImpl.REENTRANT,
+                      early_stop=tr.checkpoint_impl is not
+                      CheckpointImpl.NON_REENTRANT_NO_EARLY_STOP)
+        effects = {"loss", "keep_logits", "checkpoint_impl"}
         if tr.compile is CompileMode.BLOCKS and opts.checkpointing is Checkpointing.NONE \
                 and spec.position is PositionKind.ROPE and opts.attention is Attention.SDPA \
                 and not spec.is_moe:
@@ -306,6 +310,9 @@ def effects_asked(training: TrainingSpec, candidate: Candidate) -> dict[str, str
         out["loss"] = f"loss {training.loss.value}"
     if training.keep_logits:
         out["keep_logits"] = "keep_logits"
+    if training.checkpoint_impl is not CheckpointImpl.NON_REENTRANT \
+            and candidate.checkpointing is Checkpointing.FULL:
+        out["checkpoint_impl"] = f"{training.checkpoint_impl.value} checkpointing"
     if not training.finetune.full:
         out["finetune"] = "a fine-tune (LoRA / frozen parameters)"
     if candidate.tp > 1:

@@ -90,8 +90,8 @@ class Arch:
         after it, and an MoE's combine saves the experts' outputs: then the recompute runs to
         the end (0). Measured on torch 2.13 CPU (tests/test_throughput_recompute.py): a
         checkpointed Llama block re-runs every matmul but down. A reentrant checkpoint
-        (``use_reentrant=True``: DeepSpeed's, transformers' default) re-runs all: NOT MODELLED
-        (fitcheck assumes non-reentrant, as planner/activations.py does)."""
+        (``use_reentrant=True``, ``--checkpoint-impl reentrant``) re-runs all: the step time
+        drops this early stop for it (planner/throughput.py ``_with_impl``)."""
         if (m.is_moe or m.dropout > 0.0 or self.dense_mlp is not None
                 or isinstance(self.layout, (PostNorm, Sandwich))):
             return 0

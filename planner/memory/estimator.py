@@ -49,6 +49,7 @@ from planner.spec import (
     Allocator,
     Candidate,
     Checkpointing,
+    CheckpointImpl,
     Cluster,
     CompileMode,
     CpKv,
@@ -104,7 +105,8 @@ def activation_plan(model: ModelSpec, training: TrainingSpec, candidate: Candida
                             precision.amp or candidate.strategy.is_fsdp,
                             sac_list=training.sac_list,
                             sac_force=training.sac_force_recompute,
-                            mlp_local=training.ep > 1 and candidate.tp > 1)
+                            mlp_local=training.ep > 1 and candidate.tp > 1,
+                            reentrant=training.checkpoint_impl is CheckpointImpl.REENTRANT)
     if training.cp > 1:
         plan = with_ring(plan, model, training, candidate, precision, autocast)
     if training.ep > 1:

@@ -176,7 +176,15 @@ def fsdp(r: Reader, fc: Any, where: str, *, prefix: str) -> None:
     ac = get("activation_checkpointing")
     if ac is not MISSING:
         k = f"{where}.{key('activation_checkpointing')}"
-        r.set("checkpointing", "full" if r.boolean(ac, k) else "none", k)
+        on = r.boolean(ac, k)
+        r.set("checkpointing", "full" if on else "none", k)
+        if on and "training.checkpoint_impl" not in r.raw:
+            # FSDP1: accelerator.py ``prepare_model`` wraps with ``checkpoint_wrapper``,
+            # ``checkpoint_impl=CheckpointImpl.NO_REENTRANT``; FSDP2: utils/fsdp_utils.py
+            # ``fsdp2_apply_ac``, ``checkpoint_wrapper``'s default, NO_REENTRANT as well
+            # (torch/distributed/algorithms/_checkpoint/checkpoint_wrapper.py)
+            r.set("training.checkpoint_impl", "non-reentrant",
+                  f"{k} (accelerate's checkpoint_wrapper: NO_REENTRANT)")
     eff = get("cpu_ram_efficient_loading")
     if eff is not MISSING:
         k = f"{where}.{key('cpu_ram_efficient_loading')}"

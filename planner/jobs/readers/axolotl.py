@@ -160,6 +160,36 @@ def precision(r: Reader, doc: dict) -> None:
             r.set("training.float8_all_gather", True, "fp8_enable_fsdp_float8_all_gather")
 
 
+def reentrant(r: Reader, doc: dict) -> None:
+    """Which torch.utils.checkpoint axolotl's gradient checkpointing runs (axolotl-ai-cloud/
+    axolotl 067b021c): ``gradient_checkpointing_kwargs.use_reentrant`` when given; without
+    kwargs, ``normalize_config`` (utils/config/__init__.py) sets ``{"use_reentrant": True}``
+    unless ``unfrozen_parameters`` or ``rl`` is set, and then the trainer builder
+    (core/builders/base.py ``_configure_gradient_checkpointing``) passes
+    ``{"use_reentrant": False}``; kwargs without it reach torch's default (reentrant).
+    Gemma-4 models are forced to non-reentrant there too (not read: the model type is not
+    known here)."""
+    if trainer.IMPL in r.raw:  # fsdp_config's activation_checkpointing (accelerate's)
+        return
+    key, kwargs = trainer.checkpoint_kwargs(r, doc)
+    if kwargs is not None:
+        if kwargs.get("use_reentrant") is not None:
+            k = f"{key}.use_reentrant"
+            r.set(trainer.IMPL, "reentrant" if r.boolean(kwargs["use_reentrant"], k)
+                  else "non-reentrant", k)
+        else:
+            r.set(trainer.IMPL, "reentrant", f"{key} without use_reentrant (torch."
+                  "utils.checkpoint's default: True)")
+        return
+    special = next((k for k in ("unfrozen_parameters", "rl") if doc.get(k)), None)
+    if special:
+        r.set(trainer.IMPL, "non-reentrant", f"{special} (axolotl then passes "
+              "use_reentrant false)")
+    else:
+        r.set(trainer.IMPL, "reentrant", "gradient_checkpointing (axolotl's default kwargs: "
+              "use_reentrant true)")
+
+
 def checkpointing(r: Reader, doc: dict) -> None:
     gc = doc.get("gradient_checkpointing")
     if gc is None:  # axolotl's default (false), unless fsdp_config's own checkpointing says
@@ -169,6 +199,8 @@ def checkpointing(r: Reader, doc: dict) -> None:
     else:
         r.set("checkpointing", "full" if r.boolean(gc, "gradient_checkpointing") else "none",
               "gradient_checkpointing")
+    if r.raw.get("checkpointing") == "full":
+        reentrant(r, doc)
     ao = doc.get("activation_offloading")
     if isinstance(ao, str) and ao.lower() not in ("true", "false"):
         # "legacy" (offloading checkpoint wrapper) and "disk": other mechanisms, not modelled

@@ -73,6 +73,7 @@ def read(r: Reader) -> None:
         r.set("checkpointing", "full", "gradient_checkpointing" if gc else
               "disable_gradient_checkpointing" if off is not None else
               f"disable_gradient_checkpointing ({r.label(TABLE)} default: false)")
+        reentrant_gc(r, doc, bool(gc))
     if r.boolean(doc.get("pure_bf16"), "pure_bf16"):
         r.replace("training.precision", "bf16", "pure_bf16")
     if r.boolean(doc.get("fp8"), "fp8"):
@@ -161,6 +162,35 @@ def stage_extras(r: Reader, doc: dict, stage: str, key: str, lora: bool) -> None
         r.set("training.reward_model", doc.get("reward_model") or True, "reward_model")
     elif stage not in ("sft", "pt", "rm", "dpo", "kto"):
         r.set("training.paired_batch", Vocab(stage), key)
+
+
+def reentrant_gc(r: Reader, doc: dict, trainer_gc: bool) -> None:
+    """Which torch.utils.checkpoint LLaMA-Factory's checkpointing runs (hiyouga/LLaMA-Factory
+    ff6d4d12, src/llamafactory/model/model_utils/checkpointing.py
+    ``prepare_model_for_training``): ``use_reentrant_gc`` (hparams/model_args.py, default
+    true), false under FSDP2 (``FSDP_VERSION`` 2); before 4196d5b (2024-12-17) always
+    reentrant. With ``gradient_checkpointing: true`` the HF Trainer enables it again through
+    LLaMA-Factory's own ``_gradient_checkpointing_enable`` (kwargs None -> ``use_reentrant``
+    true), so the TrainingArguments kwargs decide then, reentrant without them."""
+    if trainer.IMPL in r.raw:  # fsdp_config's activation_checkpointing (accelerate's)
+        return
+    if trainer_gc:
+        key, kwargs = trainer.checkpoint_kwargs(r, doc)
+        if kwargs is not None and kwargs.get("use_reentrant") is not None:
+            k = f"{key}.use_reentrant"
+            r.set(trainer.IMPL, "reentrant" if r.boolean(kwargs["use_reentrant"], k)
+                  else "non-reentrant", k)
+        else:
+            r.set(trainer.IMPL, "reentrant", "gradient_checkpointing (the Trainer re-enables "
+                  "it through LLaMA-Factory's gradient_checkpointing_enable: use_reentrant "
+                  "true without kwargs)")
+        return
+    if r.raw.get("training.fsdp_version") == 2:
+        r.set(trainer.IMPL, "non-reentrant", "fsdp_version 2 (LLaMA-Factory sets "
+              "use_reentrant_gc false under FSDP2)")
+        return
+    v, key = trainer.value(r, TABLE, doc, "use_reentrant_gc")
+    r.set(trainer.IMPL, "reentrant" if r.boolean(v, key) else "non-reentrant", key)
 
 
 def read_v1(r: Reader, doc: dict) -> None:

@@ -286,6 +286,27 @@ def checkpointing(r: Reader, ac: dict, registry: bool = False) -> None:
             sac_list(r, registry)
             force_recompute(r, ac, registry)
     r.set("checkpointing", mode, ac_key)
+    if mode == "full":
+        early_stop(r, ac, registry)
+
+
+def early_stop(r: Reader, ac: dict, registry: bool) -> None:
+    """Whether full AC's non-reentrant checkpoint stops its recompute early (docs/throughput.md).
+    torchtitan passes ``early_stop=ac_config.early_stop``, default false, to
+    ``ptd_checkpoint_wrapper`` since 25413d224 (#1580, 2025-08-29: v0.2's
+    ``[activation_checkpoint] early_stop``), and ``early_stop=False`` hard-coded since
+    c5d93d109 (#3674, 2026-06-15: FullAC._wrap_block); before it (the 2025-02 and v0.1
+    layouts) no ``early_stop`` was passed, so torch's default, true."""
+    key = "[activation_checkpoint] early_stop"
+    if ac.get("early_stop") is not None:
+        on = r.boolean(ac["early_stop"], key)
+    elif registry or r.layout.startswith("torchtitan v0.2"):
+        on = r.default(TABLE, "activation_checkpoint.early_stop")
+        key += f" ({r.label(TABLE)} default false; torchtitan since 25413d224)"
+    else:
+        on, key = True, f"{key} (none before torchtitan 25413d224: torch's default, true)"
+    r.set("training.checkpoint_impl", "non-reentrant" if on else "non-reentrant-no-early-stop",
+          key)
 
 
 FORCE_KEYS = ("force_recompute_mm_shapes_by_fqns",  # SelectiveAC.Config since c5d93d109

@@ -5,7 +5,8 @@ for a key the file leaves out (named in the assumptions).
 
 per_device_train_batch_size (default 8) -> micro-batch; gradient_accumulation_steps;
 bf16/fp16 -> bf16-amp/fp16-amp (autocast over fp32 weights; neither: fp32); optim (default
-adamw_torch_fused) -> optimizer; gradient_checkpointing / activation_checkpointing -> full;
+adamw_torch_fused) -> optimizer; gradient_checkpointing / activation_checkpointing -> full,
+their kwargs' use_reentrant -> checkpoint_impl (``checkpoint_impl``);
 torch_compile -> compile model; use_liger_kernel -> fused loss; fsdp ("full_shard auto_wrap",
 "offload") + fsdp_config; deepspeed (a path, read, or an inline dict); parallelism_config
 (dp_replicate x dp_shard, tp, cp, sp). Without fsdp or deepspeed the job is plain DDP unless an
@@ -15,10 +16,12 @@ accelerate config given beside it says otherwise; a model loaded in 16-bit then 
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from typing import Any
 
 from planner.jobs.readers import accelerate, deepspeed
-from planner.jobs.readers.common import MISSING, Reader
+from planner.jobs.readers.common import MISSING, Reader, show
 from planner.jobs.record import ATTN_PATH, HfAttention, JobFormat, ModelDtype, Vocab
 
 TABLE = "transformers"
@@ -152,8 +155,66 @@ def gradient_checkpointing(r: Reader, doc: dict, table: str) -> None:
     if "checkpointing" in r.raw:  # fsdp_config's activation_checkpointing: either one is on
         if on:
             r.replace("checkpointing", "full", src)
+            checkpoint_impl(r, doc, table)
         return
     r.set("checkpointing", "full" if on else "none", src)
+    if on:
+        checkpoint_impl(r, doc, table)
+
+
+IMPL = "training.checkpoint_impl"
+KWARGS = ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs")
+TRAINER_KWARGS = ("every_n_layers", "offload")
+"""Keys the Trainer takes out of the kwargs before calling torch.utils.checkpoint."""
+
+
+def checkpoint_kwargs(r: Reader, doc: dict) -> tuple[str, Mapping[str, Any] | None]:
+    """(key, mapping): the file's activation_checkpointing_kwargs or its deprecated alias
+    gradient_checkpointing_kwargs (a mapping, or the JSON string TrainingArguments accepts)."""
+    for key in KWARGS:
+        raw = doc.get(key)
+        if raw in (None, MISSING):
+            continue
+        if isinstance(raw, str):
+            try:
+                raw = json.loads(raw)
+            except ValueError:
+                raise r.fail(key, f"is not a JSON object: {show(raw)}") from None
+        return key, r.mapping(raw, key)
+    return KWARGS[1], None
+
+
+def checkpoint_impl(r: Reader, doc: dict, table: str) -> None:
+    """Which torch.utils.checkpoint the HF Trainer's gradient checkpointing runs.
+
+    ``use_reentrant`` in the kwargs decides. Kwargs without it reach ``checkpoint`` without it,
+    where torch's own default is reentrant (torch/utils/checkpoint.py ``checkpoint``:
+    ``use_reentrant is None`` -> True, with a warning); transformers 5.24 passes them on whenever
+    anything is left after ``every_n_layers`` and ``offload`` (trainer.py ``Trainer.train``:
+    ``gc_kwargs or None``). No kwargs: the framework's default at its table's version
+    (transformers 5.x: modeling_utils.py ``_activation_checkpointing_enable``,
+    ``{"use_reentrant": False}``, since huggingface/transformers#43203 of 2026-01-09; 4.x was
+    reentrant: ``{"use_reentrant": True}`` since #28538 of 2024-01, and before it nothing
+    reached ``checkpoint``, torch's default). FSDP's own ``activation_checkpointing`` (set
+    before this) is accelerate's ``checkpoint_wrapper``, non-reentrant, and stays."""
+    if IMPL in r.raw:
+        return
+    key, kwargs = checkpoint_kwargs(r, doc)
+    if kwargs is not None and kwargs.get("use_reentrant") is not None:
+        k = f"{key}.use_reentrant"
+        r.set(IMPL, "reentrant" if r.boolean(kwargs["use_reentrant"], k) else "non-reentrant",
+              k)
+        return
+    if kwargs is not None and any(k not in TRAINER_KWARGS for k in kwargs):
+        r.set(IMPL, "reentrant", f"{key} without use_reentrant (torch.utils.checkpoint's "
+              "default: True)")
+        return
+    d = r.default(table, f"{KWARGS[1]}.use_reentrant")
+    if d is None:
+        return
+    older = "; transformers before 5.0: true" if table == TABLE else ""
+    r.set(IMPL, "reentrant" if d else "non-reentrant",
+          f"{KWARGS[1]}.use_reentrant ({r.label(table)} default: {str(bool(d)).lower()}{older})")
 
 
 def attention(r: Reader, impl: Any, key: str) -> None:

@@ -85,6 +85,8 @@ def read(r: Reader) -> None:
         r.set("training.loss", "fused", "use_liger" if "use_liger" in doc else "use_liger_loss")
     sequence(r, doc, what)
     peft = finetune(r, doc)
+    if peft:
+        peft_zero3(r)
     extras(r, doc, what, peft)
     r.audit(TABLE)
 
@@ -113,6 +115,19 @@ def finetune(r: Reader, doc: dict) -> bool:
               "lora_modules_to_save")
     trainer.quantization(r, doc, TABLE)
     return peft
+
+
+def peft_zero3(r: Reader) -> None:
+    """TRL forces reentrant checkpointing for a PEFT model under DeepSpeed ZeRO-3, whatever the
+    kwargs say (huggingface/trl f11b4c3, #4951, 2026-02-06: sft_trainer.py, dpo, grpo, kto,
+    reward and rloo trainers' ``__init__``); its default otherwise is non-reentrant (since
+    40d8759, #4811, v0.27.0: ``setdefault("use_reentrant", False)`` under transformers < 5,
+    whose own default is non-reentrant from 5.0)."""
+    if r.raw.get("checkpointing") != "full":
+        return
+    if any(p.raw.get("strategy") == "zero3" for p in r.peers):
+        r.replace(trainer.IMPL, "reentrant", "use_peft under DeepSpeed ZeRO-3 (TRL forces "
+                  "use_reentrant true)")
 
 
 def extras(r: Reader, doc: dict, what: str, peft: bool) -> None:
