@@ -68,8 +68,6 @@ def ep_problem(model: ModelSpec, training: TrainingSpec, n_gpus: int) -> str | N
         return f"EP {ep} does not divide the {n_gpus} GPUs"
     if training.pipeline.enabled:
         return "expert parallel with pipeline parallel is not modelled"
-    if training.cp > 1:
-        return "expert parallel with context parallel is not modelled"
     if training.fsdp_version != 2:
         return "expert parallel is modelled with FSDP2 (torchtitan), not FSDP1"
     if not training.finetune.full:
@@ -279,7 +277,9 @@ def ep_inputs(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *,
     routed = (3 if model.mlp.gated else 2) * model.hidden * model.ffn_hidden \
         * model.experts_per_token
     idle = (training.ep_imbalance - 1.0) * routed * model.n_moe_layers
-    return {"ep": float(ep), "ep_bytes": per_token * mb * seq, "ep_idle_mm": idle,
+    # a rank routes its own tokens: under CP its seq / cp of each sequence
+    return {"ep": float(ep), "ep_bytes": per_token * mb * seq / training.cp,
+            "ep_idle_mm": idle,
             "tp_moe_layers": float(model.n_moe_layers) if tp > 1 else 0.0,
             "ep_layers": float(model.n_moe_layers),
             "ep_inter": vec.where(ep > gpn, 1.0, 0.0), "ep_comm_less": less}
