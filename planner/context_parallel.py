@@ -33,6 +33,7 @@ width (``CpKv.GROUPED``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 from planner.spec import (
@@ -185,6 +186,7 @@ AFTER_SDPA = ("attn.o.", "attn.dropout", "norm2.", "norm3.", "norm4.", "mlp.", "
 (the block's backward goes MLP, attention output projection, then SDPA)."""
 
 
+@functools.lru_cache(maxsize=256)
 def grads_before_ring(model: ModelSpec, c: int, *, tp: int = 1, ep: int = 1) -> int:
     """Bytes of FSDP2's unsharded gradients (compute dtype) alive when a block's ring
     backward runs: every block weight whose backward has run by then, the output projection,
