@@ -115,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     for cp_case in [] if args.quick else CP_CASES:
         lines.append(row_cp(*cp_case))
         print(lines[-1], flush=True)
-    body = ("Planner − trace over trace per moment, 8 fake ranks, full_shard, bf16-amp AdamW "
+    body = ("Planner − trace over trace per moment, 8 fake ranks, full_shard, bf16-amp AdamW; "
+            "beside CP over the largest of the cp ranks' traces "
             "(`python benchmarks/ep_trace_accuracy.py`; docs/model.md \"Expert parallel\"):"
             "\n\n" + "\n".join(lines))
     if args.out:

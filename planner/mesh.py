@@ -6,7 +6,7 @@ A layout is torchtitan's ``ParallelDims`` less what fitcheck does not search: te
 is data parallel (FSDP2's dp_shard, or HSDP's dp_replicate x dp_shard, which the plan of each
 layout already chooses among as strategies). ``layouts`` lists the layouts the model covers
 (docs/model.md "Mesh search"): TP x CP (§8.4, §8.6) and PP alone or x TP and/or x CP (§8.7,
-torchtitan's 4D mesh) and, for an MoE model, EP alone or x TP (§8.8; EP beside CP or PP is
+torchtitan's 4D mesh) and, for an MoE model, EP alone, x TP or x CP (§8.8; EP beside PP is
 not modelled).
 
 Each layout is planned by the plan every other path runs: its request is built by
