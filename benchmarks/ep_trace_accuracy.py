@@ -75,11 +75,11 @@ def row(shape: str, ep: int, imb: float, ck: str, seq: int, tp: int = 1) -> str:
 
 
 def row_cp(shape: str, ep: int, ck: str, seq: int, cp: int = 2) -> str:
-    """A CP case's row: every cp rank traced (probes/context_parallel.py ``every_cp_rank``),
+    """A CP case's row: every cp rank traced (probes/compare.py ``every_cp_rank``),
     planner - the largest traced over them, per moment."""
     import time
 
-    from probes.context_parallel import every_cp_rank
+    from probes.compare import every_cp_rank
 
     model = SHAPES[shape]
     training = TrainingSpec(seq=seq, micro_batch=1, ep=ep, cp=cp)

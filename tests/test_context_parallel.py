@@ -459,7 +459,7 @@ def test_late_block_backward_counts_the_ring_gradients_once():
     moment held them twice); forward -0.04 %, the rest exact."""
     pytest.importorskip("torch")
     from planner.hardware import load_gpu
-    from probes.context_parallel import every_cp_rank
+    from probes.compare import every_cp_rank
 
     spec = ModelSpec(name="wide", n_layers=4, hidden=2048, n_heads=16, n_kv_heads=4,
                      ffn_hidden=8192, vocab=8192)

@@ -227,7 +227,7 @@ CP_MISSES = [("mixtral", 1, 2, NONE)]
 
 
 def _compare_cp(shape: str, ep: int, cp: int, ck: Checkpointing) -> dict[str, float]:
-    from probes.context_parallel import every_cp_rank
+    from probes.compare import every_cp_rank
 
     model = SHAPES[shape]
     training = TrainingSpec(seq=2048, micro_batch=1, ep=ep, cp=cp)
