@@ -5,6 +5,7 @@ fake-tensor trace's allocation stream, against the GPU records and the planner.
     PYTHONPATH=. python benchmarks/allocator_emulation.py --from-json OUT [--replan] [--write MD]
     PYTHONPATH=. python benchmarks/allocator_emulation.py --loss-only
     PYTHONPATH=. python benchmarks/allocator_emulation.py --table2 [--steps N]
+    PYTHONPATH=. python benchmarks/allocator_emulation.py --rows ID,ID [--steps N]
 
 Per GPU record (benchmarks/gpu_runs/*/run*-records.jsonl, record "case"; a case measured
 identically on several GPUs or runs is traced once and scored on each record): the reference
@@ -27,6 +28,10 @@ strategy and allocator is printed first (how docs/model.md §7.4's terms were sc
 ``--loss-only``: the loss region alone (probes/alloc_loss.py ``loss_region``): torchtitan
 9dec370's fp32 cross-entropy forward and backward at 32768 tokens x 128256 vocab, traced on
 fake tensors and replayed under expandable segments and the default allocator.
+
+``--rows``: public rows of benchmarks/memory_measurements.csv (``csv_rows``), with the
+default stream's own hole at the peak (``CachingAllocator.default_stream_hole``: the term
+the planner's ``fragmentation`` stands for with fixed segments, docs/model.md §7.4).
 
 Default ids: the single-GPU Llama-3.2-1B cases of the default allocator and every expandable
 one (cheap to trace on two CPU cores: about a minute each).
@@ -233,10 +238,17 @@ TABLE2 = ("tt-h100-llama3.1-8b-fsdp8-cp1-seq32k-float8-compiled",
 
 
 def table2(steps: int = 2) -> str:
-    """torchtitan's Table 2 rows (benchmarks/memory_measurements.csv): each row's request as
-    benchmarks/memory_accuracy.py builds it, traced eager (its full checkpointing keeps only
-    the blocks' inputs, compiled or not) for ``steps`` steps, replayed under the row's
-    allocator (expandable segments)."""
+    """torchtitan's Table 2 rows (benchmarks/memory_measurements.csv), as ``csv_rows``."""
+    return csv_rows(TABLE2, steps)
+
+
+def csv_rows(ids: tuple[str, ...] | list[str], steps: int = 2) -> str:
+    """Public rows of benchmarks/memory_measurements.csv: each row's request as
+    benchmarks/memory_accuracy.py builds it, traced eager (a compiled row's full
+    checkpointing keeps only the blocks' inputs, compiled or not; FSDP1 rows are traced as
+    FSDP2: the fake-tensor trace runs ``fully_shard``) for ``steps`` steps and replayed
+    under the row's allocator. An nvidia_smi row is compared with the emulated reserved plus
+    the planner's CUDA context and NCCL (the row's ``context_bytes`` where stated)."""
     import csv
     import dataclasses
 
@@ -247,10 +259,13 @@ def table2(steps: int = 2) -> str:
 
     rows = {r["id"]: r for r in csv.DictReader(
         (REPO / "benchmarks" / "memory_measurements.csv").open())}
-    out = ["| row | measured max reserved GiB | planner reserved | emulated allocated | "
-           "emulated reserved | error | emulated cache at the peak GiB: per stream |",
-           "|---|---:|---:|---:|---:|---:|---|"]
-    for rid in TABLE2:
+    out = ["| row | metric | measured GiB | planner | emulated allocated | "
+           "emulated | error | default-stream hole GiB (% of emulated allocated) | "
+           "emulated cache at the peak GiB: per stream |",
+           "|---|---|---:|---:|---:|---:|---:|---|---|"]
+    for rid in ids:
+        if rid not in rows:
+            raise SystemExit(f"allocator_emulation: no row {rid!r} in memory_measurements.csv")
         row = rows[rid]
         req, est = predict_request(row)
         cand = Candidate(strategy=req.options.strategies[0], offload=req.options.offloads[0],
@@ -262,12 +277,19 @@ def table2(steps: int = 2) -> str:
                          warmup_iterations=steps - 1, record_events=True)
         emu = emulate(res["alloc_events"], training.allocator is Allocator.EXPANDABLE,
                       1 << 62)
+        metric = row["metric"].strip()
+        outside = est.device_used_bytes - est.peak_reserved_bytes  # context + NCCL
+        planned, emulated = {
+            "max_allocated": (est.peak_allocated_bytes, emu.max_allocated),
+            "nvidia_smi": (est.device_used_bytes, emu.max_reserved + outside),
+        }.get(metric, (est.peak_reserved_bytes, emu.max_reserved))
         meas = int(row["value_bytes"])
+        hole = emu.default_stream_hole()
         cached = ", ".join(f"{k}: {v / GiB:.2f}" for k, v in sorted(emu.cached_at_peak().items()))
-        out.append(f"| {rid} | {meas / GiB:.1f} | {est.peak_reserved_bytes / GiB:.2f} "
-                   f"({err(est.peak_reserved_bytes, meas) * 100:+.1f}%) | "
-                   f"{emu.max_allocated / GiB:.2f} | {emu.max_reserved / GiB:.2f} | "
-                   f"{err(emu.max_reserved, meas) * 100:+.1f}% | {cached} |")
+        out.append(f"| {rid} | {metric} | {meas / GiB:.2f} | {planned / GiB:.2f} "
+                   f"({err(planned, meas) * 100:+.1f}%) | {emu.max_allocated / GiB:.2f} | "
+                   f"{emulated / GiB:.2f} | {err(emulated, meas) * 100:+.1f}% | "
+                   f"{hole / GiB:.2f} ({hole / emu.max_allocated * 100:.1f}%) | {cached} |")
         print(out[-1], file=sys.stderr)
     return "\n".join(out)
 
@@ -295,6 +317,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--loss-only", action="store_true")
     ap.add_argument("--table2", action="store_true",
                     help="torchtitan's Table 2 rows (minutes each) instead of the GPU records")
+    ap.add_argument("--rows", default=None, metavar="ID,ID",
+                    help="rows of benchmarks/memory_measurements.csv instead of the GPU "
+                    "records (traced eager, seconds to a minute each)")
     ap.add_argument("--steps", type=int, default=2,
                     help="training steps traced per case (the GPU records ran 5; reserved "
                     "stops growing after the second step: checked on w1-1b-fsdp-full with 5 "
@@ -305,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.table2:
         print(table2(args.steps))
+        return 0
+    if args.rows:
+        print(csv_rows(args.rows.split(","), args.steps))
         return 0
     if args.loss_only:
         for exp in (True, False):

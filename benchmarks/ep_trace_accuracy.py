@@ -26,6 +26,15 @@ SHAPES = {
                               experts_per_token=2),
     "dsv3-like": ModelSpec(name="dsv3-like", n_layers=4, hidden=1024, n_heads=8, n_kv_heads=8,
                            ffn_hidden=288, vocab=8192, n_experts=16, experts_per_token=6),
+    # DeepSeek-V3's layout: a shared expert of the routed width and a dense first block
+    "dsv3-full-like": ModelSpec(name="dsv3-full-like", n_layers=4, hidden=1024, n_heads=8,
+                                n_kv_heads=8, ffn_hidden=288, vocab=8192, n_experts=16,
+                                experts_per_token=6, shared_ffn=288, n_dense_layers=1,
+                                dense_ffn_hidden=3072),
+    # 8 kv heads: TP 4 and 8 split them
+    "mixtral-kv8-like": ModelSpec(name="mixtral-kv8-like", n_layers=4, hidden=1024, n_heads=8,
+                                  n_kv_heads=8, ffn_hidden=3584, vocab=8192, n_experts=8,
+                                  experts_per_token=2),
 }
 CASES = [  # (shape, ep, imbalance, checkpointing, seq[, tp])
     ("mixtral-like", 2, 1.0, "none", 2048),
@@ -41,6 +50,11 @@ CASES = [  # (shape, ep, imbalance, checkpointing, seq[, tp])
     ("mixtral-like", 2, 1.0, "none", 2048, 2),
     ("mixtral-like", 4, 1.0, "full", 4096, 2),
     ("dsv3-like", 2, 1.0, "none", 2048, 2),
+    # shared experts and a dense first block beside TP; TP 4 and 8
+    ("dsv3-full-like", 4, 1.0, "full", 2048, 2),
+    ("dsv3-full-like", 4, 1.0, "none", 2048, 4),
+    ("mixtral-kv8-like", 4, 1.0, "none", 2048, 4),
+    ("mixtral-kv8-like", 8, 1.0, "full", 4096, 8),
 ]
 CP_CASES = [  # beside context parallel 2 (docs/model.md "Beside context parallel"), every cp
     # rank traced in this process, the worst held to the planner: (shape, ep, checkpointing,

@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+from typing import NamedTuple
 
 from planner.arch import variants_of
 from planner.arch.base import FP32, Ctx, Saved, scaled
@@ -126,6 +127,10 @@ class ActivationPlan:
     """Full or (op-level) selective checkpointing: what one block's forward holds at once
     inside its checkpoint (``checkpointed_forward``) beyond what it keeps (``block_kept``,
     counted with every block's); 0 without checkpointing."""
+    ends_kept: tuple[int, int, int] | None = None
+    """An MoE model with dense first blocks (``block_kept`` their average): what the first,
+    the second and the last blocks keep each (the dense first ones, the MoE ones after
+    them), for the backward's sub-moments at either end; None: every block ``block_kept``."""
 
     def scaled(self, k: float) -> ActivationPlan:
         """Every activation term times k (a calibration's correction)."""
@@ -152,7 +157,9 @@ class ActivationPlan:
             ring_forward=int(self.ring_forward * k),
             ring_backward=int(self.ring_backward * k),
             ring_grads=int(self.ring_grads * k),
-            checkpointed_forward=int(self.checkpointed_forward * k))
+            checkpointed_forward=int(self.checkpointed_forward * k),
+            ends_kept=None if self.ends_kept is None else tuple(
+                int(x * k) for x in self.ends_kept))
 
     @property
     def block_bytes(self) -> int:
@@ -255,26 +262,59 @@ def mm_outputs(model: ModelSpec, t: int, c: int, dense: bool = False) -> list[Sa
 
 
 def sac_linears(model: ModelSpec, t: int, c: int, sac_list: SacList,
-                dense: bool = False) -> list[Saved]:
+                dense: bool = False, force: tuple[str, ...] = ()) -> list[Saved]:
     """The linear outputs selective checkpointing keeps in one block, in execution order:
     every other ``aten.mm`` (the 1st, 3rd, ...: torchtitan's policy counts ``mm`` and
     ``linear`` only) and, under the current list, every ``addmm`` (a biased linear: ``addmm``
-    is in torch's ``compute_intensive_ops``, and it is not counted, so it is always saved)."""
-    kept: list[Saved] = []
+    is in torch's ``compute_intensive_ops``, and it is not counted, so it is always saved).
+    ``force``: torchtitan's ``force_recompute_mm_shapes_by_fqns`` (planner/sac.py): an
+    ``mm`` whose weight has the shape of a named linear's is recomputed and not counted."""
+    return [o.saved for o in sac_kept_linears(model, t, c, sac_list, dense, force)]
+
+
+def sac_kept_linears(model: ModelSpec, t: int, c: int, sac_list: SacList,
+                     dense: bool = False, force: tuple[str, ...] = ()) -> list:
+    """sac_linears' outputs as the block's ``LinearOut``s (their weight shapes included)."""
+    from planner.sac import forced_shapes
+
+    shapes = forced_shapes(model, force, dense)
+    kept = []
     n_mm = 0
     for out in variants_of(model).block_linear_outputs(model, t, c, dense):
         if out.biased:
             if sac_list is SacList.CURRENT:
-                kept.append(out.saved)
+                kept.append(out)
+            continue
+        if out.weight in shapes:  # recomputed, not counted (torchtitan's lines 265-267)
             continue
         n_mm += 1
         if n_mm % 2:
-            kept.append(out.saved)
+            kept.append(out)
     return kept
 
 
+def sac_forced_share(model: ModelSpec, sac_list: SacList, force: tuple[str, ...]) -> float:
+    """The block matmul weights ``force`` moves from kept to recomputed (negative: the
+    alternation's shift keeps more), as a share of the average block's matmul weights
+    (throughput.matmul_params): what selective checkpointing recomputes beyond its share
+    without ``force``. Each weight is one matmul a token runs again in backward."""
+    if not force:
+        return 0.0
+    L, nd = model.n_layers, model.n_dense_layers
+
+    def kept(dense: bool, f: tuple[str, ...]) -> int:
+        return sum(o.weight[0] * o.weight[1] for o in
+                   sac_kept_linears(model, 1, 1, sac_list, dense, f) if not o.biased)
+
+    moved = (L - nd) * (kept(False, ()) - kept(False, force))
+    if nd:
+        moved += nd * (kept(True, ()) - kept(True, force))
+    return moved / L / variants_of(model).block_matmul_weights(model)
+
+
 def op_sac_kept(model: ModelSpec, t: int, batch: int, seq: int, attention: Attention,
-                c: int, r: int, sac_list: SacList = SacList.CURRENT) -> list[Saved]:
+                c: int, r: int, sac_list: SacList = SacList.CURRENT,
+                force: tuple[str, ...] = ()) -> list[Saved]:
     """What selective (op-level) checkpointing keeps per block.
 
     PyTorch's selective activation checkpointing as torchtitan configures it
@@ -288,14 +328,15 @@ def op_sac_kept(model: ModelSpec, t: int, batch: int, seq: int, attention: Atten
     linears) and, since 7074b056a (#3146, 2026-05-26), the router's ``topk`` (its fp32 values
     and int64 indices). MoE experts (``_grouped_mm``) are in neither list. Kept: the block
     input (the checkpoint's input) plus those outputs. (Megatron's "selective", recompute the
-    attention core only, is a different policy.)
+    attention core only, is a different policy.) ``force``: the module names whose linears'
+    shapes are recomputed (torchtitan's ``force_recompute_mm_shapes_by_fqns``: sac_linears).
     """
     kept = [Saved("block.input", r * t * model.hidden)]
-    linears = sac_linears(model, t, c, sac_list)
+    linears = sac_linears(model, t, c, sac_list, force=force)
     L, nd = model.n_layers, model.n_dense_layers
     if nd:  # the average block (as block_saved)
         linears = scaled(linears, L - nd, L) + scaled(
-            sac_linears(model, t, c, sac_list, dense=True), nd, L)
+            sac_linears(model, t, c, sac_list, dense=True, force=force), nd, L)
     kept += linears
     if attention is Attention.SDPA:
         kept += [Saved("sdpa.out", c * t * model.o_in_dim),
@@ -530,24 +571,69 @@ def checkpointed_forward(saved: list[Saved]) -> int:
     return sum(s.nbytes for s in saved if not s.name.endswith(OP_INTERNAL))
 
 
-def tp_saved(saved: list[Saved], tp: int, mlp_local: bool = False) -> list[Saved]:
+def tp_saved(saved: list[Saved], tp: int, mlp_local: MlpLocal | None = None) -> list[Saved]:
     """Per GPU under tensor + sequence parallel (Korthikanti et al. 2022, sec. 4.2.2: every
     activation split tp ways). As torchtitan runs it (``SequenceParallel`` norms,
     ``ColwiseParallel(input_layouts=Shard(1))``), the all-gathered inputs of the
     column-parallel linears (q/k/v, the MLP's inputs, the output head) are saved whole by
     autograd; the paper's re-gather in backward is not done. RoPE's tables are replicated.
     ``mlp_local``: the MLP is expert parallel's MoE beside TP, on its rank's sequence shard
-    (no all-gather: docs/model.md §8.8), so its inputs are split tp ways too."""
+    (no all-gather: docs/model.md §8.8), so its inputs are split tp ways too but what
+    ``ep_tp_saved`` keeps whole."""
     if tp <= 1:
         return saved
+    if mlp_local is not None:
+        return ep_tp_saved(saved, tp, mlp_local)
     out = []
     for x in saved:
         base = x.name.removeprefix("lora.")
         full = x.name in _TP_FULL or (x.name.startswith("lora.") and base.split(".")[0]
                                       in ("q", "k", "v", "gate", "up"))
-        if mlp_local and x.name.startswith("mlp."):
-            full = False
         out.append(x if full else Saved(x.name, -(-x.nbytes // tp)))
+    return out
+
+
+class MlpLocal(NamedTuple):
+    """Expert parallel beside TP (``tp_saved``'s ``mlp_local``): what of an MoE model's
+    average block is not on the rank's sequence shard. ``dense_share``: the dense first
+    blocks' share of the blocks (n_dense_layers / n_layers), whose MLP input is all-gathered
+    as without EP; ``shared_input``: the bytes of the shared experts' all-gathered input in
+    the average block (c t h x the MoE blocks' share; 0 without shared experts)."""
+
+    dense_share: float = 0.0
+    shared_input: int = 0
+
+
+def mlp_local_for(model: ModelSpec, t: int, c: int) -> MlpLocal:
+    """``MlpLocal`` of ``model`` at t tokens per GPU before TP, compute dtype c bytes."""
+    L, nd = model.n_layers, model.n_dense_layers
+    shared = c * t * model.hidden * (L - nd) // L if model.shared_ffn else 0
+    return MlpLocal(dense_share=nd / L, shared_input=shared)
+
+
+def ep_tp_saved(saved: list[Saved], tp: int, local: MlpLocal) -> list[Saved]:
+    """``tp_saved`` under expert parallel beside TP (docs/model.md §8.8 "Beside tensor
+    parallel"), as torchtitan lays it out at b5bcd76 (models/common/moe_sharding.py): the
+    MoE's router, dispatch and routed experts run on the rank's sequence shard (no
+    all-gather), so its input and everything of the MLP splits tp ways; the shared experts
+    (``_shared_experts_sharding_configs``, lines 167-198) all-gather that input to Replicate
+    for their column-parallel w1 / w3, which save it whole (``local.shared_input``; their
+    intermediates over features / tp); a dense first block's MLP is TP's as without EP
+    (models/common/decoder_sharding.py ``set_dense_ffn_sharding``): its all-gathered input
+    saved whole (``local.dense_share`` of ``mlp.input``)."""
+    out = []
+    for x in saved:
+        if x.name.startswith("mlp.") and x.name not in _TP_FULL:
+            out.append(Saved(x.name, -(-x.nbytes // tp)))
+        elif x.name.startswith("mlp."):  # the MLP's input: the MoE blocks' share local
+            dense = int(x.nbytes * local.dense_share)
+            out.append(Saved(x.name, -(-(x.nbytes - dense) // tp)))
+            if dense:
+                out.append(Saved(x.name.replace("mlp.", "mlp.dense.", 1), dense))
+        else:
+            out.extend(tp_saved([x], tp))
+    if local.shared_input:
+        out.append(Saved("mlp.shared.input", local.shared_input))
     return out
 
 
@@ -561,7 +647,8 @@ def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Preci
                      offload: bool = False, cp: int = 1, offload_trl: bool = False,
                      offload_weights: bool = True, cp_repeat_kv: bool = True,
                      sac_list: SacList = SacList.CURRENT,
-                     mlp_local: bool = False) -> ActivationPlan:
+                     mlp_local: bool = False,
+                     sac_force: tuple[str, ...] = ()) -> ActivationPlan:
     """``seq`` is the sequence one GPU holds (under context parallel ``cp``: seq / cp;
     ``cp_repeat_kv``: SDPA is given the keys and values repeated to the query heads).
     ``offload_trl``: TRL's OffloadActivations instead of torchtune's; ``offload_weights``:
@@ -578,7 +665,8 @@ def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Preci
     eager_saved = saved
     if ft.lora:
         saved = lora_saved(model, saved, ft, t, c, adapter_bytes)
-    saved = tp_saved(saved, tp, mlp_local)
+    local = mlp_local_for(model, t, c) if mlp_local else None
+    saved = tp_saved(saved, tp, local)
     block_total = sum(s.nbytes for s in saved)
     h, f = model.hidden, model.ffn_hidden
     tokens = t * model.experts_per_token if model.is_moe else t
@@ -591,8 +679,8 @@ def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Preci
         recompute = block_total
         ckpt_fwd = checkpointed_forward(saved)
     elif checkpointing is Checkpointing.SELECTIVE:
-        sac = op_sac_kept(model, t, batch, seq, attention, c, r, sac_list)
-        kept_list = tp_saved(sac, tp, mlp_local)
+        sac = op_sac_kept(model, t, batch, seq, attention, c, r, sac_list, sac_force)
+        kept_list = tp_saved(sac, tp, local)
         kept = sum(x.nbytes for x in kept_list)
         # in backward the block is re-run: everything it saves comes back, except what the
         # policy kept (already counted in `kept`)
@@ -680,8 +768,13 @@ def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Preci
         n_layers=model.n_layers,
         residual_bytes=r,
         kept_logits=-(-lt.kept_logits // tp) if keep_logits else 0,
-        # held logits leave no hole; loss_parallel's DTensor loss (tp > 1) is not derived
-        loss_gap=lt.upcast_hole if not keep_logits and tp == 1 else 0,
+        # held logits leave no hole. Under TP's loss_parallel each rank upcasts its vocab shard
+        # and the DTensor loss (torch/distributed/tensor/parallel/loss.py) frees the shard's
+        # low-precision logits, its fp32 copy and log_softmax's ``shifted`` before backward;
+        # the backward's four fp32 shard-sized tensors (the saved output, the zeroed
+        # grad_input, exp(x), their sum) leave the c B per local logit the bf16 logits held:
+        # probes/alloc_loss.py ``loss_parallel_region`` (2.00 B per local logit)
+        loss_gap=0 if keep_logits else -(-lt.upcast_hole // tp),
         frozen_blocks=frozen_blocks,
         frozen_block_kept=frozen_kept,
         notes=tuple(notes),

@@ -279,10 +279,11 @@ def plan_cmd(as_json: bool, wide: bool, find: str | None, job_paths: tuple[str, 
     elif job_format or write_job or job_diff:
         raise UsageError("--format, --write-job and --job-diff need --job FILE")
     elif kw.get("mesh") == "auto" and not find:  # the layout search (planner/mesh.py)
-        from planner.fields import FLAGS, cli_values
+        from planner.cli_options import plan_values
+        from planner.fields import FLAGS
         from planner.mesh import search as search_mesh
 
-        mesh = search_mesh(cli_values(kw), FLAGS)
+        mesh = search_mesh(plan_values(kw), FLAGS)
         request = mesh.answer.request
     else:
         request = request_from_options(kw)

@@ -86,12 +86,12 @@ DEEPSPEED = ("deepspeed",)
 
 def request_from_options(kw: dict[str, Any]):
     """click's keyword arguments -> planner.request.Request (warnings go to stderr)."""
-    from planner.fields import FLAGS, cli_values
+    from planner.fields import FLAGS
     from planner.request import build_request
 
     from planner.notices import Kind, of_kind
 
-    request = build_request(cli_values(kw), FLAGS)
+    request = build_request(plan_values(kw), FLAGS)
     for w in of_kind(request.warnings, Kind.CALIBRATION_STALE):
         click.echo(f"fitcheck: warning: {w}", err=True)
     return request
@@ -122,6 +122,21 @@ class JobFile(click.ParamType):
 JOB_FORMATS = ("torchtitan", "deepspeed", "accelerate", "trainer", "trl", "llamafactory",
                "axolotl", "litgpt", "torchtune", "kubeflow", "spec")
 """planner.jobs.JobFormat's names (a test keeps them equal) without importing planner.jobs."""
+
+
+def plan_values(kw: dict[str, Any]) -> dict[str, Any]:
+    """{path: raw} of every plan flag, defaults included, except the fields whose being given
+    is itself news (planner.request.CP_ONLY: inert at context parallel degree 1, a warning
+    when given): those only when given."""
+    from planner.fields import cli_values
+    from planner.request import CP_ONLY
+
+    values = cli_values(kw)
+    given = given_values(kw)
+    for path in CP_ONLY:
+        if path not in given:
+            values[path] = None
+    return values
 
 
 def given_values(kw: dict[str, Any]) -> dict[str, Any]:

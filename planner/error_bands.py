@@ -321,11 +321,11 @@ def outcome(required: int, usable: int, band: RiskBand | None) -> tuple[str, flo
     return AT_RISK, p
 
 
-EFFICIENCY_WIDENING = {"eager": 0.15, "compiled": 0.27}
+EFFICIENCY_WIDENING = {"eager": 0.15, "compiled": 0.22}
 """Points added to the tokens/s band of a GPU whose compute efficiency is not measured on its
 family (derived from a sibling by the roofline, or assumed), per mode: the largest miss of the
 same roofline transfer between the two measured families, A100 and H100 (eager -9.4 % and
-+14.7 %, compiled -14.8 % and +26.0 %; rounded up to a whole point; docs/throughput.md section
++14.7 %, compiled -12.8 % and +21.9 %; rounded up to a whole point; docs/throughput.md section
 2). For an assumed value it is a floor: nothing measured bounds an assumption."""
 
 

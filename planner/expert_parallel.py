@@ -36,7 +36,9 @@ mesh over 8 fake ranks, AdamW's step): at small widths the planner is within 2 %
 every moment for EP 2/4/8, balanced and imbalanced, no and full checkpointing, Mixtral's,
 DeepSeek-V3's and Llama-4 Scout's expert shapes, selective checkpointing balanced
 (tests/test_ep_trace.py); selective checkpointing's block backward at imbalance 2 misses by
-up to 3.3 % (strict xfails there).
+up to 3.3 % (strict xfails there). Beside TP 2, 4 and 8 (``ep_tp_problem``), with shared
+experts and dense first blocks, within 2 % but where the dense TP model's own misses show
+(docs/model.md §8.8 "Beside tensor parallel").
 """
 
 from __future__ import annotations
@@ -89,14 +91,14 @@ def ep_tp_problem(model: ModelSpec, training: TrainingSpec, tp: int,
     "Beside tensor parallel"): every MoE on its TP rank's sequence shard, the routed experts
     whole. Refused by name: a sequence that does not split over TP (torchtitan/models/common/
     moe.py: "the caller must provide a TP-divisible token count"); what the referee
-    (probes/ep_trace.py with ``tp``) does not trace: shared experts and dense first blocks
-    (TP-sharded MLPs beside the routed ones: an all-gather in, a reduce-scatter out), MLA
-    attention under TP, selective checkpointing."""
+    (probes/ep_trace.py with ``tp``) does not trace: Qwen2-MoE's shared expert gate (not in
+    torchtitan's MoE), MLA attention under TP, selective checkpointing. Shared experts
+    (TP-sharded, an all-gather in and a reduce-scatter out: ``activations.ep_tp_saved``,
+    ``estimator.shared_backward``) and dense first blocks (TP's dense MLP) are modelled."""
     if training.local_seq % tp:
         return ("training.seq", f"{training.local_seq} is not a multiple of TP {tp}: under "
                 "expert parallel each TP rank routes its own sequence shard")
-    untraced = [(model.shared_ffn > 0, "parallel.tp", "shared experts"),
-                (model.n_dense_layers > 0, "parallel.tp", "dense first blocks"),
+    untraced = [(model.shared_expert_gate, "parallel.tp", "a shared expert gate (Qwen2-MoE)"),
                 (model.kv_lora_rank > 0, "parallel.tp", "MLA attention"),
                 (checkpointing is Checkpointing.SELECTIVE, "checkpointing",
                  "selective checkpointing")]
@@ -280,6 +282,10 @@ def ep_inputs(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *,
     # a rank routes its own tokens: under CP its seq / cp of each sequence
     return {"ep": float(ep), "ep_bytes": per_token * mb * seq / training.cp,
             "ep_idle_mm": idle,
-            "tp_moe_layers": float(model.n_moe_layers) if tp > 1 else 0.0,
+            # shared experts (TP-sharded) bring back the MLP's all-gather and reduce-scatter
+            # of c t h, as a dense MLP's (models/common/moe_sharding.py
+            # ``_shared_experts_sharding_configs``)
+            "tp_moe_layers": float(model.n_moe_layers) if tp > 1 and not model.shared_ffn
+            else 0.0,
             "ep_layers": float(model.n_moe_layers),
             "ep_inter": vec.where(ep > gpn, 1.0, 0.0), "ep_comm_less": less}

@@ -113,6 +113,24 @@ def parse_fsdp_version(raw: Any) -> int:
     return int(str(raw).strip())
 
 
+def parse_module_names(raw: Any) -> tuple[str, ...]:
+    """'moe.router.gate,attention.wq', a list of names, or 'none' / an empty list -> names,
+    in order (torchtitan's ``force_recompute_mm_shapes_by_fqns``; planner/sac.py resolves
+    them against the model)."""
+    parts = [raw] if isinstance(raw, str) else raw
+    if not isinstance(parts, (list, tuple)):
+        raise ValueError(f"must be module names (attention.wq,feed_forward.w1, ...) or none, "
+                         f"got {validate._show(raw)}")
+    out: list[str] = []
+    for part in parts:
+        if not isinstance(part, str):
+            raise ValueError(f"must be module names, got {validate._show(part)}")
+        out += [n for n in part.replace(" ", "").split(",") if n]
+    if [n.lower() for n in out] == ["none"]:
+        return ()
+    return tuple(dict.fromkeys(out))
+
+
 LORA_TARGET_GROUPS = {"attn": ("q", "k", "v", "o"), "mlp": ("gate", "up", "down"),
                       "all-linear": LINEAR_MODULES}
 
@@ -394,9 +412,19 @@ FIELDS: tuple[Field, ...] = (
           "logits (Llama-style classes since 4.31, GPT-2/Falcon/BLOOM since 4.49) or takes "
           "cross-entropy in bf16 (docs/model.md \"Loss\"); and the default attention of a "
           "family that gained sdpa later (e.g. GPT-2 before 4.42: eager)."),
+    Field(path="training.tf32", flag="--tf32", check=validate.boolean, is_flag=True,
+          help="fp32 matmuls on TF32 tensor cores (torch.backends.cuda.matmul.allow_tf32; "
+          "the HF Trainer's tf32): an fp32 run's matmuls at the GPU's TF32 rate, not its "
+          "fp32 rate (torch's default since 1.12). Changes step time only."),
     Field(path="training.keep_logits", flag="--keep-logits", check=validate.boolean,
           is_flag=True, help="The loop keeps the logits alive through backward (a reference "
           "held past the loss)."),
+    Field(path="training.optimizer_in_backward", flag="--optimizer-in-backward",
+          check=validate.boolean, is_flag=True,
+          help="Each parameter is stepped by its own optimizer as soon as its gradient is "
+          "accumulated, then its gradient is freed (torchtune optimizer_in_bwd: "
+          "register_post_accumulate_grad_hook): no full gradient set is held. One GPU, "
+          "one micro-batch per step."),
     Field(path="training.activation_offload", flag="--activation-offload",
           check=validate.boolean, is_flag=True,
           help="Saved activations copied to pinned host RAM in forward and brought back in "
@@ -419,6 +447,14 @@ FIELDS: tuple[Field, ...] = (
           "114151ad4, 2026-03-23: every compute-intensive op of torch's partitioner list "
           "saved, so biased linears' addmm outputs too; mm alternates) or pre-2026-03-23 "
           "(the per-model list: every other mm and the SDPA output)."),
+    Field(path="training.sac_force_recompute", flag="--sac-force-recompute",
+          metavar="MODULE,...|none", check=parse_module_names,
+          default=_train_default("sac_force_recompute"), shown_default="moe.router.gate",
+          help="torchtitan's force_recompute_mm_shapes_by_fqns under --checkpointing "
+          "selective: the block linears (torchtitan's module names: attention.wq, "
+          "attention.wo, feed_forward.w1, moe.router.gate, ...) whose weight shape is "
+          "recomputed, never saved, and left out of the every-other-mm count; none: no "
+          "linear forced (torchtitan before 2025-07-16)."),
     Field(path="training.float8", flag="--float8", check=_choice(Float8Recipe),
           choices=_names(Float8Recipe), default=_train_default("float8"),
           help="torchao float8 training of the blocks' linears (torchtitan's float8 "

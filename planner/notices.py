@@ -26,6 +26,8 @@ class Kind(StrEnum):
     """--float8: how far the float8 step time is from published runs."""
     ONEBIT = "onebit"
     """DeepSpeed's 1-bit optimizers: the engine planned as DDP, the step after the warm-up."""
+    INERT = "inert"
+    """A field given that changes nothing in this request (a CP option at degree 1)."""
 
 
 class Notice(str):

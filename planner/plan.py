@@ -503,6 +503,9 @@ def min_gpus(r: Request, start: int = 1) -> int | None:
     """Fewest GPUs of this type (>= start) for which a candidate of the request fits."""
     if r.training.pipeline.enabled:
         return pipeline_min_gpus(r, start)
+    if r.training.optimizer_in_backward:
+        # modelled on one GPU only (planner.request.in_backward_problem)
+        return 1 if start <= 1 and fits_any(r.with_gpus(1)) else None
     found, n = fewest_gpus(One(r), start)
     return n if found else None
 

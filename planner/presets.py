@@ -202,6 +202,13 @@ _ALL += [
     # https://huggingface.co/Qwen/Qwen3-8B/blob/main/config.json (head_dim 128, qk-norm)
     dataclasses.replace(_llama("qwen3-8b", 36, 4096, 32, 8, 12288, 151936, head_dim=128),
                         qk_norm=QkNorm.HEAD),
+    # https://huggingface.co/Qwen/Qwen3-14B/blob/main/config.json (head_dim 128, qk-norm, untied)
+    dataclasses.replace(_llama("qwen3-14b", 40, 5120, 40, 8, 17408, 151936, head_dim=128),
+                        qk_norm=QkNorm.HEAD),
+    # https://huggingface.co/Qwen/Qwen3-32B/blob/main/config.json: 64 heads of 128 (q width 8192
+    # over a 5120 residual), qk-norm, untied; torchtitan's qwen3 "32B" flavor is the same shape
+    dataclasses.replace(_llama("qwen3-32b", 64, 5120, 64, 8, 25600, 151936, head_dim=128),
+                        qk_norm=QkNorm.HEAD),
     # https://huggingface.co/Qwen/Qwen3-30B-A3B/blob/main/config.json: 128 experts of 768, top 8
     dataclasses.replace(_llama("qwen3-30b-a3b", 48, 2048, 32, 4, 768, 151936, head_dim=128,
                                n_experts=128, experts_per_token=8), qk_norm=QkNorm.HEAD),
@@ -318,6 +325,9 @@ _ALIASES: dict[str, str] = {
     "qwen/qwen1.5-moe-a2.7b": "qwen1.5-moe-a2.7b",
     "qwen/qwen3-8b": "qwen3-8b",
     "qwen/qwen3-8b-base": "qwen3-8b",
+    "qwen/qwen3-14b": "qwen3-14b",
+    "qwen/qwen3-14b-base": "qwen3-14b",
+    "qwen/qwen3-32b": "qwen3-32b",
     "qwen/qwen3-30b-a3b": "qwen3-30b-a3b",
     "qwen/qwen3-30b-a3b-base": "qwen3-30b-a3b",
     "google/gemma-3-1b-pt": "gemma3-1b",

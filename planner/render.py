@@ -229,6 +229,8 @@ def deepspeed_json(t) -> dict[str, Any]:
 
 
 def _plain(v: Any) -> Any:
+    if isinstance(v, tuple):  # a list of names (training.sac_force_recompute)
+        return [_plain(x) for x in v]
     return v if v is None or isinstance(v, (bool, int, float)) else str(v)
 
 
@@ -546,7 +548,8 @@ def table(answer: Answer, found: Found | None = None, *, width: int = 100,
                     f"grad-accum {t.grad_accum} ({t.grad_accum * t.micro_batch * cl.n_gpus} "
                     "sequences)")
     head.append(f"training  seq {t.seq}, micro-batch {t.micro_batch}, grad-accum {t.grad_accum}, "
-                f"{t.precision}, {t.optimizer} ({t.optimizer_impl}), attention {t.attention}"
+                f"{t.precision}, {t.optimizer} ({t.optimizer_impl}"
+                f"{', in backward' if t.optimizer_in_backward else ''}), attention {t.attention}"
                 + cp_words(t))
     ft = finetune_line(q)
     if ft:

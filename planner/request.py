@@ -24,6 +24,7 @@ from planner.error_bands import DEFAULT_AT_RISK, DEFAULT_MARGIN
 from planner.spec import (
     Checkpointing,
     Cluster,
+    CompileMode,
     DeepSpeedConfig,
     FineTune,
     FlatParams,
@@ -353,6 +354,40 @@ def cp_options(v: Mapping[str, Any], model: ModelSpec, training: TrainingSpec,
                                offloads=(Offload.NONE,), tp=tp)
 
 
+CP_ONLY = {"parallel.cp_rotate": "cp_rotate", "parallel.cp_kv": "cp_kv"}
+"""Fields read only by context parallel's ring (planner/context_parallel.py): their
+TrainingSpec attributes."""
+
+
+def cp_inert(values: Mapping[str, Any], training: TrainingSpec, naming: Naming) -> list[Notice]:
+    """A warning per context-parallel option given while the degree is 1: the ring it
+    configures does not run (torchtitan's configs carry the rotate method at degree 1, so this
+    is no error)."""
+    if training.cp > 1:
+        return []
+    return [Notice(f"{naming.name(path)} {getattr(training, attr)} has no effect at context "
+                   f"parallel degree 1 ({naming.name('parallel.cp')}): no ring to configure",
+                   Kind.INERT)
+            for path, attr in CP_ONLY.items() if values.get(path) is not None]
+
+
+def sac_force_notes(model: ModelSpec, training: TrainingSpec, naming: Naming) -> list[Notice]:
+    """``training.sac_force_recompute`` against the model's blocks (planner/sac.py): one error
+    naming the field for an entry fitcheck cannot resolve, a warning for one that matches no
+    linear of this model (torchtitan forces nothing for it; its own default in a dense model
+    is not worth a line)."""
+    from planner import sac
+
+    entries = training.sac_force_recompute
+    why = sac.problem(model, entries)
+    if why:
+        raise naming.fail("training.sac_force_recompute", why)
+    return [Notice(f"{naming.name('training.sac_force_recompute')}: {e!r} matches no linear "
+                   "of this model's blocks: nothing recomputed for it (as in torchtitan)",
+                   Kind.INERT)
+            for e in sac.no_effect(model, entries) if e not in sac.DEFAULT]
+
+
 TRAINING_ATTRS = frozenset(f.name for f in dataclasses.fields(TrainingSpec))
 """The attributes of a training run: a ``training.*`` field of one of these names sets it."""
 
@@ -432,6 +467,43 @@ def onebit_problem(training: TrainingSpec, strategies: Any, offload: Any, tp: An
     return None
 
 
+def in_backward_problem(training: TrainingSpec, n_gpus: int, strategies: Any, offload: Any,
+                        name: Any = str) -> tuple[str, str] | None:
+    """(field, why) when ``--optimizer-in-backward`` cannot be planned; None when it can or
+    is not asked. torchtune refuses it with gradient accumulation and with gradient clipping
+    (recipes/full_finetune_single_device.py:146-157 at 1814feb17); only its full-finetune
+    recipes read it (not the LoRA ones). Modelled on one GPU: torchtune's distributed recipes
+    run it under FSDP2, whose post-backward calls the sharded parameters' hooks after each
+    reduce-scatter (torch ``_fsdp_collectives.py`` ``foreach_reduce``): not modelled, nor
+    DeepSpeed (its engine steps its own optimizer), nor offload."""
+    if not training.optimizer_in_backward:
+        return None
+    flag = name("training.optimizer_in_backward")
+    if training.grad_accum > 1:
+        return ("training.grad_accum", f"{training.grad_accum} with {flag}: every gradient is "
+                "stepped and freed as it is accumulated, so there is nothing to accumulate "
+                "into (torchtune: \"Gradient accumulation is not supported with optimizer in "
+                "bwd\")")
+    if n_gpus > 1:
+        return ("hardware.n", f"{n_gpus} GPUs with {flag} are NOT MODELLED (one GPU only: "
+                "under FSDP2 each parameter steps after its unit's reduce-scatter)")
+    other = [s for s in (strategies or ()) if s is not Strategy.DDP]
+    if other:
+        return ("strategy", f"{other[0]} with {flag} is NOT MODELLED (one GPU, no sharding)")
+    if offload not in ("auto", Offload.NONE, None):
+        return ("offload", f"{offload} with {flag} is NOT MODELLED")
+    if not training.finetune.full:
+        return ("training.optimizer_in_backward", "with LoRA or frozen parameters is NOT "
+                "MODELLED (torchtune's LoRA recipes do not read optimizer_in_bwd)")
+    if training.compile is CompileMode.MODEL:
+        return ("training.compile", f"model with {flag} is NOT MODELLED (one compiled "
+                "backward returns every gradient at once)")
+    if training.optimizer.onebit:
+        return ("training.optimizer", f"{training.optimizer} with {flag}: DeepSpeed's "
+                "optimizer steps in its engine, not in a hook")
+    return None
+
+
 def float8_problem(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile
                    ) -> tuple[str, str] | None:
     """(field, why) when ``--float8`` cannot be planned; None when it can or is not asked.
@@ -503,12 +575,20 @@ class Job:
     """The assumption line for the attention (planner/attention.py); "" when not stated."""
 
 
+ATTENTION_WHY = "job.attention_why"
+"""A job's reason for its attention (planner.jobs.record.FrameworkAttention: a framework whose
+own model code picks the kernel, not transformers), beside ``training.attention`` in the
+values ``build_request`` is given: the assumption line says it instead of "given"."""
+
+
 def job_from(v: Mapping[str, Any], naming: Naming = FLAGS, *, allow_files: bool = True,
-             base_dir: str | None = None, traced: TracedModel | None = None) -> Job:
+             base_dir: str | None = None, traced: TracedModel | None = None,
+             attention_why: str | None = None) -> Job:
     """{path: value} parsed (planner.fields.parse) -> the Job, or one error naming the field.
     The model is one of: a spec (``model.preset``, ``model.params`` or the shape fields), a
     config.json (``model.config``: a path, or the mapping itself), or ``traced``: a module
-    known by its own counts (probes/), given instead of any ``model.*`` value."""
+    known by its own counts (probes/), given instead of any ``model.*`` value.
+    ``attention_why``: why the attention given is the one that runs (``ATTENTION_WHY``)."""
     model_warnings: list[str] = []
     if traced is not None:
         given = [p for p in v if p.startswith("model.") and v[p] not in (None, False)]
@@ -533,21 +613,23 @@ def job_from(v: Mapping[str, Any], naming: Naming = FLAGS, *, allow_files: bool 
     if problem:
         raise naming.fail("training.flat_params", problem)
     training, ds_notes = resolve_deepspeed(training, model)
-    training, attention = resolve_attention(training, model, v["training.attention"])
+    training, attention = resolve_attention(training, model, v["training.attention"],
+                                            attention_why)
     training = dataclasses.replace(training, pipeline=pipeline_from(v, model, training, naming))
     return Job(model=model, training=training, source=source,
                warnings=tuple(model_warnings) + tuple(ds_notes), attention=attention)
 
 
-def resolve_attention(training: TrainingSpec, model: ModelSpec,
-                      given: Any) -> tuple[TrainingSpec, str]:
+def resolve_attention(training: TrainingSpec, model: ModelSpec, given: Any,
+                      why: str | None = None) -> tuple[TrainingSpec, str]:
     """The attention given, else the one transformers runs for the model's family
     (planner/attention.py), and the assumption line that says which ("" when nothing is
-    known about the model's family and none was given: sdpa, as always)."""
+    known about the model's family and none was given: sdpa, as always). ``why``: a job's
+    reason for the one given (``ATTENTION_WHY``)."""
     from planner.attention import default_attention
 
     if given is not None:
-        return training, f"attention: {given} (given)"
+        return training, f"attention: {given} ({why or 'given'})"
     if not (model.family or model.attn_implementation):
         return training, ""
     attn, line = default_attention(model, training.transformers_version)
@@ -706,7 +788,8 @@ def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
         raise naming.fail("parallel.mesh", "auto is a search over whole plans, run by "
                           "fitcheck plan --mesh auto (without --job or --find); here give the "
                           "degrees (--tp, --pp, --cp)")
-    job = job_from(v, naming, allow_files=allow_files, base_dir=base_dir, traced=traced)
+    job = job_from(v, naming, allow_files=allow_files, base_dir=base_dir, traced=traced,
+                   attention_why=values.get(ATTENTION_WHY))
     model, training, source = job.model, job.training, job.source
     # a traced module has no architecture family: no activation scale applies
     read_by = (v["hardware.gpu"], v["calibration"], None if traced else model, allow_files,
@@ -757,6 +840,12 @@ def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
         if problem:
             raise naming.fail(*problem)
         strategies, offload, tp = (Strategy.DDP,), Offload.NONE, 1
+    problem = in_backward_problem(training, cluster.n_gpus, v["strategy"], offload,
+                                  naming.name)
+    if problem:
+        raise naming.fail(*problem)
+    if training.optimizer_in_backward:
+        strategies, offload = (Strategy.DDP,), Offload.NONE
     ds = training.deepspeed
     if offload == "auto" and ds.bf16_master_weights_and_grads and not ds.bf16_optimizer_states:
         # fp32 states beside bf16 master weights: DeepSpeed runs them only offloaded
@@ -776,7 +865,9 @@ def build_request(values: Mapping[str, Any], naming: Naming = FLAGS, *,
         options = ep_options(v, model, training, cluster, options, naming)
     elif training.ep_imbalance != 1.0:
         raise naming.fail("parallel.ep_imbalance", "applies to expert parallel only (--ep > 1)")
-    warnings = list(job.warnings)
+    warnings = list(job.warnings) + cp_inert(values, training, naming)
+    if traced is None:
+        warnings += sac_force_notes(model, training, naming)
     if model.shape_assumed:
         warnings.append(Notice(f"model shape assumed from {naming.name('model.params')}; give "
                                f"{naming.name('model.preset')} or a shape for an exact "

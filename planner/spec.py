@@ -744,14 +744,27 @@ class TrainingSpec:
     keep_logits: bool = False
     """The loop holds the logits through backward (their fp32 copy is freed once log_softmax
     has run: autograd saves its output, not its input; traced)."""
+    optimizer_in_backward: bool = False
+    """Every parameter is stepped by its own optimizer in a post-accumulate-grad hook as soon
+    as its gradient is accumulated, then its gradient is freed (torchtune
+    ``optimizer_in_bwd``): no full gradient set, no step after backward (docs/model.md
+    "Optimizer in backward")."""
     activation_offload: bool = False
     """Saved activations offloaded to pinned host RAM (torchtune/TRL ``OffloadActivations``):
     the GPU keeps what is in flight, the host a copy of every offloaded tensor."""
     activation_offload_impl: OffloadImpl = OffloadImpl.TORCHTUNE
     """Whose ``OffloadActivations`` (torchtune's or TRL's copy) runs --activation-offload."""
     compile: CompileMode = CompileMode.NONE
+    tf32: bool = False
+    """fp32 matmuls on TF32 tensor cores (``torch.backends.cuda.matmul.allow_tf32``, off by
+    default since torch 1.12; the HF Trainer's ``tf32``): the step's fp32 matmuls at the
+    profile's ``tf32_tflops`` instead of ``fp32_tflops``. No memory effect."""
     sac_list: SacList = SacList.CURRENT
     """The op save list of ``--checkpointing selective`` (torchtitan's, by release: SacList)."""
+    sac_force_recompute: tuple[str, ...] = ("moe.router.gate",)
+    """torchtitan's ``force_recompute_mm_shapes_by_fqns`` under ``--checkpointing selective``:
+    module names whose linears' weight shapes are recomputed and left out of the every-other-mm
+    count (planner/sac.py; torchtitan's default since 2025-07-16)."""
     float8: Float8Recipe = Float8Recipe.NONE
     """torchao float8 training of the blocks' linears (docs/model.md "Float8 training")."""
     float8_all_gather: bool = False

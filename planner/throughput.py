@@ -19,8 +19,10 @@ Conventions
   PaLM, torchtitan (``get_num_flop_per_token``) and llm-foundry's MFU, so our MFU is comparable
   with theirs; it also stands in for the flash-attention kernel's lower efficiency.
 * Recompute (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
-  Models", sec. 4 / 5): FULL checkpointing re-runs each block's forward (``2 * N_blocks +
-  4 * L * seq * q_dim`` per token; the head is outside the checkpointed blocks); SELECTIVE is
+  Models", sec. 4 / 5): FULL checkpointing re-runs each block's forward but its last matmul
+  (``2 * (N_blocks - L * N_down) + 4 * L * seq * q_dim`` per token; the head is outside the
+  checkpointed blocks; ``N_down``: the MLP's down projection, which PyTorch's non-reentrant
+  checkpoint does not re-run, planner/arch ``block_unrecomputed_weights``); SELECTIVE is
   PyTorch's op-level selective checkpointing as torchtitan configures it (every other matmul
   output saved, the SDPA output saved): about half the block matmuls re-run, no attention.
 * MFU is measured against model FLOPs *without* recompute (PaLM appendix B definition), so
@@ -161,11 +163,28 @@ def model_flops_per_token(model: ModelSpec, seq: int) -> float:
 
 
 def recompute_flops_per_token(model: ModelSpec, seq: int, checkpointing: Checkpointing) -> float:
-    """Extra forward FLOPs per token re-run in backward (Korthikanti et al. 2022)."""
+    """Extra forward FLOPs per token re-run in backward (Korthikanti et al. 2022), less the
+    last matmul a full recompute stops before (``unrecomputed_weights``)."""
     rc = RECOMPUTE[_ckpt(checkpointing)]
     block, _ = matmul_params(model)
-    return (rc.matmul * 2.0 * model.n_layers * block
+    return (2.0 * model.n_layers * (rc.matmul * block - rc.early_stop * unrecomputed_weights(model))
             + rc.attention * 4.0 * model.n_layers * seq * attn_width(model))
+
+
+def unrecomputed_weights(model: ModelSpec, finetune: Any = None) -> int:
+    """Matmul weights per block whose forward a FULL recompute skips (the MLP's down
+    projection when nothing after it saves its output; planner/arch
+    ``block_unrecomputed_weights``: PyTorch's non-reentrant checkpoint stops early).
+
+    ``finetune`` (a FineTune; None: full training): a LoRA adapter on down runs its
+    ``lora_b`` matmul after the base one (torchtune LoRALinear / peft lora.Linear:
+    ``out = base(x); out + scale * lora_b(lora_a(x))``), so lora_b's saved input is the last
+    and the base matmul is re-run; a quantized base's down is an autograd Function that saves
+    after its forward ran (torchao ``linear_nf4``, bitsandbytes ``MatMul4Bit``): 0 for both."""
+    if finetune is not None and ((finetune.lora and "down" in finetune.lora_targets)
+                                 or finetune.quantize_base.value != "none"):
+        return 0
+    return variants_of(model).block_unrecomputed_weights(model)
 
 
 def training_flops_per_token(model: ModelSpec, seq: int, checkpointing: Checkpointing) -> float:
@@ -181,6 +200,9 @@ class Recompute:
     """Of the block matmuls."""
     attention: Any
     """Of the attention core."""
+    early_stop: Any = 0.0
+    """1: the recompute stops before the block's last matmul (``p_unrecomputed`` of its
+    weights and, under TP, the reduce-scatter after it are not re-run)."""
 
 
 RECOMPUTE: dict[Checkpointing, Recompute] = {
@@ -188,8 +210,24 @@ RECOMPUTE: dict[Checkpointing, Recompute] = {
     # op-level SAC (torchtitan's policy, planner/activations.py op_sac_kept): every other
     # matmul is recomputed (about half the block's matmul FLOPs), the SDPA output is saved.
     Checkpointing.SELECTIVE: Recompute(0.5, 0.0),
-    Checkpointing.FULL: Recompute(1.0, 1.0),
+    # the whole block but its last matmul (non-reentrant early stop: unrecomputed_weights)
+    Checkpointing.FULL: Recompute(1.0, 1.0, 1.0),
 }
+
+
+def recompute_of(model: ModelSpec, training: TrainingSpec,
+                 checkpointing: Checkpointing) -> Recompute:
+    """RECOMPUTE's share, and under selective checkpointing the linears torchtitan's
+    ``force_recompute_mm_shapes_by_fqns`` moves between kept and recomputed on top of it
+    (activations.sac_forced_share: exact in the weights moved; the alternation's own share
+    stays RECOMPUTE's half)."""
+    rc = RECOMPUTE[_ckpt(checkpointing)]
+    if checkpointing is not Checkpointing.SELECTIVE or not training.sac_force_recompute:
+        return rc
+    from planner.activations import sac_forced_share
+
+    share = sac_forced_share(model, training.sac_list, training.sac_force_recompute)
+    return dataclasses.replace(rc, matmul=rc.matmul + share) if share else rc
 
 
 def _ckpt(checkpointing: Checkpointing) -> Checkpointing:
@@ -328,16 +366,18 @@ def gather_bytes(precision: Precision) -> int:
     return precision.compute_bytes
 
 
-def peak_flops(gpu: GpuProfile, precision: Precision) -> float:
+def peak_flops(gpu: GpuProfile, precision: Precision, tf32: bool = False) -> float:
     """Dense peak FLOP/s of the precision's matmuls.
 
     bf16 / fp16 tensor cores for the half precisions; plain fp32 for FP32 (PyTorch's default
-    ``torch.backends.cuda.matmul.allow_tf32 = False`` since 1.12).
+    ``torch.backends.cuda.matmul.allow_tf32 = False`` since 1.12), TF32 tensor cores with
+    ``tf32`` (``--tf32``: allow_tf32 on; the profile's tf32_tflops, the fp32 rate on a GPU
+    without TF32).
     """
     if precision is Precision.FP16_AMP:
         return gpu.fp16_tflops * 1e12
     if precision is Precision.FP32:
-        return gpu.fp32_tflops * 1e12
+        return (gpu.tf32_tflops if tf32 else gpu.fp32_tflops) * 1e12
     return gpu.bf16_tflops * 1e12
 
 
@@ -422,6 +462,10 @@ class StepInputs:
     # ---- fine-tuning and tensor parallel (defaults: full training, no TP) -----------------
     p_grad: Any = None
     """Parameters with gradients (reduced, offloaded); None: all (p_total)."""
+    p_unrecomputed: Any = 0.0
+    """Matmul weights per block a FULL recompute does not re-run (``unrecomputed_weights``)."""
+    f8_p_unrecomputed: Any = 0.0
+    """Of p_unrecomputed, a float8 linear's weights (planner/float8.py ``linears``)."""
     mm_w: Any = None
     """Matmul weights per token whose weight gradient is computed; None: all (L·p_block +
     p_head). LoRA: the adapters; frozen layers: the rest."""
@@ -551,7 +595,10 @@ def step_core(x: StepInputs) -> StepEstimate:
     attn_bwd = attn_fwd if x.attn_bwd_layers is None else 4.0 * x.attn_bwd_layers * seq * q
     bwd_tok = 2.0 * mm_x + 2.0 * mm_w + 2.0 * attn_bwd
     model_tok = fwd_tok + bwd_tok
-    recompute_tok = rc.matmul * 2.0 * L * x.p_block + rc.attention * attn_fwd
+    # a full recompute stops before the block's last matmul (PyTorch non-reentrant
+    # checkpoint's early stop; planner/arch ``block_unrecomputed_weights``)
+    recompute_tok = (2.0 * L * (rc.matmul * x.p_block - rc.early_stop * x.p_unrecomputed)
+                     + rc.attention * attn_fwd)
     tokens_micro = mb * seq
     tp = x.tp
     # a TP group shares each micro-batch's matmuls; a CP group its tokens (load-balanced
@@ -570,8 +617,9 @@ def step_core(x: StepInputs) -> StepEstimate:
     ep_bwd = (4.0 + 2.0 * rc.matmul) * x.ep_idle_mm
     fwd_s = tokens_micro * (fwd_tok + ep_fwd - f8) / rate + 0.5 * x.dequant_s + x.f8_cast_fwd_s
     # (a recomputed forward dequantizes again)
+    f8_rc = f8 * rc.matmul - rc.early_stop * 2.0 * L * x.f8_p_unrecomputed * x.f8_discount
     bwd_s = (tokens_micro * (bwd_tok + recompute_tok + ep_bwd
-                             - f8_bwd * (1.0 + x.f8_gw) - f8 * rc.matmul) / rate
+                             - f8_bwd * (1.0 + x.f8_gw) - f8_rc) / rate
              + 0.5 * x.dequant_s * (1.0 + rc.matmul)
              + x.f8_cast_bwd_s + rc.matmul * x.f8_cast_fwd_s)
     compute_s = ga * (fwd_s + bwd_s)
@@ -711,9 +759,13 @@ def tp_collectives_s(x: StepInputs, n_layers: Any, micro_batches: Any) -> Any:
     TP), inside a node; ``n_layers`` blocks, ``micro_batches`` micro-batches."""
     tp = x.tp
     # per block: attention's and the MLP's all-gather and reduce-scatter, forward, backward
-    # and a recomputed forward; an EP MoE beside TP has none around its MLP (§8.8)
-    calls = n_layers * (8.0 + 4.0 * x.recompute.matmul) \
-        - x.tp_moe_layers * (4.0 + 2.0 * x.recompute.matmul)
+    # and a recomputed forward (which stops before the MLP's down projection, and so before
+    # the reduce-scatter after it, where p_unrecomputed > 0); an EP MoE beside TP has none
+    # around its MLP (§8.8)
+    rc = x.recompute
+    skipped = rc.early_stop * vec.where(x.p_unrecomputed > 0, 1.0, 0.0)
+    calls = n_layers * (8.0 + 4.0 * rc.matmul - skipped) \
+        - x.tp_moe_layers * (4.0 + 2.0 * rc.matmul)
     return vec.where(tp > 1.0, micro_batches * calls * ((tp - 1.0) / tp * x.tp_bytes
                                                         / x.bw_intra + (tp - 1.0) * x.lat_intra),
                      0.0)
@@ -915,8 +967,9 @@ class Rates:
         a = assumptions
         eff = a.compute_efficiency if a.compute_efficiency is not None else \
             default_compute_efficiency(gpu, training.compile)
-        return cls(peak=peak_flops(gpu, training.precision),
-                   peak_fsdp=peak_flops(gpu, fsdp_compute_precision(training)), eff=float(eff),
+        return cls(peak=peak_flops(gpu, training.precision, training.tf32),
+                   peak_fsdp=peak_flops(gpu, fsdp_compute_precision(training), training.tf32),
+                   eff=float(eff),
                    bw_intra=gpu.intra_node_bandwidth_bytes_per_s * a.intra_node_comm_efficiency,
                    bw_inter=gpu.inter_node_bandwidth_bytes_per_s * a.inter_node_comm_efficiency,
                    pcie=gpu.pcie_bandwidth_bytes_per_s * a.pcie_efficiency,
@@ -967,7 +1020,9 @@ def step_inputs_at(model: ModelSpec, training: TrainingSpec, candidate: Candidat
         grad_b=float(fd.reduce if fsdp else grad_reduce_bytes(precision, candidate.strategy)),
         master_b=float(fd.storage if fsdp else precision.param_bytes),
         comm=collectives(candidate.strategy, training.grad_sync),
-        recompute=RECOMPUTE[_ckpt(candidate.checkpointing)],
+        recompute=recompute_of(model, training, candidate.checkpointing),
+        p_unrecomputed=float(unrecomputed_weights(model, training.finetune)),
+        f8_p_unrecomputed=float(_f8_unrecomputed(model, training)),
         offload=OFFLOAD_TRAFFIC[candidate.offload],
         tp=float(candidate.tp),
         act_offload_bytes=_act_offload_bytes(model, training, candidate) * mb * seq * 1.0,
@@ -979,6 +1034,16 @@ def step_inputs_at(model: ModelSpec, training: TrainingSpec, candidate: Candidat
                     c=fd.param if fsdp else precision.compute_bytes),
         **ep_step_inputs(model, training, candidate, mb=mb, seq=seq, gpn=gpn, n=n,
                          c=fd.param if fsdp else precision.compute_bytes), **f8)
+
+
+def _f8_unrecomputed(model: ModelSpec, training: TrainingSpec) -> int:
+    """The skipped down projection's weights when it is a float8 linear (0 otherwise)."""
+    skipped = unrecomputed_weights(model, training.finetune)
+    if not skipped or training.float8.value == "none":
+        return 0
+    from planner import float8
+
+    return skipped if (model.ffn_hidden, model.hidden) in float8.linears(model) else 0
 
 
 def onebit_inputs(model: ModelSpec, training: TrainingSpec, n: Any) -> dict[str, Any]:

@@ -208,6 +208,14 @@ class CachingAllocator:
             out[s] -= size
         return out
 
+    def default_stream_hole(self, stream: Hashable = 0) -> int:
+        """What ``stream``'s own pool keeps beyond the allocated peak: max reserved - max
+        allocated - what the *other* streams held free when reserved peaked. With fixed
+        segments this is the term the planner's ``fragmentation`` stands for (docs/model.md
+        §7.4): blocks split by best fit whose free rest no later request fits."""
+        others = sum(v for k, v in self.cached_at_peak().items() if k != stream)
+        return self.max_reserved - self.max_allocated - others
+
     def empty_cache(self) -> None:
         self._release_cached_blocks()
 

@@ -95,3 +95,61 @@ def loss_region(tokens: int = 32768, vocab: int = 128256, hidden: int = 4096,
             "max_allocated": emu.max_allocated, "max_reserved": emu.max_reserved,
             "overhead": emu.max_reserved - emu.max_allocated,
             "overhead_per_logit": (emu.max_reserved - emu.max_allocated) / (tokens * vocab)}
+
+
+def loss_parallel_region(tokens: int, vocab: int, hidden: int, tp: int,
+                         expandable: bool = True) -> dict[str, Any]:
+    """The loss region of one rank under tensor parallel's ``loss_parallel`` (torchtitan:
+    ``ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)`` on the output head,
+    the loss under ``loss_parallel()``), recorded on the rank's local tensors: DTensor runs its
+    custom loss ops below the autograd and dispatch-mode level, so the real local functions of
+    torch/distributed/tensor/parallel/loss.py are called here on the local shard (``_log_softmax``
+    in forward, ``_nll_loss_and_log_softmax_backward`` in backward, over a fake process group of
+    ``tp`` ranks), in the order autograd runs them: the head's local logits (bf16), their fp32
+    copy (``_to_copy`` saves nothing: freed once the loss returns), ``_log_softmax`` (autograd
+    saves its output), ``del pred``; backward: the fused nll/log_softmax gradient, the saved
+    output released by its node, the bf16 cast of the gradient, the head's two matmuls."""
+    import torch.distributed as dist
+    import torch.distributed.tensor.parallel.loss as lp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    created = not dist.is_initialized()
+    if created:
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=tp)
+    try:
+        mesh = init_device_mesh("cpu", (tp,))
+        local_v = vocab // tp
+
+        def run(rec: _Recorder) -> None:
+            h = torch.empty(tokens, hidden, dtype=torch.bfloat16)  # all-gathered, saved
+            w = torch.empty(local_v, hidden, dtype=torch.bfloat16)
+            labels = torch.zeros(tokens, dtype=torch.long)
+            for t in (h, w, labels):
+                rec.track(t)
+            with rec:
+                pred = h @ w.t()
+                x32 = pred.float()
+                out = lp._log_softmax(x32, 1, False, mesh, 0)
+                del x32, pred
+                grad = lp._nll_loss_and_log_softmax_backward(
+                    torch.ones((), dtype=torch.float32), out, labels, None, 1, -100,
+                    torch.tensor(float(tokens)), torch.Size([tokens, vocab]), 1, mesh, 0)
+                del out  # its node is done: the saved output is released
+                low = grad.to(torch.bfloat16)
+                del grad
+                grads = (low.t() @ h, low @ w)
+                del low, grads
+            run.keep = (h, w, labels)  # type: ignore[attr-defined]
+
+        events = record(run)
+    finally:
+        if created:
+            dist.destroy_process_group()
+    emu = CachingAllocator(expandable=expandable).replay(events)
+    inputs = (tokens * hidden + local_v * hidden) * 2 + tokens * 8
+    local = tokens * local_v
+    return {"events": events, "max_allocated": emu.max_allocated,
+            "max_reserved": emu.max_reserved,
+            "beyond_inputs_per_local_logit": (emu.max_allocated - inputs) / local,
+            "overhead_per_local_logit": (emu.max_reserved - emu.max_allocated) / local}

@@ -164,10 +164,14 @@ class ModuleTracer:
                 selective = opts.checkpointing is Checkpointing.SELECTIVE
                 if selective and opts.selective_policy != "op":
                     raise UnsupportedConfig("selective checkpointing of a module uses 'op'")
-                sac = (opts.training or TrainingSpec()).sac_list.value
-                ctx = _recompute_contexts(opts.recompute_context, selective, sac)
+                from probes.models import torchtitan_force_shapes
+
+                tr = opts.training or TrainingSpec()
                 wrapped = []
-                for blk in blocks:
+                for i, blk in enumerate(blocks):
+                    ctx = _recompute_contexts(
+                        opts.recompute_context, selective, tr.sac_list.value,
+                        torchtitan_force_shapes(blk, i, tr.sac_force_recompute))
                     w = checkpoint_wrapper(blk, checkpoint_impl=CheckpointImpl.NO_REENTRANT,
                                            context_fn=ctx, preserve_rng_state=False)
                     _replace(module, blk, w)

@@ -29,6 +29,13 @@ EP rank N / ep rows and receives R / ep from each, R = imbalance x N (this proce
 same saved inputs). The router, top-k and renormalisation are the reference MoE's, and so
 is the combine's multiply in the compute dtype (the reference's ``moe.expert_out``;
 torchtitan multiplies in fp32, a difference the planner's docs note, with or without EP).
+
+Shared experts (``spec.shared_ffn``) are a dense MLP of that width on every token, run after
+the routed experts' combine and added (``MoE.forward``, models/common/moe.py lines 440-452);
+the first ``spec.n_dense_layers`` blocks get a dense MLP of ``dense_ffn_hidden`` and no
+experts (DeepSeek-V3's dense blocks). Beside TP (``tp`` > 1) the shared experts and the
+dense blocks' MLPs are TP-sharded as torchtitan shards them (probes/finetune_tp.py
+``apply_tp_plan`` ``ep_moe``).
 """
 
 from __future__ import annotations
@@ -98,6 +105,11 @@ class EPMoE(nn.Module):
         self.experts = _Experts(spec, spec.n_experts // ep, ckpt)
         self.ckpt = ckpt
         self.group: Any = None
+        # torchtitan's shared experts (``MoE.shared_experts``, a FeedForward of
+        # moe_inter_dim x num_shared_experts: DeepSeek-V3, Llama-4), run on every token
+        # after the routed experts' combine and added to their output (models/common/moe.py
+        # ``MoE.forward``, lines 440-452 at b5bcd76)
+        self.shared = _mlp(spec, spec.shared_ffn, ckpt) if spec.shared_ffn else None
 
     def _splits(self, n_rows: int) -> tuple[int, int]:
         """(rows routed, rows received); both must split over the EP ranks and the received
@@ -142,13 +154,39 @@ class EPMoE(nn.Module):
             del back
         out = y * w_sorted.to(y.dtype).unsqueeze(-1)
         res = torch.zeros_like(xt).scatter_add(0, tok.unsqueeze(-1).expand(-1, h), out)
-        return res.view(b, t, h)
+        res = res.view(b, t, h)
+        if self.shared is not None:
+            res = res + self.shared(m)
+        return res
+
+
+def _mlp(spec: ModelSpec, width: int, ckpt: Any) -> nn.Module:
+    """A dense MLP of ``width`` (the reference's ``DenseMLP``: gate, up, down linears) whose
+    checkpointing settings are ``ckpt``: a shared expert, or a dense first block's MLP."""
+    import dataclasses
+
+    from probes.models import DenseMLP
+
+    mlp = DenseMLP(dataclasses.replace(spec, ffn_hidden=width))
+    mlp.ckpt = ckpt
+    return mlp
 
 
 def install(net: nn.Module, spec: ModelSpec, training: TrainingSpec) -> None:
-    """Replace every block's MoE MLP with ``EPMoE`` (before ``configure``)."""
-    for blk in net.blocks:
-        blk.mlp = EPMoE(spec, training.ep, training.ep_imbalance, blk.mlp.ckpt)
+    """Replace every block's MoE MLP with ``EPMoE`` (before ``configure``); the first
+    ``n_dense_layers`` blocks get a dense MLP of ``dense_ffn_hidden`` instead (DeepSeek's
+    ``first_k_dense_replace``: torchtitan's DeepSeek-V3 builds a ``FeedForward`` there,
+    ``moe`` None)."""
+    if spec.shared_expert_gate:
+        from probes.trace_types import UnsupportedConfig
+
+        raise UnsupportedConfig("a shared expert gate (Qwen2-MoE) is not in torchtitan's MoE: "
+                                "not traced under EP")
+    for i, blk in enumerate(net.blocks):
+        if i < spec.n_dense_layers:
+            blk.mlp = _mlp(spec, spec.dense_ffn_hidden, blk.mlp.ckpt)
+        else:
+            blk.mlp = EPMoE(spec, training.ep, training.ep_imbalance, blk.mlp.ckpt)
 
 
 def ep_parallelize(net: nn.Module, spec: ModelSpec, training: TrainingSpec,
@@ -166,13 +204,14 @@ def ep_parallelize(net: nn.Module, spec: ModelSpec, training: TrainingSpec,
     from torch.distributed.tensor import Shard
 
     if tp > 1 and (spec.n_heads % tp or spec.n_kv_heads % tp or spec.vocab % tp
+                   or spec.shared_ffn % tp or spec.dense_ffn_hidden % tp
                    or spec.tied_embeddings or spec.parallel_block or spec.kv_lora_rank
                    or spec.norm.value != "rmsnorm"):
         from probes.trace_types import UnsupportedConfig
 
         raise UnsupportedConfig(f"EP x TP {tp} is traced on the Llama-style reference blocks "
-                                "(untied, RMSNorm, sequential, no MLA) with heads, kv heads "
-                                "and vocab divisible by tp")
+                                "(untied, RMSNorm, sequential, no MLA) with heads, kv heads, "
+                                "vocab and the shared and dense MLPs' widths divisible by tp")
 
     def apply(world_size: int, gpus_per_node: int) -> tuple[int, ...]:
         from torch.distributed.device_mesh import init_device_mesh
@@ -202,8 +241,10 @@ def ep_parallelize(net: nn.Module, spec: ModelSpec, training: TrainingSpec,
         mp, root_mp = policies
         blocks = list(net.blocks)
         for blk in blocks:
-            blk.mlp.group = sparse["ep"].get_group()
-            experts = set(blk.mlp.experts.parameters())
+            experts: set = set()
+            if isinstance(blk.mlp, EPMoE):  # a dense first block: every parameter on dp
+                blk.mlp.group = sparse["ep"].get_group()
+                experts = set(blk.mlp.experts.parameters())
 
             def placement(p: nn.Parameter, experts: set = experts) -> Any:
                 if p in experts:

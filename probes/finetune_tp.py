@@ -207,15 +207,21 @@ def apply_tp_plan(net: nn.Module, tp_mesh: Any, ep_moe: bool = False) -> None:
     ``tp_parallelize`` and by the pipeline trace (probes/pipeline_trace.py), which applies it
     to the whole meta model before keeping a stage's modules.
 
-    ``ep_moe``: every block's MLP is expert parallel's MoE (probes/ep_trace.py ``EPMoE``),
+    ``ep_moe``: the blocks' MLPs are expert parallel's MoE (probes/ep_trace.py ``EPMoE``),
     laid out as torchtitan does under EP x TP (b5bcd76, models/common/moe_sharding.py
     ``_moe_sharding_config`` / ``_router_sharding_config`` / ``_routed_experts_sharding_
     configs``: the sequence-parallel layout kept around the MoE): the MoE gets this rank's
     sequence shard as a local tensor (no all-gather) and returns its output as that shard of
-    the residual stream (no reduce-scatter); its router and experts are not TP-sharded."""
+    the residual stream (no reduce-scatter); its router and experts are not TP-sharded. Its
+    shared experts are (``_shared_experts_sharding_configs``, lines 167-198: the parent
+    FeedForward's input redistributed from the sequence shard to Replicate, w1 / w3
+    colwise, w2 rowwise reduced to the sequence shard, where the routed output is added).
+    A block whose MLP is dense (DeepSeek's dense first blocks: ``set_dense_ffn_sharding``,
+    models/common/decoder_sharding.py lines 305-338) is laid out as without EP."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
+        PrepareModuleInput,
         PrepareModuleOutput,
         RowwiseParallel,
         SequenceParallel,
@@ -231,14 +237,24 @@ def apply_tp_plan(net: nn.Module, tp_mesh: Any, ep_moe: bool = False) -> None:
         "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1),
                                    use_local_output=False),
     })
-    mlp_plan = {} if ep_moe else {
-        "mlp.gate": ColwiseParallel(), "mlp.up": ColwiseParallel(),
-        "mlp.down": RowwiseParallel(output_layouts=Shard(1))}
+    def dense_plan(prefix: str, mlp: nn.Module) -> dict:
+        gated = {f"{prefix}.gate": ColwiseParallel()} if hasattr(mlp, "gate") else {}
+        return {**gated, f"{prefix}.up": ColwiseParallel(),
+                f"{prefix}.down": RowwiseParallel(output_layouts=Shard(1))}
+
     # the residual stream between modules is the local sequence shard (the embedding's and
     # the row-parallel outputs' ``use_local_output``): the MoE takes and returns that
     local = PrepareModuleOutput(output_layouts=Shard(1), desired_output_layouts=Shard(1),
                                 use_local_output=True)
     for blk in net.blocks:
+        moe = ep_moe and hasattr(blk.mlp, "experts")
+        mlp_plan = {} if moe else dense_plan("mlp", blk.mlp)
+        if moe and blk.mlp.shared is not None:
+            # the shared experts' parent: one all-gather of the MoE's sequence-shard input
+            mlp_plan = {"mlp.shared": PrepareModuleInput(input_layouts=(Shard(1),),
+                                                         desired_input_layouts=(Replicate(),),
+                                                         use_local_output=True),
+                        **dense_plan("mlp.shared", blk.mlp.shared)}
         parallelize_module(blk, tp_mesh, {
             "norm1": SequenceParallel(), "norm2": SequenceParallel(),
             "attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(),
@@ -249,7 +265,7 @@ def apply_tp_plan(net: nn.Module, tp_mesh: Any, ep_moe: bool = False) -> None:
         # torchtitan's PrepareModuleInput(Shard(1) -> Replicate) on attention and
         # feed_forward: one all-gather of the normed input, shared by the projections; under
         # EP the MoE keeps the sequence shard instead
-        parallelize_module(blk, tp_mesh, {"norm1": gather, "norm2": local if ep_moe else gather})
+        parallelize_module(blk, tp_mesh, {"norm1": gather, "norm2": local if moe else gather})
         attn = blk.attn
         attn.n_heads //= tp
         attn.n_kv //= tp

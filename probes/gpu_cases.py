@@ -214,7 +214,7 @@ def build(dev: Dev, spec: ModelSpec, training: TrainingSpec, cand: Candidate, wo
     net = build_model(spec, device="meta" if fsdp else dev.device)
     net.configure(checkpointing=cand.checkpointing, attention=training.attention.value,
                   selective_policy="op", sac_list=training.sac_list.value,
-                  loss=training.loss.value,
+                  sac_force=training.sac_force_recompute, loss=training.loss.value,
                   loss_chunks=training.loss_chunks, keep_logits=training.keep_logits)
     if training.precision is Precision.BF16:
         net = net.to(torch.bfloat16)

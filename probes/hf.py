@@ -274,11 +274,13 @@ def _loss_fn(model: Any):
     return loss
 
 
-def _recompute_contexts(extra: Any, selective: bool, sac_list: str = "current") -> Any:
+def _recompute_contexts(extra: Any, selective: bool, sac_list: str = "current",
+                        force_shapes: frozenset = frozenset()) -> Any:
     """A checkpoint ``context_fn``: the dropout emulation during recomputation (the loop's
     function mode is not in effect inside checkpoint's recomputation: the recomputed masks
     would differ from the saved ones), ``extra``'s contexts (the autocast emulation), and for
-    selective checkpointing torchtitan's op-level SAC policy with the save list ``sac_list``."""
+    selective checkpointing torchtitan's op-level SAC policy with the save list ``sac_list``
+    and the block's forced shapes (``probes.models.torchtitan_force_shapes``)."""
     from contextlib import nullcontext
 
     from probes.models import _BothContexts, _op_sac_context_fn
@@ -287,7 +289,7 @@ def _recompute_contexts(extra: Any, selective: bool, sac_list: str = "current") 
         fwd, rec = extra() if extra is not None else (nullcontext(), nullcontext())
         return fwd, _BothContexts(rec, CudaDropoutEmulation())
 
-    return _op_sac_context_fn(context_fn, sac_list) if selective else context_fn
+    return _op_sac_context_fn(context_fn, sac_list, force_shapes) if selective else context_fn
 
 
 def hf_factory(config: dict[str, Any], *, layers: int | None = None):
@@ -315,10 +317,13 @@ def hf_factory(config: dict[str, Any], *, layers: int | None = None):
             if selective and opts.selective_policy != "op":
                 raise UnsupportedConfig("selective_policy 'regions' exists only for the "
                                         "reference model; Hugging Face layers use 'op'")
+            from probes.models import torchtitan_force_shapes
+
             tr = opts.training or TrainingSpec()
-            context_fn = _recompute_contexts(opts.recompute_context, selective,
-                                             tr.sac_list.value)
             for i, layer in enumerate(list(layer_list)):
+                shapes = torchtitan_force_shapes(layer, i, tr.sac_force_recompute)
+                context_fn = _recompute_contexts(opts.recompute_context, selective,
+                                                 tr.sac_list.value, shapes)
                 layer_list[i] = checkpoint_wrapper(
                     layer, checkpoint_impl=CheckpointImpl.NO_REENTRANT, context_fn=context_fn,
                     preserve_rng_state=dropout)

@@ -123,6 +123,10 @@ checks it), so their selective checks run the older one."""
 
 def training_for(arch: str, seq: int, micro_batch: int = 1, **kw: Any) -> TrainingSpec:
     kw.setdefault("sac_list", SAC_LIST.get(arch, SacList.CURRENT))
+    # torchtitan's force_recompute_mm_shapes_by_fqns names torchtitan's modules: on a Hugging
+    # Face layer its default (moe.router.gate) matches nothing (probes.models
+    # torchtitan_force_shapes), so the planner beside it forces nothing either
+    kw.setdefault("sac_force_recompute", ())
     return TrainingSpec(seq=min(seq, MAX_SEQ.get(arch, seq)), micro_batch=micro_batch,
                         attention=ATTENTION.get(arch, Attention.SDPA), **kw)
 

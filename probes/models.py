@@ -264,14 +264,16 @@ def _resolve_ops(names) -> set:
     return out
 
 
-def _op_sac_policy(meta: dict[str, int], sac_list: str = "current"):
+def _op_sac_policy(meta: dict[str, int], sac_list: str = "current",
+                   force_shapes: frozenset = frozenset()):
     """torchtitan's op-level selective AC policy (``SelectiveAC._wrap_block``'s
     ``wrapped_policy`` at b5bcd76; ``_get_custom_policy`` in the per-model era): save the
     outputs of the ops of ``sac_list`` (``sac_save_ops``), except every second ``mm`` /
     ``linear`` (the 1st, 3rd, ... kept, counted apart in forward and in recompute); recompute
-    everything else. Not reproduced: ``force_recompute_mm_shapes_by_fqns`` (default
-    ``["moe.router.gate"]``: torchtitan recomputes its router's mm and leaves it out of the
-    count) and the CUDA-to-CPU ``_to_copy`` it saves (no such copy in the reference blocks)."""
+    everything else. ``force_shapes``: ``force_recompute_mm_shapes_by_fqns`` resolved to
+    (in, out) weight shapes (an mm whose right operand has one is recomputed and not counted:
+    activation_checkpoint.py:260-267). Not reproduced: the CUDA-to-CPU ``_to_copy`` it saves
+    (no such copy in the reference blocks)."""
     from torch.utils.checkpoint import CheckpointPolicy
 
     mm_ops = {torch.ops.aten.mm.default, torch.ops.aten.linear.default}
@@ -280,6 +282,12 @@ def _op_sac_policy(meta: dict[str, int], sac_list: str = "current"):
     def policy(ctx, func, *args, **kwargs):
         key = "recompute_mm_count" if ctx.is_recompute else "forward_mm_count"
         if func in mm_ops:
+            if force_shapes:
+                shape = tuple(args[1].shape)
+                if func is torch.ops.aten.linear.default:  # weight (out, in)
+                    shape = shape[::-1]
+                if shape in force_shapes:
+                    return CheckpointPolicy.PREFER_RECOMPUTE
             meta[key] += 1
         to_save = func in save and not (func in mm_ops and meta[key] % 2 == 0)
         return CheckpointPolicy.MUST_SAVE if to_save else CheckpointPolicy.PREFER_RECOMPUTE
@@ -287,15 +295,33 @@ def _op_sac_policy(meta: dict[str, int], sac_list: str = "current"):
     return policy
 
 
-def _op_sac_context_fn(extra: Callable[[], tuple], sac_list: str = "current"
-                       ) -> Callable[[], tuple]:
+def torchtitan_force_shapes(block: nn.Module, index: int, entries) -> frozenset:
+    """torchtitan's own resolution of ``force_recompute_mm_shapes_by_fqns`` on a real block
+    (activation_checkpoint.py:226-237): every module whose ``layers.<index>.<name>`` contains
+    an entry must be an ``nn.Linear`` (else ValueError, as torchtitan raises); its weight's
+    (in, out). For a module whose names are not torchtitan's (a Hugging Face layer) the
+    default ``moe.router.gate`` matches nothing, as it would there."""
+    shapes = set()
+    for name, sub in block.named_modules():
+        if not any(e in f"layers.{index}.{name}" for e in entries):
+            continue
+        if not isinstance(sub, nn.Linear):
+            raise ValueError("force_recompute_mm_shapes_by_fqns expected to match a nn.Linear, "
+                             f"but got: {type(sub).__name__} at layers.{index}.{name}")
+        out_f, in_f = sub.weight.shape
+        shapes.add((int(in_f), int(out_f)))
+    return frozenset(shapes)
+
+
+def _op_sac_context_fn(extra: Callable[[], tuple], sac_list: str = "current",
+                       force_shapes: frozenset = frozenset()) -> Callable[[], tuple]:
     sac_save_ops(sac_list)  # a bad name fails here, not inside the checkpoint
 
     def context_fn():
         from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
         fwd, rec = create_selective_checkpoint_contexts(
-            _op_sac_policy(defaultdict(int), sac_list))
+            _op_sac_policy(defaultdict(int), sac_list, force_shapes))
         fwd2, rec2 = extra()
         return _BothContexts(fwd, fwd2), _BothContexts(rec, rec2)
 
@@ -645,13 +671,18 @@ class Transformer(nn.Module):
         context_fn: Callable[[], tuple] | None = None,
         selective_policy: str = "op",
         sac_list: str = "current",
+        sac_force: tuple[str, ...] = (),
         loss: str = "fp32",
         loss_chunks: int = 8,
         keep_logits: bool = False,
     ) -> Transformer:
         """Set activation checkpointing (none/selective/full), the selective policy
         ("regions": attention core + MLP activation, "op": torchtitan's op-level SAC) and the
-        attention kernel; ``sac_list``: the op save list of "op" (``sac_save_ops``).
+        attention kernel; ``sac_list``: the op save list of "op" (``sac_save_ops``);
+        ``sac_force``: torchtitan's ``force_recompute_mm_shapes_by_fqns``, its torchtitan
+        module names resolved to weight shapes as the planner resolves them
+        (``planner.sac.forced_shapes``: this model's linears are torchtitan's under other
+        names; the shape rule and the count are the policy's).
         ``context_fn`` is added to every checkpoint's contexts.
         ``loss`` (decoder head only): "fp32" ``cross_entropy(logits.float())``; "bf16"
         cross-entropy on the logits as computed; "chunked" torchtune's chunked output and
@@ -679,6 +710,9 @@ class Transformer(nn.Module):
         self.attention = str(attention)
         extra = context_fn or _no_ctx
         op_sac = mode is Checkpointing.SELECTIVE and selective_policy == "op"
+        from planner.sac import forced_shapes
+
+        shapes = forced_shapes(self.spec, sac_force)  # no dense blocks here (build_model)
         for blk in self.blocks:
             blk.op_sac = op_sac
             for ck in (blk.ckpt, blk.mlp.ckpt):
@@ -686,7 +720,7 @@ class Transformer(nn.Module):
                 ck.context_fn = extra
                 ck.preserve_rng = self.spec.dropout > 0
             if op_sac:
-                blk.ckpt.context_fn = _op_sac_context_fn(extra, sac_list)
+                blk.ckpt.context_fn = _op_sac_context_fn(extra, sac_list, shapes)
             blk.attn.eager = self.attention == "eager"
         return self
 

@@ -54,7 +54,9 @@ allocates global-shaped temporaries that the tracker counts as optimizer memory 
 SGD-momentum 5x the sharded state; the "inflated first iteration" of the notes). An iteration is
 ``grad_accum`` micro-batches (capped at 2: the second one already sees the accumulated
 gradients, further ones repeat it) of forward + loss + backward, then ``optimizer.step()`` and
-``zero_grad(set_to_none=True)``.
+``zero_grad(set_to_none=True)``. With ``optimizer_in_backward`` (one GPU) each parameter has its
+own optimizer, stepped in its post-accumulate-grad hook as torchtune does (``InBackward``), and
+nothing runs after backward: the trace has no optimizer moment.
 
 Result categories (bytes, one rank; fake CPU tensors so no 512-byte allocator rounding):
 ``params`` (sharded / local), ``unsharded_params`` (FSDP all-gathered params), ``grads``
@@ -164,6 +166,7 @@ def reference_factory(spec: ModelSpec) -> ModelFactory:
                       context_fn=opts.recompute_context,
                       selective_policy=opts.selective_policy,
                       sac_list=tr.sac_list.value,
+                      sac_force=tr.sac_force_recompute,
                       loss=tr.loss.value, loss_chunks=tr.loss_chunks,
                       keep_logits=tr.keep_logits)
         effects = {"loss", "keep_logits"}
@@ -353,6 +356,9 @@ def check_supported(training: TrainingSpec, candidate: Candidate) -> None:
                                 "bytes)")
     if training.cp > 1 and not candidate.strategy.is_fsdp:
         raise UnsupportedConfig("context parallel is traced with FSDP only")
+    if training.optimizer_in_backward and candidate.strategy is not Strategy.DDP:
+        raise UnsupportedConfig(f"optimizer in backward with {candidate.strategy.value}: "
+                                "traced on one GPU (ddp) only")
     opt = training.optimizer
     if opt in (OptimizerKind.LION, OptimizerKind.ADAMW_8BIT):
         raise UnsupportedConfig(f"optimizer {opt.value}: not in torch.optim, not traced")
@@ -385,6 +391,46 @@ def make_optimizer(params: list, training: TrainingSpec) -> torch.optim.Optimize
     if opt is OptimizerKind.ADAFACTOR:
         return torch.optim.Adafactor(params, lr=1e-2, **flags)
     raise UnsupportedConfig(f"optimizer {opt.value} not traced")
+
+
+class InBackward:
+    """torchtune's optimizer in backward (``optimizer_in_bwd``): one optimizer per
+    parameter, stepped by the parameter's post-accumulate-grad hook, which then frees the
+    gradient (torchtune/training/memory.py ``register_optim_in_bwd_hooks``, commit
+    1814feb17 l. 219-242: ``optim_dict[param].step()``, ``optim_dict[param].zero_grad()``;
+    torch ``Tensor.register_post_accumulate_grad_hook``). ``step`` and ``zero_grad`` of the
+    whole do nothing: every step ran in backward."""
+
+    def __init__(self, params: list, training: TrainingSpec) -> None:
+        self.optims = {p: make_optimizer([p], training) for p in params}
+        self.handles: list = []
+
+    def register(self) -> None:
+        """The hooks, registered after the tracker's own (MemTracker labels a gradient in its
+        post-accumulate hook: it must see the gradient before the step frees it)."""
+        def step_and_clear(p: torch.Tensor) -> None:
+            opt = self.optims[p]
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        self.handles = [p.register_post_accumulate_grad_hook(step_and_clear)
+                        for p in self.optims]
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+    def warm(self) -> None:
+        """Create every state with one step on zero gradients (the trace's cheap warm-up)."""
+        for p, opt in self.optims.items():
+            p.grad = torch.zeros_like(p)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+    @property
+    def state(self) -> dict:
+        return {p: st for opt in self.optims.values() for p, st in opt.state.items()}
 
 
 def low_dtype(precision: Precision) -> torch.dtype | None:
@@ -965,7 +1011,8 @@ def _trace(factory: ModelFactory, training: TrainingSpec, candidate: Candidate,
             opt_params = [p._local_tensor for p in params]
             if not all(lp.is_leaf for lp in opt_params):
                 opt_params = params
-        optimizer = make_optimizer(opt_params, training)
+        in_bwd = InBackward(opt_params, training) if training.optimizer_in_backward else None
+        optimizer = make_optimizer(opt_params, training) if in_bwd is None else None
         batch = tm.make_batch(b, t)
         t0 = time.perf_counter()
         if training.compile is not CompileMode.NONE:
@@ -981,7 +1028,9 @@ def _trace(factory: ModelFactory, training: TrainingSpec, candidate: Candidate,
             net.zero_grad(set_to_none=True)
             for lp in opt_params:
                 lp.grad = None
-        if warmup == "optimizer":
+        if warmup == "optimizer" and in_bwd is not None:
+            in_bwd.warm()
+        elif warmup == "optimizer":
             # Cheap warm-up: create the optimizer state with one step on zero gradients
             # (outside the tracker, which picks the state up when entered). The measured
             # iteration then runs in steady state: state present, grads None.
@@ -998,7 +1047,13 @@ def _trace(factory: ModelFactory, training: TrainingSpec, candidate: Candidate,
             from torch.distributed._tools.mem_tracker import MemTracker
 
             tracker = _tracker_class(MemTracker)()
-            tracker.track_external(net, optimizer, *batch)
+            if in_bwd is None:
+                tracker.track_external(net, optimizer, *batch)
+            else:
+                tracker.track_external(net, *in_bwd.optims.values(), *batch)
+                # the tracker's gradient hooks first, then the steps' (InBackward.register)
+                tracker._track_module_params_and_buffers(net, install_grad_hooks=True)
+                in_bwd.register()
         _watch_blocks(tm.blocks, tracker)
         if record_events:
             tracker.start_events()
@@ -1029,6 +1084,10 @@ def _trace(factory: ModelFactory, training: TrainingSpec, candidate: Candidate,
                 if sync_last and i < n_micro - 1:
                     _label_accumulated_grads(net, tracker)
             tracker.phase = "optimizer"
+            if in_bwd is not None:  # every parameter was stepped in backward
+                tm.after_step()
+                tracker.phase = "idle"
+                return
             if opt_params is not params:
                 for lp, p in zip(opt_params, params):
                     lp.grad = None if p.grad is None else p.grad._local_tensor
@@ -1067,6 +1126,8 @@ def _trace(factory: ModelFactory, training: TrainingSpec, candidate: Candidate,
                                    f"{first_line(exc)}") from exc
             finally:
                 stack.remove()
+                if in_bwd is not None:
+                    in_bwd.remove()
             t2 = time.perf_counter()
             end = tracker.get_tracker_snapshot()
             peak_snap = tracker.get_tracker_snapshot("peak")
@@ -1080,7 +1141,7 @@ def _trace(factory: ModelFactory, training: TrainingSpec, candidate: Candidate,
     # but on CUDA they live in host memory unless the optimizer is fused (or capturable).
     scalar_bytes = sum(
         v.numel() * v.element_size()
-        for st in optimizer.state.values()
+        for st in (optimizer if in_bwd is None else in_bwd).state.values()
         for v in st.values()
         if isinstance(v, torch.Tensor) and v.dim() == 0
     )
@@ -1109,9 +1170,11 @@ def _trace(factory: ModelFactory, training: TrainingSpec, candidate: Candidate,
         "checkpointing": candidate.checkpointing.value,
         "selective_policy": selective_policy,
         "sac_list": training.sac_list.value,
+        "sac_force_recompute": list(training.sac_force_recompute),
         "attention": training.attention.value,
         "optimizer": training.optimizer.value,
         "optimizer_impl": training.optimizer_impl.value,
+        "optimizer_in_backward": in_bwd is not None,
         "n_params": int(n_params),
         "n_trainable_params": int(n_trainable),
         "quant_const_bytes": int(quant_bytes),

@@ -206,3 +206,43 @@ def test_other_streams_cache_counts_at_the_peak():
                                    ("alloc", "x", 100 * MiB, 0)])
     assert a.max_reserved == 200 * MiB
     assert a.cached_at_peak() == {1: 100 * MiB, 0: 0}
+
+
+@pytest.mark.trace
+def test_loss_parallel_region_leaves_the_shards_logits_free():
+    """loss_parallel on one rank (tp 4, vocab 8192 -> 2048 local, 10240 tokens, hidden 5120):
+    the local logits (bf16) are 40 MiB, each fp32 shard-sized tensor 80 MiB. Forward: pred 40,
+    its fp32 copy 80, _log_softmax's shifted 80, exp 80 (freed after the sum), out 80 (in exp's
+    place); the copy, shifted and pred are freed. Backward peak: out + grad_input (zeros) +
+    exp(out) + their sum = 4 x 80 = 320 MiB beyond h, W and the labels: 16 B per local logit.
+    Expandable: pred, copy and shifted leave one 200 MiB hole (40 + 80 + 80) below out;
+    grad_input and exp take 160 of it, the sum (80) does not fit the 40 left: 80 more mapped at
+    the tail, so 40 MiB (2 B per local logit, the bf16 logits) stay reserved and free."""
+    pytest.importorskip("torch")
+    from probes.alloc_loss import loss_parallel_region
+
+    M = 1 << 20
+    e = loss_parallel_region(10240, 8192, 5120, tp=4)
+    # + the targets' token-sized temporaries (safe_target, _MaskPartial's mask and masked
+    # target, arange: a few x 80 KiB, 0.016 B per local logit in all)
+    assert 16 <= e["beyond_inputs_per_local_logit"] < 16.05
+    assert abs((e["max_reserved"] - e["max_allocated"]) - 40 * M) <= 2 * M  # small-pool page
+
+
+def test_default_stream_hole_of_a_split_logits_block():
+    # The fixed-segment loss hole of docs/model.md §7.4, scaled down (the logits 20 MiB in
+    # 2 B, their fp32 copy 40 MiB):
+    a = CachingAllocator()
+    a.malloc("g", 30 * MiB, stream=1)  # a side stream's block (>= 10 MiB: a 30 MiB segment)
+    a.free("g")  # free in stream 1's pool: counted as the other streams' cache
+    a.malloc("f32", 40 * MiB)  # step 1's fp32 logits: a 40 MiB segment
+    a.free("f32")
+    a.malloc("bf16", 20 * MiB)  # step 2's bf16 logits: best fit is the 40 MiB block;
+    # remainder 20 MiB > kSmallSize (should_split): split, 20 MiB free at the segment's end
+    a.malloc("f32b", 40 * MiB)  # the 20 MiB rest does not fit: a new 40 MiB segment
+    assert (a.max_allocated, a.max_reserved) == (60 * MiB, 110 * MiB)  # 20 + 40; 30 + 40 + 40
+    assert a.cached_at_peak() == {1: 30 * MiB, 0: 20 * MiB}
+    # 110 - 60 - 30 (stream 1's free block) = 20 MiB: the bf16 block's free rest
+    assert a.default_stream_hole() == 20 * MiB
+    # seen from stream 1: 110 - 60 - 20 (stream 0's free rest) = its own free 30 MiB block
+    assert a.default_stream_hole(stream=1) == 30 * MiB

@@ -155,6 +155,126 @@ def test_dispatch_beside_tp_routes_the_sequence_shard():
     assert saved[2]["mlp.input"] * 2 == saved[1]["mlp.input"]
 
 
+# Llama-4 Scout's MoE block with its shared expert (hf config: one shared expert of the
+# routed width, 8192): SCOUT's shape plus shared_ffn
+SCOUT_SHARED = dataclasses.replace(SCOUT, name="scout-shared", shared_ffn=8192)
+
+
+def test_shared_experts_beside_tp_save_their_gathered_input():
+    # torchtitan (moe_sharding.py _shared_experts_sharding_configs): the shared experts'
+    # parent all-gathers the MoE's sequence-shard input to Replicate, which their
+    # column-parallel w1 / w3 save whole: 4096 tokens x 5120 x 2 B = 41,943,040 B per block
+    # (every block is MoE), beside the router's input, the rank's shard (4096 / 2 x 5120 x 2 =
+    # 20,971,520 B); their four SwiGLU intermediates over 8192 / 2 features each: 4096 x 4096
+    # x 2 = 33,554,432 B
+    plan = activation_plan(SCOUT_SHARED, training(ep=2), Candidate(
+        strategy=Strategy.FULL_SHARD, offload=Offload.NONE, checkpointing=Checkpointing.NONE,
+        tp=2))
+    saved = {s.name: s.nbytes for s in plan.block_saved}
+    assert saved["mlp.shared.input"] == 41_943_040
+    assert saved["mlp.input"] == 20_971_520
+    for name in ("gate_out", "act_out", "up_out", "down.input"):
+        assert saved[f"mlp.shared.{name}"] == 33_554_432
+    # without TP the shared experts read the router's input (one storage): no second copy
+    one = activation_plan(SCOUT_SHARED, training(ep=2), Candidate(
+        strategy=Strategy.FULL_SHARD, offload=Offload.NONE, checkpointing=Checkpointing.NONE))
+    assert "mlp.shared.input" not in {s.name for s in one.block_saved}
+
+
+def test_shared_experts_backward_runs_first_by_hand():
+    # they run after the routed experts' combine, so backward first: when the routed
+    # experts' backward peaks their saved set is freed (the gathered input 41,943,040 + 4 x
+    # 33,554,432 = 176,160,768 B) and their unsharded weight gradients exist (3 x 5120 x
+    # 8192 / 2 x 2 B = 125,829,120 B). The routed side at Scout's shape, t = 4096 / 2 = 2048
+    # tokens, top 1: the residual gradients 2 x 2 x 2048 x 5120 = 41,943,040 B and the
+    # pair 2 x 2 x 2048 x 8192 = 67,108,864 B (109,051,904; the combine's 2 x 2 x 2048 x
+    # 5120 + 3 x 2 x 2048 x 5120 = 104,857,600 B is less): 109,051,904 - 176,160,768 +
+    # 125,829,120 = 58,720,256 B. The shared experts' own backward: the residual gradients
+    # 41,943,040, the all-gathered output gradient 4096 x 5120 x 2 = 41,943,040 and their
+    # pair 2 x 2 x 4096 x 4096 = 67,108,864: 150,994,944 B, the larger
+    plan = activation_plan(SCOUT_SHARED, training(ep=2), Candidate(
+        strategy=Strategy.FULL_SHARD, offload=Offload.NONE, checkpointing=Checkpointing.NONE,
+        tp=2))
+    assert plan.block_backward_transient == 150_994_944
+    # full checkpointing: the checkpointed forward peaks at the routed experts, before the
+    # shared experts have made anything: less by their 176,160,768 B
+    full = {s: activation_plan(m, training(ep=2), Candidate(
+        strategy=Strategy.FULL_SHARD, offload=Offload.NONE, checkpointing=Checkpointing.FULL,
+        tp=2)) for s, m in (("shared", SCOUT_SHARED), ("none", SCOUT))}
+    ckpt = {s: p.checkpointed_forward for s, p in full.items()}
+    # Scout's input (the shared experts' gathered copy aside) is the same in both
+    assert ckpt["shared"] == ckpt["none"]
+
+
+def test_shared_experts_bring_back_the_tp_collectives():
+    # their all-gather in and reduce-scatter out are a dense MLP's: no MoE layer is spared
+    cand = Candidate(strategy=Strategy.FULL_SHARD, offload=Offload.NONE,
+                     checkpointing=Checkpointing.FULL, tp=2)
+    got = ep_inputs(SCOUT_SHARED, training(ep=2), cand, mb=1, seq=4096, gpn=8, c=2, n=8)
+    assert got["tp_moe_layers"] == 0.0
+    assert ep_inputs(SCOUT, training(ep=2), cand, mb=1, seq=4096, gpn=8, c=2,
+                     n=8)["tp_moe_layers"] == 48.0
+
+
+# A Mixtral-like block at h 512 (8 heads of 64, 2 kv heads, 8 experts of 1792) after one
+# dense first block of 1536 (DeepSeek's first_k_dense_replace), the EP trace's shape
+SMALL_DENSE = ModelSpec(name="mixtral-dense-like", n_layers=4, hidden=512, n_heads=8,
+                        n_kv_heads=2, ffn_hidden=1792, vocab=4096, n_experts=8,
+                        experts_per_token=2, n_dense_layers=1, dense_ffn_hidden=1536)
+
+
+def test_dense_first_block_is_the_last_reduced():
+    # the last block differentiated is the dense first one: its reduce-scatter input is alive
+    # through the embeddings' backward. Its elements: q and o 512 x 512 each, k and v
+    # 128 x 512 each, two norms of 512, the MLP 3 x 512 x 1536: 524,288 + 131,072 + 1,024 +
+    # 2,359,296 = 3,015,680; under TP 2, fp32 (the -amp reduce dtype): 1,507,840 x 4 =
+    # 6,031,360 B (the trace: 6.033 MB of reduce-scatter buffer at bwd_end, TP 2 x EP 2)
+    cand = Candidate(strategy=Strategy.FULL_SHARD, offload=Offload.NONE,
+                     checkpointing=Checkpointing.NONE, tp=2)
+    d = dtypes(Strategy.FULL_SHARD, Precision.BF16_AMP, training().fsdp_dtypes)
+    w = fsdp_working(SMALL_DENSE, count(SMALL_DENSE), cand, Precision.BF16_AMP, d, 4, ep=2,
+                     reduce_bytes=4)
+    assert w.rs_first == 6_031_360
+    # and its unit (bf16, TP 2) is the dense part alone: 3,015,680 elements against an MoE
+    # block's 655,360 (attention) + 1,024 (norms) + 4,096 (router) = 660,480 / 2 TP-sharded
+    # plus E / ep = 4 experts whole, 4 x 3 x 1792 x 512 = 11,010,048: 330,240 + 11,010,048 =
+    # 11,340,288 elements; the first block's less by (11,340,288 - 1,507,840) x 2 =
+    # 19,664,896 B
+    assert w.first_less[0] == 19_664_896
+
+
+def test_dense_first_block_gradient_shards():
+    # at the end of backward every block's gradient shard exists: the dense block's
+    # ceil(3,015,680 / 8) = 376,960 elements on each of 8 ranks against an MoE block's
+    # ceil(22,680,576 / 8) = 2,835,072 (22,020,096 of experts + 660,480; no padding: E / ep =
+    # 4 experts over efsdp 4 ranks, one each): 2,458,112 fewer
+    from planner.memory.estimator import dense_grad_delta
+    from planner.params import trainable
+
+    T = trainable(SMALL_DENSE, training().finetune)
+    assert T.train_per_block == 22_680_576
+    assert dense_grad_delta(SMALL_DENSE, training(ep=2), T, 8, 0) == -2_458_112
+
+
+def test_groups_of_one_rank_gather_nothing_in_forward():
+    # TP 8 x EP 8 on 8 GPUs: the dense group (dp = 8 / 8) and the experts' (efsdp = 8 / 8)
+    # are one rank each, so FSDP2 copies the shard in and no all-gather output exists: at the
+    # last block's forward all-gather the root and the unit alone. h 512 with 8 kv heads:
+    # attention 4 x 512 x 512 = 1,048,576, norms 1,024, router 8 x 512 = 4,096: 1,053,696 / 8
+    # = 131,712; one expert whole, 3 x 1792 x 512 = 2,752,512; (131,712 + 2,752,512) x 2 B =
+    # 5,768,448 B; the root (embedding and head 2 x 4096 x 512, norm 512) / 8 x 2 B =
+    # 1,048,704 B: 6,817,152 B (the trace: 6.827 MB of unsharded parameters at that moment)
+    model = dataclasses.replace(SMALL_DENSE, n_kv_heads=8, n_dense_layers=0,
+                                dense_ffn_hidden=0)
+    cand = Candidate(strategy=Strategy.FULL_SHARD, offload=Offload.NONE,
+                     checkpointing=Checkpointing.FULL, tp=8)
+    d = dtypes(Strategy.FULL_SHARD, Precision.BF16_AMP, training().fsdp_dtypes)
+    w = fsdp_working(model, count(model), cand, Precision.BF16_AMP, d, 1, ep=8)
+    assert w.fwd_gather == 6_817_152
+    # nothing prefetched either (both groups gather nothing before their own wait)
+    assert w.fwd_prefetched == 0
+
+
 # ---------------------------------------------------------------------------------------------
 # The dispatch (token_dispatcher.py AllToAllTokenDispatcher)
 

@@ -199,3 +199,44 @@ def test_ep_lines_name_the_mechanism(name, needle):
     (line,) = [x for x in read_job(str(DATA / name)).unmodelled
                if "expert parallel degree" in x]
     assert needle in line and "torchtitan's expert parallel" in line
+
+
+# ---- a CP option without CP: a warning naming it, no refusal -------------------------------
+
+INERT = "has no effect at context parallel degree 1"
+
+
+def _warnings(*args: str) -> list[str]:
+    return _plan(*args)["warnings"]
+
+
+def test_cp_options_at_degree_1_are_named_on_the_command_line():
+    w = _warnings("--model", "llama3-8b", "--cp-rotate", "alltoall", "--cp-kv", "grouped")
+    assert [x for x in w if INERT in x] == [
+        f"--cp-rotate alltoall {INERT} (--cp): no ring to configure",
+        f"--cp-kv grouped {INERT} (--cp): no ring to configure"]
+    # the same options with --cp 2: nothing inert; none given: nothing said
+    assert not [x for x in _warnings("--model", "llama3-8b", "--seq", "8192", "--cp", "2",
+                                     "--cp-rotate", "alltoall") if INERT in x]
+    assert not [x for x in _warnings("--model", "llama3-8b") if INERT in x]
+
+
+def test_cp_rotation_at_degree_1_in_job_files_is_named(tmp_path):
+    # torchtitan: context_parallel_degree = 1 beside the rotate method (its configs carry it)
+    tt = edited(tmp_path, "torchtitan_llama3_70b.v0.1.0.toml", {
+        "context_parallel_degree = 1\n": "context_parallel_degree = 1\n"
+        "context_parallel_rotate_method = \"alltoall\"\n"})
+    # torchtune: the rotate method without context_parallel_dim (read before: dropped)
+    tn = edited(tmp_path, TT_FULL, {}, "context_parallel_rotate_method: alltoall\n", out="b")
+    # accelerate: cp_size 1 with a comm strategy (read before: dropped)
+    acc = edited(tmp_path, ACC_CP, {"parallelism_config_cp_size: 2":
+                                    "parallelism_config_cp_size: 1"},
+                 "  parallelism_config_cp_comm_strategy: alltoall\n", out="c")
+    for path, key, extra in (
+            (tt, "[parallelism] context_parallel_rotate_method", ()),
+            (tn, "context_parallel_rotate_method", ()),
+            (acc, "parallelism_config.parallelism_config_cp_comm_strategy",
+             ("--model", "llama3-8b"))):  # an accelerate config names no model
+        w = [x for x in _warnings("--job", path, *extra) if INERT in x]
+        # the job's naming: "FILE KEY (parallel.cp_rotate) VALUE ..."
+        assert len(w) == 1 and f"{key} (parallel.cp_rotate) alltoall {INERT}" in w[0], (path, w)

@@ -294,7 +294,8 @@ CASES: dict[str, dict] = {
     "torchtune_llama3_1_70B_lora.yaml": dict(values={"finetune.lora_rank": 16},
                                              unmodelled=[], n=8),
     "torchtune_llama3_1_8B_full_single_device.yaml": dict(
-        values={"training.optimizer": "adamw-8bit"}, unmodelled=["optimizer steps in backward"]),
+        values={"training.optimizer": "adamw-8bit", "training.optimizer_in_backward": True},
+        unmodelled=[]),
     "torchtune_qwen2_5_7B_lora.yaml": dict(values={"model.preset": "qwen2.5-7b"},
                                            unmodelled=[], n=2),
     "torchtune_llama3_2_1B_full.yaml": dict(values={"model.preset": "llama3.2-1b"},

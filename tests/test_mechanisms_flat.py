@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 
 from conftest import one_line_error, run
 from planner.hardware import load_gpu

@@ -66,6 +66,8 @@ PUBLISHED: dict[str, tuple[float, str]] = {
     # issue 13 (model cards; tests/test_hf_config_archs.py has the exact class counts)
     "qwen1.5-moe-a2.7b": (14.3e9, "Qwen/Qwen1.5-MoE-A2.7B card: 14.3B total, 2.7B active"),
     "qwen3-8b": (8.2e9, "Qwen/Qwen3-8B card: 8.2B"),
+    "qwen3-14b": (14.8e9, "Qwen/Qwen3-14B card: 14.8B"),
+    "qwen3-32b": (32.8e9, "Qwen/Qwen3-32B card: 32.8B"),
     "qwen3-30b-a3b": (30.5e9, "Qwen/Qwen3-30B-A3B card: 30.5B total, 3.3B active"),
     "gemma3-1b": (1.0e9, "google/gemma-3-1b-pt card: 1B"),
     "olmo-1b": (1.18e9, "allenai/OLMo-1B-hf card: 1.18B"),

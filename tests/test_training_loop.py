@@ -187,6 +187,27 @@ def test_expandable_segments_hold_only_the_loss_gap():
     assert d.phase_reserved_bytes()["loss_bwd"] == loss_bwd + int(loss_bwd * 0.08)
 
 
+def test_loss_gap_under_tensor_parallel_is_the_local_logits():
+    """torchtitan's loss_parallel: each rank upcasts its vocab shard, and the DTensor loss's
+    backward leaves the shard's bf16 logits free (probes/alloc_loss.py loss_parallel_region,
+    measured by the allocator emulator: 2.00 B per local logit). FSDP 4 x TP 2, bf16-amp
+    (FSDP2 param_dtype bf16), micro-batch 1 x 2048 tokens, vocab 32000 / 2 = 16000 per rank:
+    2 B x 2048 x 16000 = 65,536,000 B reserved and free at the loss's backward."""
+    from planner.activations import plan_activations
+
+    kw = dict(batch=1, seq=2048, precision=Precision.BF16_AMP, attention=Attention.SDPA,
+              checkpointing=Checkpointing.FULL, uses_autocast=False)
+    assert plan_activations(MODEL, tp=2, **kw).loss_gap == 65_536_000
+    assert plan_activations(MODEL, tp=1, **kw).loss_gap == 2 * 2048 * 32000  # unchanged
+    assert plan_activations(MODEL, tp=2, keep_logits=True, **kw).loss_gap == 0
+    # and the estimate adds it at loss_bwd only with expandable segments
+    tp2 = dataclasses.replace(FS, tp=2, checkpointing=Checkpointing.FULL)
+    x = est(tp2, allocator=Allocator.EXPANDABLE, precision=Precision.BF16_AMP)
+    d = est(tp2, allocator=Allocator.EXPANDABLE, precision=Precision.BF16_AMP, keep_logits=True)
+    assert x.phase_reserved_bytes()["loss_bwd"] - x.phases[Phase.LOSS_BWD].total \
+        - (d.phase_reserved_bytes()["loss_bwd"] - d.phases[Phase.LOSS_BWD].total) == 65_536_000
+
+
 def test_fsdp2_other_streams_cache_the_previous_steps_buffers():
     """FSDP2 on 8 GPUs, bf16-amp (fp32 storage and reduce, bf16 all-gather), default allocator:
     at the forward the previous step's sharded fp32 gradients sit free in the reduce-scatter

@@ -74,6 +74,29 @@ class Arch:
         dense = attention + self.dense_mlp.matmul_weights(m)
         return (typical * (L - nd) + dense * nd) // L
 
+    def block_unrecomputed_weights(self, m) -> int:
+        """Matmul weights per block a full-checkpoint recompute does not re-run: the block's
+        last matmul (the MLP's down projection) when no later op of the block saves its output.
+
+        PyTorch's non-reentrant checkpoint stops recomputing once every tensor backward needs is
+        back (torch/utils/checkpoint.py: ``checkpoint(..., early_stop=True)`` by default,
+        ``set_checkpoint_early_stop``; the recompute pack hook ``_recomputation_hook`` raises
+        ``_StopRecomputationError`` at the last one). An op's saved inputs are
+        registered before its kernel runs (autograd's generated VariableType code builds the
+        node and its SavedVariables, then redispatches), so the last saver, down's ``mm``
+        saving its input, stops the recompute before down's kernel. Down's output is only added
+        to the residual (the add saves nothing) in a pre-norm or parallel block; a post-norm
+        (OLMo-2) or sandwich (Gemma-2/3) block's norm saves it, a residual dropout's mask comes
+        after it, and an MoE's combine saves the experts' outputs: then the recompute runs to
+        the end (0). Measured on torch 2.13 CPU (tests/test_throughput_recompute.py): a
+        checkpointed Llama block re-runs every matmul but down. A reentrant checkpoint
+        (``use_reentrant=True``: DeepSpeed's, transformers' default) re-runs all: NOT MODELLED
+        (fitcheck assumes non-reentrant, as planner/activations.py does)."""
+        if (m.is_moe or m.dropout > 0.0 or self.dense_mlp is not None
+                or isinstance(self.layout, (PostNorm, Sandwich))):
+            return 0
+        return m.hidden * self.mlp.width
+
 
 _NORMS = {"layernorm": LayerNorm(), "rmsnorm": RMSNorm(), "layernorm-plain": PlainLayerNorm()}
 _QK = {"none": NoQkNorm(), "head": HeadQkNorm(), "full": FullQkNorm()}

@@ -134,14 +134,14 @@ class Mha:
     def linear_outputs(self, m, t: int, c: int) -> list[LinearOut]:
         """The projections' outputs in execution order, biased or not (planner.activations
         .linear_outputs)."""
-        biased = m.bias or m.qkv_bias
+        biased, h = m.bias or m.qkv_bias, m.hidden
         if m.fused_qkv:
-            out = linear_out("qkv.out", m.q_dim + 2 * m.kv_dim, t, c, biased)
+            out = linear_out("qkv.out", m.q_dim + 2 * m.kv_dim, t, c, biased, h)
         else:
-            out = (linear_out("q.out", m.q_dim, t, c, biased)
-                   + linear_out("k.out", m.kv_dim, t, c, biased)
-                   + linear_out("v.out", m.kv_dim, t, c, biased))
-        return out + linear_out("o.out", m.hidden, t, c, m.bias or m.attn_out_bias)
+            out = (linear_out("q.out", m.q_dim, t, c, biased, h)
+                   + linear_out("k.out", m.kv_dim, t, c, biased, h)
+                   + linear_out("v.out", m.kv_dim, t, c, biased, h))
+        return out + linear_out("o.out", h, t, c, m.bias or m.attn_out_bias, m.q_dim)
 
     def matmul_weights(self, m) -> int:
         """Matmul weights a token multiplies: q (q_dim x h), k and v (kv_dim x h), o."""
@@ -196,15 +196,17 @@ class Mla:
                       Saved("sdpa.logsumexp", FP32 * x.batch * nh * x.seq)]
 
     def linear_outputs(self, m, t: int, c: int) -> list[LinearOut]:
-        nh, qk, rope = m.n_heads, m.d_head, m.qk_rope_dim
+        nh, qk, rope, h = m.n_heads, m.d_head, m.qk_rope_dim, m.hidden
         if m.q_lora_rank:
-            out = (linear_out("q_a.out", m.q_lora_rank, t, c)
-                   + linear_out("q_b.out", nh * qk, t, c))
+            out = (linear_out("q_a.out", m.q_lora_rank, t, c, fan_in=h)
+                   + linear_out("q_b.out", nh * qk, t, c, fan_in=m.q_lora_rank))
         else:
-            out = linear_out("q.out", nh * qk, t, c)
-        out += linear_out("kv_a.out", m.kv_lora_rank + rope, t, c)
-        out += linear_out("kv_b.out", nh * (qk - rope + (m.v_head_dim or qk)), t, c)
-        return out + linear_out("o.out", m.hidden, t, c, m.bias or m.attn_out_bias)
+            out = linear_out("q.out", nh * qk, t, c, fan_in=h)
+        out += linear_out("kv_a.out", m.kv_lora_rank + rope, t, c, fan_in=h)
+        out += linear_out("kv_b.out", nh * (qk - rope + (m.v_head_dim or qk)), t, c,
+                          fan_in=m.kv_lora_rank)
+        return out + linear_out("o.out", h, t, c, m.bias or m.attn_out_bias,
+                                nh * (m.v_head_dim or qk))
 
     def matmul_weights(self, m) -> int:
         """Matmul weights a token multiplies: every projection above (the latent norms are

@@ -90,15 +90,19 @@ def inputs_saved(prefix: str, readers: tuple[str, ...], in_bytes: int, x: Ctx, w
 class LinearOut(NamedTuple):
     """One linear's output (selective checkpointing): ``biased`` linears run as ``aten.addmm``
     (``at::linear`` in aten/src/ATen/native/Linear.cpp: addmm for a 2-D input with a bias, and
-    ``_flatten_nd_linear`` -> addmm for a contiguous 3-D one), the others as ``aten.mm``."""
+    ``_flatten_nd_linear`` -> addmm for a contiguous 3-D one), the others as ``aten.mm``.
+    ``weight``: the mm's right operand, ``weight.t()``, as (in_features, out_features): the
+    shape torchtitan's ``force_recompute_mm_shapes_by_fqns`` matches (planner/sac.py)."""
 
     saved: Saved
     biased: bool
+    weight: tuple[int, int] = (0, 0)
 
 
-def linear_out(name: str, width: int, t: int, nbytes: int, biased: bool = False
-               ) -> list[LinearOut]:
-    return [LinearOut(Saved(name, nbytes * t * width), biased)]
+def linear_out(name: str, width: int, t: int, nbytes: int, biased: bool = False,
+               fan_in: int = 0) -> list[LinearOut]:
+    """``width`` out_features, ``fan_in`` in_features."""
+    return [LinearOut(Saved(name, nbytes * t * width), biased, (fan_in, width))]
 
 
 def scaled(saved: list[Saved], k: int, n: int) -> list[Saved]:

@@ -66,11 +66,11 @@ class Gelu:
     def linear_outputs(self, m, t: int, c: int) -> list[LinearOut]:
         out: list[LinearOut] = []
         if m.fused_gate_up:
-            out += linear_out("gate_up.out", 2 * self.width, t, c, m.bias)
+            out += linear_out("gate_up.out", 2 * self.width, t, c, m.bias, m.hidden)
         else:
             for name, width in self.matrices(m)[:-1]:
-                out += linear_out(f"{name}.out", width, t, c, m.bias)
-        return out + linear_out("down.out", m.hidden, t, c, m.bias)
+                out += linear_out(f"{name}.out", width, t, c, m.bias, m.hidden)
+        return out + linear_out("down.out", m.hidden, t, c, m.bias, self.width)
 
     def matmul_weights(self, m) -> int:
         return len(self.matrices(m)) * m.hidden * self.width
@@ -164,16 +164,18 @@ class Moe:
         bias); the experts run as grouped matmuls (torchtitan's ``GroupedExperts``:
         ``torch._grouped_mm``), not linears: not counted, in no save list."""
         shared: list[LinearOut] = []
+        h = m.hidden
         if self.shared:
             for name, width in self.shared.matrices(m):
-                shared += linear_out(f"shared.{name}.out", width, t, c)
+                shared += linear_out(f"shared.{name}.out", width, t, c,
+                                     fan_in=self.shared.width if name == "down" else h)
         router_bytes = FP32 if m.router_fp32 else c
         if m.shared_expert_gate:
             # Qwen2MoeSparseMoeBlock: the shared expert first, then the router, its gate last
-            return (shared + linear_out("router.out", m.n_experts, t, c)
-                    + linear_out("shared_gate.out", 1, t, c))
+            return (shared + linear_out("router.out", m.n_experts, t, c, fan_in=h)
+                    + linear_out("shared_gate.out", 1, t, c, fan_in=h))
         # Mixtral, Qwen3-MoE, DeepSeek: the router, the experts, then the shared experts
-        return linear_out("router.out", m.n_experts, t, router_bytes) + shared
+        return linear_out("router.out", m.n_experts, t, router_bytes, fan_in=h) + shared
 
     def matmul_weights(self, m) -> int:
         """The router (E x h), experts_per_token experts, the shared experts and gate."""

@@ -176,13 +176,18 @@ def build(job: Job, given: Mapping[str, Any], given_name: Callable[[str], str],
     given), and the Resolved values it came from (warnings, unmodelled). A job's bad value is
     a JobError naming the file and key (exit 4); a given one is the front end's error."""
     from planner.fields import parse
-    from planner.request import build_request
+    from planner.jobs.record import attention_why
+    from planner.request import ATTENTION_WHY, build_request
 
     resolved = resolve(job, given)
     naming = naming_for(job, resolved, given_name, given_error)
     own = {p: v for p, v in resolved.values.items() if p not in resolved.given}
     parse(own, naming)  # the job's own values, named by file and key
-    return build_request(dict(resolved.values), naming, allow_files=allow_files), resolved
+    values = dict(resolved.values)
+    why = attention_why(job, resolved)
+    if why:
+        values[ATTENTION_WHY] = why
+    return build_request(values, naming, allow_files=allow_files), resolved
 
 
 def plan_request(paths: Sequence[str], fmt: str | None, given: Mapping[str, Any]):

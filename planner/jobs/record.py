@@ -95,6 +95,16 @@ ATTN_PATH = "hf.attn_implementation"
 
 
 @dataclass(frozen=True, slots=True)
+class FrameworkAttention:
+    """``training.attention`` as a framework's own model code runs it (torchtune's modules, not
+    transformers' classes): the kind, and the reason the plan's attention line gives
+    (planner.request.ATTENTION_WHY). A user's --attention replaces both."""
+
+    kind: str
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
 class Source:
     file: str
     key: str
@@ -220,6 +230,9 @@ def split_modelled(values: Mapping[str, Any], sources: Mapping[str, Source] | No
             lines.append(v.line)
             continue
         if isinstance(v, (Share, ModelDtype, HfAttention)):  # checked in resolve
+            continue
+        if isinstance(v, FrameworkAttention):  # its reason: attention_why
+            kept[path] = v.kind
             continue
         raw = v.value if isinstance(v, Vocab) else v
         f = BY_PATH.get(path)
@@ -366,6 +379,15 @@ def resolve(job: Job, given: Mapping[str, Any]) -> Resolved:
     _check_batch(job, kept)
     return Resolved(values=kept, warnings=_unique(warnings), unmodelled=lines,
                     given=frozenset(given))
+
+
+def attention_why(job: Job, resolved: Resolved) -> str | None:
+    """The reason a job's framework gives for its attention (``FrameworkAttention``), unless
+    the user gave --attention."""
+    attn = job.raw.get("training.attention")
+    if isinstance(attn, FrameworkAttention) and "training.attention" not in resolved.given:
+        return attn.why
+    return None
 
 
 def _int(v: Any) -> int | None:

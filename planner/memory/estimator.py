@@ -48,7 +48,8 @@ from planner.memory.states import (
     train_dtypes,
 )
 from planner.memory.working import Working, autocast_working, fsdp_working, zero_working
-from planner.params import block_tensors, count, total_params, trainable
+from planner.memory.zero import optimizer_temp_bytes
+from planner.params import block_tensors, count, numel, total_params, trainable
 from planner.spec import (
     Allocator,
     Candidate,
@@ -107,6 +108,7 @@ def activation_plan(model: ModelSpec, training: TrainingSpec, candidate: Candida
                             offload_trl=trl, offload_weights=not trl or autocast and
                             precision.amp or candidate.strategy.is_fsdp,
                             sac_list=training.sac_list,
+                            sac_force=training.sac_force_recompute,
                             mlp_local=training.ep > 1 and candidate.tp > 1)
     if training.cp > 1:
         plan = with_ring(plan, model, training, candidate, precision, autocast)
@@ -116,8 +118,28 @@ def activation_plan(model: ModelSpec, training: TrainingSpec, candidate: Candida
         local = training if candidate.tp == 1 else dataclasses.replace(
             training, seq=training.seq // candidate.tp)
         plan = with_dispatch(plan, model, local, precision, autocast,
-                             candidate.checkpointing)
+                             candidate.checkpointing, candidate.tp)
+    if model.n_dense_layers and model.n_dense_layers < model.n_layers:
+        plan = with_block_ends(plan, model, training, candidate)
     return float8_activations(plan, model, training, candidate)
+
+
+def with_block_ends(plan: ActivationPlan, model: ModelSpec, training: TrainingSpec,
+                    candidate: Candidate) -> ActivationPlan:
+    """An MoE model with dense first blocks: ``plan.block_kept`` is their average; what an
+    MoE block keeps is the plan of the same model with no dense block, what a dense one
+    keeps the rest of the sum: L x average = (L - nd) x MoE + nd x dense. The backward's
+    sub-moments at the last blocks free MoE blocks', at the first ones dense blocks'
+    (moments.block_backward)."""
+    L, nd = model.n_layers, model.n_dense_layers
+    moe_plan = activation_plan(dataclasses.replace(model, n_dense_layers=0, dense_ffn_hidden=0),
+                               training, candidate)
+    moe = moe_plan.block_kept
+    dense = (L * plan.block_kept - (L - nd) * moe) // nd
+    # a checkpointed block's recompute: the larger kind's (the average's is neither)
+    dense_recompute = (L * plan.recompute - (L - nd) * moe_plan.recompute) // nd
+    return dataclasses.replace(plan, ends_kept=(dense, dense if nd > 1 else moe, moe),
+                               recompute=max(moe_plan.recompute, dense_recompute))
 
 
 def float8_activations(plan: Any, model: ModelSpec, training: TrainingSpec,
@@ -166,7 +188,8 @@ def with_ring(plan: ActivationPlan, model: ModelSpec, training: TrainingSpec,
     freed = after_sdpa(plan.block_saved)
     if candidate.checkpointing is Checkpointing.SELECTIVE:
         kept = op_sac_kept(model, t, training.micro_batch, training.local_seq,
-                           training.attention, c, r, training.sac_list)
+                           training.attention, c, r, training.sac_list,
+                           training.sac_force_recompute)
         freed += -(-sac_freed_by_rope(model, kept) // tp)
     return dataclasses.replace(plan, ring_forward=ring_forward_bytes(**shape),
                                ring_backward=grads_in + weight_grads
@@ -176,7 +199,8 @@ def with_ring(plan: ActivationPlan, model: ModelSpec, training: TrainingSpec,
 
 def with_dispatch(plan: ActivationPlan, model: ModelSpec, training: TrainingSpec,
                   precision: Precision, autocast: bool,
-                  checkpointing: Checkpointing = Checkpointing.NONE) -> ActivationPlan:
+                  checkpointing: Checkpointing = Checkpointing.NONE, tp: int = 1
+                  ) -> ActivationPlan:
     """The plan with expert parallel's token dispatch (planner/expert_parallel.py): the
     expert-side saved tensors over the rows the rank receives, the permutation indices, the
     MLP's backward pair over those rows, and the dispatch's forward buffers as the block's
@@ -216,6 +240,14 @@ def with_dispatch(plan: ActivationPlan, model: ModelSpec, training: TrainingSpec
     down = max(c * r_rows * model.hidden * model.n_moe_layers // model.n_layers - act, 0)
     ckpt_fwd = plan.checkpointed_forward + more - combine + down \
         if plan.checkpointed_forward else 0
+    # torchtitan's MoE runs its shared experts after the routed ones' combine (models/common/
+    # moe.py ``MoE.forward``, lines 440-452 at b5bcd76): at the routed experts' peak they
+    # have saved nothing yet, and they run backward first (autograd: the ops made last),
+    # so their saved tensors are freed when the routed experts' backward peaks (traced,
+    # probes/ep_trace.py)
+    shared = shared_saved(saved, model)
+    if ckpt_fwd:
+        ckpt_fwd -= shared
     # the MLP's backward pair of intermediate gradients (activations.py) over R = imbalance
     # x the t x top_k rows it counts, in the MoE blocks
     pair = (2 if model.mlp.gated else 1) * c * training.micro_batch * training.local_seq \
@@ -233,10 +265,42 @@ def with_dispatch(plan: ActivationPlan, model: ModelSpec, training: TrainingSpec
     return dataclasses.replace(
         plan, block_saved=saved, block_kept=kept, recompute=recompute,
         checkpointed_forward=ckpt_fwd,
-        block_backward_transient=max(plan.block_backward_transient + more_bwd, combine),
+        block_backward_transient=max(
+            max(plan.block_backward_transient + more_bwd, combine) - shared
+            + shared_weight_grads(model, c, tp), shared_backward(plan, model, t, c, tp)),
         # beside context parallel one slot: the ring runs in the attention, the dispatch in
         # the MLP, never at once
         ring_forward=max(plan.ring_forward, dispatch_forward_bytes(model, training, c)))
+
+
+def shared_saved(saved: tuple, model: ModelSpec) -> int:
+    """What one MoE block's shared experts save (``mlp.shared.*`` of the average block,
+    weighted back to one MoE block): their intermediates, and beside TP their all-gathered
+    input (``activations.ep_tp_saved``; without TP the router's input, the same storage)."""
+    share = sum(s.nbytes for s in saved if s.name.startswith("mlp.shared."))
+    return share * model.n_layers // max(model.n_moe_layers, 1)
+
+
+def shared_weight_grads(model: ModelSpec, c: int, tp: int) -> int:
+    """FSDP2's unsharded gradients of one block's shared experts (compute dtype, their 1 / tp
+    under TP), alive from their backward to the block's reduce-scatter."""
+    if not model.shared_ffn:
+        return 0
+    return c * (3 if model.mlp.gated else 2) * model.hidden * model.shared_ffn // tp
+
+
+def shared_backward(plan: ActivationPlan, model: ModelSpec, t: int, c: int, tp: int) -> int:
+    """The shared experts' backward above every block's saved set (it runs before the
+    routed experts'): the residual stream's gradient and its branch's (r t h, on the rank's
+    sequence shard: ``t`` is its tokens), the MLP's pair of intermediate gradients over its
+    features / tp, and beside TP the output gradient all-gathered to every token for the
+    row-parallel w2 (c t h tp: ``RowwiseParallel``'s backward of the sequence-shard output;
+    models/common/moe_sharding.py ``_shared_expert_rowwise_config``)."""
+    if not model.shared_ffn:
+        return 0
+    pair = (2 if model.mlp.gated else 1) * c * t * tp * model.shared_ffn // tp
+    gathered = c * t * tp * model.hidden if tp > 1 else 0
+    return 2 * plan.residual_bytes * t * model.hidden + pair + gathered
 
 
 def adapter_input_bytes(training: TrainingSpec, candidate: Candidate) -> int:
@@ -390,12 +454,15 @@ def step_for(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, 
     whole_graph = training.compile is CompileMode.MODEL and strategy is Strategy.DDP
     table_grad = model.vocab * model.hidden // tp * td.grad if embed_trains else 0
     return Step(
+        **(in_backward_terms(model, training, td, table_grad)
+           if training.optimizer_in_backward else {}),
         whole_graph=whole_graph,
         graph_grads=graph_gradients(states.gradients, table_grad, n_gpus) if whole_graph else 0,
         graph_table=table_backward(model.vocab * model.hidden // tp, td.grad,
                                    tied=model.tied_embeddings, trains=embed_trains)
         if whole_graph else 0,
         fsdp_version=training.fsdp_version, block_grad_pad=pad,
+        dense_grad_delta=dense_grad_delta(model, training, T, degree * tp, pad),
         unsynced_grads=unsynced_gradients(model, training, candidate),
         unsynced_root=unsynced_gradients(model, training, candidate, part="root"),
         unsynced_block=unsynced_gradients(model, training, candidate, part="block"),
@@ -421,6 +488,44 @@ def step_for(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, 
         work=work if strategy.is_zero else dataclasses.replace(work,
                                                               buckets=work.buckets * (n_gpus > 1)),
         acts=acts, cublas=ov.cublas_workspace_bytes)
+
+
+def dense_grad_delta(model: ModelSpec, training: TrainingSpec, T: Any, ranks: Any,
+                     pad: Any) -> Any:
+    """Elements of the dense first blocks' sharded gradients on one of ``ranks`` minus as many
+    MoE blocks' (with their expert padding ``pad``): full training only (a frozen or adapted
+    first block is counted as the others)."""
+    nd = model.n_dense_layers
+    if not nd or not training.finetune.full or training.finetune.frozen_blocks(model.n_layers):
+        return 0
+    from planner.memory.working import dense_block_elems
+
+    return nd * (vec.ceil_div(dense_block_elems(model), ranks)
+                 - vec.ceil_div(T.train_per_block, ranks) - pad)
+
+
+def in_backward_terms(model: ModelSpec, training: TrainingSpec, td: Any,
+                      table_grad: Any) -> dict[str, Any]:
+    """``--optimizer-in-backward`` (one GPU, full fine-tune: request.in_backward_problem):
+    torchtune builds one optimizer per parameter and steps it in the parameter's
+    post-accumulate-grad hook, then ``zero_grad()`` frees its gradient
+    (torchtune/training/memory.py ``register_optim_in_bwd_hooks``, 1814feb17 l. 219-242). A
+    one-tensor step's temporaries: planner/memory/zero.py ``optimizer_temp_bytes`` over that
+    tensor (foreach: its sqrt copy; the for-loop: two). In a block's backward the gradients
+    not yet stepped: one tensor's (the engine runs an AccumulateGrad node, and so its hook,
+    as soon as its gradient arrives) or, in a compiled block, the block's every gradient
+    (its backward graph returns them together)."""
+    sizes = [numel(shape) for _, shape in block_tensors(model)]
+    largest_block = max(sizes, default=0)
+    pending = sum(sizes) if training.compile in (CompileMode.BLOCKS, CompileMode.BLOCKS_LOSS) \
+        else largest_block
+    table = model.vocab * model.hidden
+
+    def temps(elems: int) -> Any:
+        return optimizer_temp_bytes(elems, elems, training, td.state, False)
+
+    return {"in_backward": True, "in_flight": pending * td.grad + temps(largest_block),
+            "table_grad": table_grad, "table_step": temps(table) if table_grad else 0}
 
 
 def moments(step: Step) -> dict[Phase, Breakdown]:
@@ -538,8 +643,10 @@ def loss_gap(phase: Phase, step: Step) -> Any:
     ``nll_loss_backward``'s fp32 gradient takes 4 B of it (best fit, ``get_free_block``) and
     ``_log_softmax_backward_data``'s fp32 output does not fit the c B left, so the segment
     grows (``expandable_segment`` maps new pages at its end): c B per logit reserved and free
-    at that moment. With fixed segments the whole-step records show less than this (the
-    logits land in older cached blocks): left to ``fragmentation``."""
+    at that moment. Under TP's loss_parallel the same c B per local logit (t x V / tp),
+    through the DTensor loss's own sequence (``ActivationPlan.loss_gap``). With fixed
+    segments the whole-step records show less than this (the logits land in older cached
+    blocks): left to ``fragmentation``."""
     if phase is not Phase.LOSS_BWD or step.allocator is not Allocator.EXPANDABLE:
         return 0
     return step.acts.loss_gap
@@ -655,7 +762,7 @@ def pipeline_cache(rs_free: dict[Phase, Any] | None, model: ModelSpec,
     - The loss gap: none. The schedule keeps the last stage's output (the logits) in
       ``fwd_cache`` until its backward (stage.py ``forward_one_chunk``), so the loss frees
       only its fp32 copy before backward, which ``nll_loss_backward``'s fp32 gradient
-      fills; under TP's loss_parallel there is none anyway (``ActivationPlan.loss_gap``)."""
+      fills."""
     from planner.memory.pipeline import units  # pipeline plans only (cold start)
 
     if candidate.offload is not Offload.NONE:

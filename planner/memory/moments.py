@@ -64,9 +64,20 @@ class Activations:
     """Activation offloading: the tensors brought back and alive at once in a block's
     backward (ActivationPlan.gpu_back; 0 without)."""
 
+    first_block: Any = None
+    """What the first block holds until its backward ends, where the blocks differ (an MoE
+    model's dense first blocks: ActivationPlan.ends_kept); None: ``gpu_per_block``."""
+    second_block: Any = None
+    """... the second block (None: ``gpu_per_block``)."""
+    last_block: Any = None
+    """... the last block and the one before it (None: ``gpu_per_block``)."""
+
     def __post_init__(self) -> None:
         if self.gpu_per_block is None:
             object.__setattr__(self, "gpu_per_block", self.kept_per_block)
+        for f in ("first_block", "second_block", "last_block"):
+            if getattr(self, f) is None:
+                object.__setattr__(self, f, self.gpu_per_block)
         if self.bwd_blocks is None:
             object.__setattr__(self, "bwd_blocks", self.kept_blocks)
         if self.block_bwd_late is None:
@@ -91,7 +102,9 @@ class Activations:
                    recompute=plan.recompute, ring_fwd=plan.ring_forward,
                    ckpt_fwd=plan.checkpointed_forward,
                    residual_bytes=plan.residual_bytes, kept_logits=plan.kept_logits,
-                   loss_gap=plan.loss_gap)
+                   loss_gap=plan.loss_gap,
+                   **({} if plan.ends_kept is None or plan.offload else dict(zip(
+                       ("first_block", "second_block", "last_block"), plan.ends_kept))))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -131,6 +144,9 @@ class Step:
     block_grad_pad: Any = 0
     """FSDP2: elements one rank's sharded gradient of a block holds beyond an even split (the
     stacked MoE experts' dim-0 padding, states.expert_padding)."""
+    dense_grad_delta: Any = 0
+    """An MoE model's trainable dense first blocks: the elements of their sharded gradients
+    on one rank minus as many typical blocks' (with their padding); 0 without."""
     allocator: Any = "default"
     """The CUDA allocator mode (planner.spec.Allocator)."""
     init: Any = "meta"
@@ -157,6 +173,20 @@ class Step:
     """Of those, the new gradients one graph returns at once."""
     graph_table: Any = 0
     """What the embeddings' compiled backward holds beyond the gradients."""
+    in_backward: bool = False
+    """``--optimizer-in-backward``: each parameter is stepped in its post-accumulate-grad
+    hook and its gradient freed (torchtune ``register_optim_in_bwd_hooks``); no gradient
+    set is held and no step runs after backward."""
+    in_flight: Any = 0
+    """Optimizer in backward: inside a block's backward, the gradients not yet stepped (the
+    largest tensor's; a compiled block's whole backward graph returns all of its own at
+    once) and the step temporaries of its largest tensor."""
+    table_grad: Any = 0
+    """Optimizer in backward: the embedding table's gradient (the tied head's waits in the
+    autograd engine's input buffer until the embeddings' backward adds its own)."""
+    table_step: Any = 0
+    """Optimizer in backward: the step temporaries of the embedding table (and of an untied
+    head)."""
     states: Resident
     work: Working
     acts: Activations
@@ -246,10 +276,23 @@ def _ring_forward(s: Step) -> Breakdown:
 
 
 def loss_backward(s: Step) -> Breakdown:
-    """The loss's backward: the fp32 vocabulary gradients on top of all activations."""
-    return s.base.plus(gathered_params=s.work.gathered_loss, activations=s.activations_all,
-                       gradients=s.accumulated, transients=s.acts.loss_bwd + s.acts.kept_logits,
-                       comm_buffers=s.work.buckets)
+    """The loss's backward: the fp32 vocabulary gradients on top of all activations. With
+    the optimizer in backward an untied head is stepped right after its own backward: its
+    gradient and its step temporaries beside the head's input gradient; the loss's saved
+    output and the logits' gradient are gone by then (the engine drops a node's inputs
+    before the next node runs; traced)."""
+    at_loss = s.base.plus(gathered_params=s.work.gathered_loss, activations=s.activations_all,
+                          gradients=s.accumulated,
+                          transients=s.acts.loss_bwd + s.acts.kept_logits,
+                          comm_buffers=s.work.buckets)
+    if not s.in_backward or s.tied or not s.work.root_grad_bwd:
+        return at_loss
+    head = s.base.plus(gathered_params=s.work.gathered_loss,
+                       activations=s.activations_all - s.acts.loss_out,
+                       gradients=s.work.root_grad_bwd,
+                       transients=s.acts.residual_bytes * s.tokens_x_hidden + s.acts.kept_logits,
+                       optimizer_temporaries=s.table_step, comm_buffers=s.work.buckets)
+    return largest([at_loss, head])[1]
 
 
 def _last_block(s: Step) -> Breakdown:
@@ -258,6 +301,15 @@ def _last_block(s: Step) -> Breakdown:
     root saved before the blocks is left), the head's gradient exists, one block is being
     differentiated (and recomputed). Full-size accumulated grads already hold the head's;
     FSDP's unsharded root grad is separate."""
+    if s.in_backward:
+        # the tied head's gradient waits in the engine's input buffer for the embeddings'
+        # (one AccumulateGrad node per leaf); an untied head was stepped and freed
+        grads = s.table_grad if s.tied else 0
+        return s.base.plus(gathered_params=s.work.gathered_bwd,
+                           activations=s.acts.bwd_blocks + s.acts.back + s.acts.root_before,
+                           gradients=grads, transients=s.acts.recompute + s.acts.kept_logits
+                           + vec.maximum(s.acts.block_bwd - s.in_flight, 0),
+                           optimizer_temporaries=s.in_flight)
     if s.fsdp:
         grads = s.accumulated + s.work.root_grad_bwd
     else:
@@ -271,8 +323,8 @@ def _last_block(s: Step) -> Breakdown:
 
 def _block_grad(s: Step) -> Any:
     """One block's new gradient (or shard); accumulated grads already hold it."""
-    if s.offloaded:
-        return 0
+    if s.offloaded or s.in_backward:
+        return 0  # optimizer in backward: stepped and freed (``in_flight``)
     return vec.where(s.accumulating, 0,
                      (vec.ceil_div(s.train_block_params, s.grad_shards) + s.block_grad_pad)
                      * s.grad_bytes)
@@ -296,13 +348,17 @@ def block_backward(s: Step) -> Breakdown:
     """
     last = _last_block(s)
     g = _block_grad(s)
-    kept = s.acts.gpu_per_block
+    # what the first, the second and the last block keep (they differ where an MoE model has
+    # dense first blocks; the block before the last keeps as the last)
+    k_first, k_second, kept = s.acts.first_block, s.acts.second_block, s.acts.last_block
     prev = last.plus(activations=-kept, gradients=g, gathered_params=-s.work.freed_per_block,
                      comm_buffers=s.work.rs_unit)
-    first = last.plus(activations=kept - s.acts.bwd_blocks,
+    # the first block's unit and unsharded gradients (a dense first block's are smaller)
+    unit_less, grads_less = s.work.first_less
+    first = last.plus(activations=k_first - s.acts.bwd_blocks,
                       gradients=(vec.maximum(s.train_blocks, 1) - 1) * g,
-                      gathered_params=s.work.gathered_bwd_first - s.work.gathered_bwd,
-                      comm_buffers=s.work.rs_unit)
+                      gathered_params=s.work.gathered_bwd_first - s.work.gathered_bwd
+                      - unit_less, comm_buffers=s.work.rs_unit)
     subs = [last, prev, first] if s.n_layers > 1 else [last]
     if s.fsdp and s.fsdp_version == 2:
         if s.unsynced_grads:
@@ -313,10 +369,10 @@ def block_backward(s: Step) -> Breakdown:
                  (vec.ceil_div(s.train_block_params, s.grad_shards) + s.block_grad_pad)
                  * s.grad_bytes) - s.unsynced_block
             prev = last.plus(activations=-kept, gradients=g, comm_buffers=s.work.rs_unit)
-            first = last.plus(activations=kept - s.acts.bwd_blocks,
+            first = last.plus(activations=k_first - s.acts.bwd_blocks,
                               gradients=(vec.maximum(s.train_blocks, 1) - 1) * g,
-                              gathered_params=s.work.gathered_bwd_first - s.work.gathered_bwd,
-                              comm_buffers=s.work.rs_unit)
+                              gathered_params=s.work.gathered_bwd_first - s.work.gathered_bwd
+                              - unit_less, comm_buffers=s.work.rs_unit)
             subs = [last, prev, first] if s.n_layers > 1 else [last]
         if s.n_layers == 2:
             # the block before the last is the first: nothing is prefetched for it
@@ -330,27 +386,37 @@ def block_backward(s: Step) -> Breakdown:
         if s.n_layers > 2:
             # the second block (the one before the first): every later block's gradient,
             # and the first block's all-gather output prefetched beside its own unit
-            early.insert(2, first.plus(activations=kept, gradients=-g,
+            early.insert(2, first.plus(activations=k_second, gradients=-g,
                                        gathered_params=s.work.post_freed))
             subs = list(early)
+        # each early sub-moment's own block: the last, the one before it, the second, the first
+        own = {2: [kept, k_first], 3: [kept, kept, k_first]}.get(len(early), [kept, kept,
+                                                                       k_second, k_first])
         if s.n_layers > 1:
             # the first block's copy-out (pre-backward): its all-gather output and its
             # unsharded parameters alive together, before its backward runs
-            subs.append(first.plus(gathered_params=s.work.post_freed,
+            subs.append(first.plus(gathered_params=s.work.post_freed - unit_less,
                                    transients=s.acts.kept_logits - first.transients))
         # (the ring's weight gradients, context parallel, are among the unit's here:
         # ``Activations.block_bwd_late``)
         late = s.acts.block_bwd_late - s.acts.block_bwd
-        for b in early:
-            subs.append(b.plus(activations=-kept,
+        # ... and its unit, unsharded gradients and reduce-scatter input: the first block's
+        # (a dense first block's) for the last of them
+        rs_first = s.work.rs_unit if s.work.rs_first is None else s.work.rs_first
+        mine = [(0, 0, s.work.rs_unit)] * (len(early) - 1) + [(unit_less, grads_less, rs_first)]
+        if len(early) == 1:
+            mine = [(0, 0, s.work.rs_unit)]
+        for b, k, (ul, gl, _) in zip(early, own, mine):
+            subs.append(b.plus(activations=-k,
                                transients=s.work.grad_layout_copy - s.acts.recompute + late,
-                               gradients=s.work.unsharded_block_grads))
-        for b in (early[0], early[-1]):
-            subs.append(b.plus(activations=-kept,
+                               gradients=s.work.unsharded_block_grads - gl))
+        for i in (0, -1):
+            b, k, (ul, gl, rs) = early[i], own[i], mine[i]
+            subs.append(b.plus(activations=-k,
                                transients=s.acts.kept_logits - b.transients,
-                               gradients=s.work.unsharded_block_grads,
-                               gathered_params=-s.work.post_freed,
-                               comm_buffers=s.work.buckets + s.work.rs_unit - b.comm_buffers))
+                               gradients=s.work.unsharded_block_grads - gl,
+                               gathered_params=-(s.work.post_freed - ul),
+                               comm_buffers=s.work.buckets + rs - b.comm_buffers))
         return largest(subs)[1]
     if s.fsdp:
         for b, lingering in ((last, 0), (first, s.work.lingering_first)):
@@ -379,21 +445,26 @@ def backward_end(s: Step) -> Breakdown:
         grad_in = grad_in + 2 * s.vocab_x_hidden * (s.compute_bytes if s.fsdp else s.grad_bytes)
     if s.whole_graph:
         return _compiled_end(s)
+    if s.in_backward:
+        return _in_backward_end(s, grad_in)
     if not s.fsdp:
         return s.base.plus(gathered_params=s.work.gathered_end, gradients=s.states.gradients,
                            transients=grad_in,
                            comm_buffers=s.work.buckets + s.work.bwd_buffers)
     block_grads = 0 if s.params_offloaded else \
-        s.train_blocks * (vec.ceil_div(s.train_block_params, s.degree) + s.block_grad_pad) \
-        * s.grad_bytes
+        (s.train_blocks * (vec.ceil_div(s.train_block_params, s.degree) + s.block_grad_pad)
+         + s.dense_grad_delta) * s.grad_bytes
+    # the last block differentiated is the first: its reduce-scatter input (a dense first
+    # block's where the MoE model has them)
+    rs_first = s.work.rs_unit if s.work.rs_first is None else s.work.rs_first
     root_grads = 0 if s.params_offloaded else vec.where(
         s.accumulating, vec.ceil_div(s.train_root_params, s.degree) * s.grad_bytes, 0)
     emb = s.base.plus(gathered_params=s.work.gathered_end,
                       gradients=block_grads + root_grads
                       + s.root_grad_elems * s.compute_bytes,
-                      transients=grad_in, comm_buffers=s.work.rs_unit)
+                      transients=grad_in, comm_buffers=rs_first)
     root_rs = emb.plus(transients=s.acts.kept_logits - grad_in,
-                       comm_buffers=s.work.rs_root - s.work.rs_unit,
+                       comm_buffers=s.work.rs_root - rs_first,
                        gathered_params=-s.work.gathered_end)
     subs = [emb, root_rs]
     if s.unsynced_grads:
@@ -410,6 +481,18 @@ def backward_end(s: Step) -> Breakdown:
     return largest(subs)[1]
 
 
+def _in_backward_end(s: Step, grad_in: Any) -> Breakdown:
+    """Optimizer in backward, one GPU: the embeddings' backward makes the table's gradient
+    (tied: added to the head's, out of place, as without it), then its hook steps it: the
+    table's gradient and its step temporaries, the input gradient freed (the engine drops a
+    node's inputs before the next node runs). No other gradient is held."""
+    emb = s.base.plus(gathered_params=s.work.gathered_end, gradients=s.table_grad,
+                      transients=grad_in, comm_buffers=s.work.buckets + s.work.bwd_buffers)
+    step = s.base.plus(gradients=s.table_grad, transients=s.acts.kept_logits,
+                       optimizer_temporaries=s.table_step)
+    return largest([emb, step])[1]
+
+
 def _compiled_end(s: Step) -> Breakdown:
     """``--compile model``: the compiled backward's last op, the embeddings' backward, with
     every new gradient of its graph returned at once; after the first micro-batch they are
@@ -422,7 +505,10 @@ def _compiled_end(s: Step) -> Breakdown:
 
 
 def optimizer_step(s: Step) -> Breakdown:
-    """optimizer.step(): states, every gradient and the step's temporaries."""
+    """optimizer.step(): states, every gradient and the step's temporaries. With the
+    optimizer in backward there is no step here: what stays between steps."""
+    if s.in_backward:
+        return s.base.plus(transients=s.acts.kept_logits)
     return s.base.plus(gradients=s.states.gradients - s.work.step_grads_freed,
                        comm_buffers=s.work.buckets,
                        transients=s.acts.kept_logits,

@@ -89,6 +89,14 @@ class Working:
     """FSDP: one block's reduce-scatter input (reduce dtype)."""
     rs_root: Any = 0
     """FSDP: the root's reduce-scatter input."""
+    rs_first: Any = None
+    """FSDP: the first block's reduce-scatter input, alive through the embeddings' backward
+    (``rs_unit`` unless the first block differs: an MoE model's dense first block)."""
+    first_less: Any = (0, 0)
+    """FSDP2 full training of an MoE model with dense first blocks: the bytes one such
+    block's unit (its all-gather output, its unsharded parameters) and its unsharded
+    gradients are smaller than a typical (MoE) block's, (unit, gradients); (0, 0)
+    otherwise."""
     root_grad_bwd: Any = 0
     """The output head's weight gradient, alive from the loss's backward on."""
     buckets: Any = 0
@@ -265,6 +273,9 @@ def fsdp_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate,
     # mesh), the experts' copied out last, which frees the dense group's kept output and
     # keeps its own, or nothing where efsdp is 1 (traced: probes/ep_trace.py)
     kept_out = prefetched = unit
+    # a dense first block's unit is smaller than a typical (MoE) one (FSDP2, full training)
+    dense_full = model.n_dense_layers and ft.full and version == 2
+    dense_less = unit - ceil_div(dense_block_elems(model) * c, tp) if dense_full else 0
     if ep > 1:
         experts_out = gathered * c if ex else ceil_div(gathered * c, tp)
         efsdp = degree * tp // ep
@@ -286,12 +297,25 @@ def fsdp_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate,
         fwd_prefetched = prefetched if ep > 1 else 0
         freed, lingering = 0, unit
         gather_fwd = root + 2 * unit + prev_out
+        if ep > 1:
+            # a group of one rank all-gathers nothing (``foreach_all_gather`` is skipped:
+            # the shard is copied in) and keeps no output: under EP x TP with dp = n / tp 1
+            # (TP 8 on 8 GPUs) the dense group is one rank, the experts' too where ep = n
+            # (traced, TP 8 x EP 8: the forward's all-gather moment holds the unit alone)
+            dense_out = unit - experts_out
+            gather_fwd = vec.where(degree == 1, root + unit + experts_out * (efsdp > 1)
+                                   + kept_out * (L > 1), gather_fwd)
+            prefetched = prefetched - dense_out * (degree == 1)
+            fwd_prefetched = prefetched
+            bwd = unit + prefetched
     else:  # SHARD_GRAD_OP, NO_SHARD: kept unsharded from forward until post-backward
-        fwd = loss = bwd = L * unit
+        # (an MoE model's dense first blocks: their own, smaller units)
+        fwd = loss = bwd = L * unit - model.n_dense_layers * dense_less
         # the last block's all-gather output lingers until backward (traced)
         fwd = fwd + kept_out * (degree > 1)
         freed, lingering = unit, 0
-        gather_fwd = root + (L - 1) * unit + unit + (unit + prev_out) * (degree > 1)
+        gather_fwd = root + (L - 1) * unit - model.n_dense_layers * dense_less + unit \
+            + (unit + prev_out) * (degree > 1)
         in_block, fwd_prefetched = fwd, 0
     fsdp2 = version == 2
     # the reduce-scatter input in reduce_dtype (MixedPrecisionPolicy; --precision's default)
@@ -325,8 +349,17 @@ def fsdp_working(model: ModelSpec, counts: ParamCounts, candidate: Candidate,
         fwd_prefetched=fwd_prefetched if fsdp2 else 0,
         grad_layout_copy=layout,
         unsharded_block_grads=grads_unit, rs_unit=(1 + delayed) * Tb * rs_b, rs_root=Tr * rs_b,
+        rs_first=(1 + delayed) * ceil_div(dense_block_elems(model), tp) * rs_b
+        if model.n_dense_layers and ft.full else None,
+        first_less=(dense_less, grads_unit - ceil_div(dense_block_elems(model), tp) * c)
+        if dense_full else (0, 0),
         root_grad_bwd=ceil_div(model.vocab * model.hidden * c, tp)
         if head_trains(model, ft) else 0)
+
+
+def dense_block_elems(model: ModelSpec) -> int:
+    """Elements of one of an MoE model's dense first blocks (DeepSeek's first_k_dense)."""
+    return sum(numel(s) for _, s in block_tensors(model, dense=True))
 
 
 def qgz_local(training: TrainingSpec, s: Strategy, n: Any, gpus_per_node: Any) -> Any:

@@ -285,6 +285,11 @@ def build_request(*, models: str | Iterable[str], gpus: str | Iterable[str],
         # among them
         raise NAMING.fail("parallel.pp", "pipeline parallel is not in the report's sweep; "
                           "plan it with `fitcheck --pp`")
+    if values.get("training.optimizer_in_backward") not in (None, False, "false", "False"):
+        # modelled on one GPU only (planner.request.in_backward_problem); the sweep's grid
+        # of GPU counts would plan it where it is not modelled
+        raise NAMING.fail("training.optimizer_in_backward", "is not in the report's sweep (one "
+                          "GPU only); plan it with `fitcheck --n 1 --optimizer-in-backward`")
     typed = parse_list(models, "--models")
     gpu_names = parse_list(gpus, "--gpus")
     if strategies if isinstance(strategies, str) else list(strategies):

@@ -200,7 +200,7 @@ def observe(case: Case) -> Observations:
     t = _step_time(case)
     if t is not None:
         st = _step(case)
-        x = st.flops_per_step / peak_flops(gpu, case.training.precision)
+        x = st.flops_per_step / peak_flops(gpu, case.training.precision, case.training.tf32)
         o_s = 0.0 if case.fake_group else st.step_time_s - st.compute_s
         if t > o_s:
             obs.time.append((x, o_s, t, case.training.compile is not CompileMode.NONE, case.id))

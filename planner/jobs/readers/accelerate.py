@@ -207,6 +207,8 @@ def parallelism(r: Reader, pc: Any) -> None:
     cp = size("cp")
     if cp and cp > 1:
         context_parallel(r, pc, cp)
+    else:  # inert without CP: the request's warning says so
+        comm_strategy(r, pc)
 
 
 def context_parallel(r: Reader, pc: Any, cp: int) -> None:
@@ -237,6 +239,11 @@ def context_parallel(r: Reader, pc: Any, cp: int) -> None:
     r.set("parallel.cp", cp, key)
     r.set("parallel.cp_kv", "grouped", f"{key} (accelerate's CP hooks drop the mask: "
           "transformers' SDPA attention passes enable_gqa=True)")
+    comm_strategy(r, pc)
+
+
+def comm_strategy(r: Reader, pc: Any) -> None:
+    """cp_comm_strategy (the ParallelismConfig key or its cp_handler's) -> parallel.cp_rotate."""
     handler = pc.get("cp_handler") if isinstance(pc.get("cp_handler"), dict) else {}
     for k, where in (("parallelism_config_cp_comm_strategy", "parallelism_config."),
                      ("cp_comm_strategy", "parallelism_config."),

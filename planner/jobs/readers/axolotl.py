@@ -83,6 +83,9 @@ def read(r: Reader) -> None:
     r.optimizer(optim, key)
     checkpointing(r, doc)
     attention(r, doc)
+    tf32 = r.boolean(doc.get("tf32"), "tf32")
+    if tf32 is not None:  # passed to TrainingArguments.tf32
+        r.set("training.tf32", tf32, "tf32")
     tc = doc.get("torch_compile")
     if tc is True or (isinstance(tc, str) and tc.lower() in ("true", "auto")):
         r.set("training.compile", "model", "torch_compile")

@@ -307,6 +307,17 @@ class Reader:
             self.warn(f"{self.name}: {key} {text!r} is paged: its state may spill to host RAM "
                       "under pressure; sized as if it stays on the GPU")
 
+    def sgd_momentum(self, momentum: Any, key: str) -> None:
+        """torch.optim.SGD with a momentum keeps ``momentum_buffer`` per parameter
+        (torch/optim/sgd.py ``_init_group``; momentum 0, the default, keeps none): a job's SGD
+        with momentum != 0 is sgd-momentum."""
+        if momentum is None or self.raw.get("training.optimizer") != "sgd":
+            return
+        if isinstance(momentum, bool) or not isinstance(momentum, (int, float)):
+            raise self.fail(key, f"must be a number, got {momentum!r}")
+        if momentum != 0:
+            self.replace("training.optimizer", "sgd-momentum", key)
+
     def lora_targets(self, value: Any, key: str) -> None:
         """peft-style target module names -> finetune.lora_targets (fitcheck's names)."""
         if value is None or value is MISSING:

@@ -250,6 +250,9 @@ def optimizer(r: Reader) -> None:
     if kind.lower() in ONEBIT:
         onebit(r, kind, params)
         return
+    # deepspeed/runtime/engine.py _configure_basic_optimizer: a type outside DEEPSPEED_OPTIMIZERS
+    # (SGD) is getattr(torch.optim, type)(params, **optimizer.params)
+    r.sgd_momentum(params.get("momentum"), "optimizer.params.momentum")
     adam = kind.lower() in ("adam", "adamw")
     torch_adam = adam and r.boolean(params.get("torch_adam"), "optimizer.params.torch_adam")
     if adam and params.get("adam_w_mode") is False and kind.lower() == "adam":

@@ -132,6 +132,7 @@ def read(r: Reader) -> None:
         r.set("training.optimizer", kind, key)
         args = r.mapping(opt.get("init_args"), "optimizer.init_args") \
             if isinstance(opt, dict) else {}
+        r.sgd_momentum(args.get("momentum"), "optimizer.init_args.momentum")
         fused = r.boolean(args.get("fused"), "optimizer.init_args.fused")
         foreach = r.boolean(args.get("foreach"), "optimizer.init_args.foreach")
         impl = "fused" if fused else "for-loop" if foreach is False else "foreach"

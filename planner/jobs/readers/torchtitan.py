@@ -284,7 +284,35 @@ def checkpointing(r: Reader, ac: dict, registry: bool = False) -> None:
             mode = "full" if k == 1 else Vocab(f"full-every-{k}-blocks")
         else:
             sac_list(r, registry)
+            force_recompute(r, ac, registry)
     r.set("checkpointing", mode, ac_key)
+
+
+FORCE_KEYS = ("force_recompute_mm_shapes_by_fqns",  # SelectiveAC.Config since c5d93d109
+              "per_op_sac_force_recompute_mm_shapes_by_fqns")  # the TOML JobConfig's name
+"""torchtitan's ``force_recompute_mm_shapes_by_fqns`` (planner/sac.py) by era."""
+
+
+def force_recompute(r: Reader, ac: dict, registry: bool) -> None:
+    """[activation_checkpoint] (per_op_sac_)force_recompute_mm_shapes_by_fqns ->
+    training.sac_force_recompute (a list of module names, checked against the model when
+    the request is built). Absent from a TOML config: torchtitan's default
+    ``["moe.router.gate"]`` from 9a8cb98f1 (2025-07-16) on, nothing before it: assumed and
+    said (it changes MoE blocks only). A config registry postdates it: the default."""
+    for key in FORCE_KEYS:
+        if key in ac:
+            names = ac[key]
+            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                raise r.fail(f"[activation_checkpoint] {key}",
+                             f"must be a list of module names, got {names!r}")
+            r.set("training.sac_force_recompute", names, f"[activation_checkpoint] {key}")
+            return
+    if not registry:
+        r.fallback("training.sac_force_recompute", ["moe.router.gate"],
+                   f"{r.name}: [activation_checkpoint] per_op_sac_force_recompute_mm_shapes_by_"
+                   "fqns not set: torchtitan's default ['moe.router.gate'] ASSUMED (since "
+                   "9a8cb98f1, 2025-07-16; before it nothing was forced: "
+                   "--sac-force-recompute none); it changes MoE blocks only")
 
 
 def sac_list(r: Reader, registry: bool) -> None:

@@ -10,14 +10,17 @@ gradient_accumulation_steps; tokenizer.max_seq_len -> seq (null: the dataset dec
 gradients and optimizer states are in bfloat16"), fp32 -> fp32; optimizer._component_ (+ fused
 / foreach) -> optimizer; loss._component_ (LinearCrossEntropyLoss, CEWithChunkedOutputLoss ->
 chunked:num_output_chunks); enable_activation_checkpointing -> full (ac_mode selective: not
-modelled); enable_activation_offloading -> training.activation_offload; compile true -> each
+modelled); enable_activation_offloading -> training.activation_offload; optimizer_in_bwd ->
+training.optimizer_in_backward (a single-device full fine-tune; under FSDP2 a warning, the plan
+an upper bound; refused with clip_grad_norm, as torchtune refuses it); compile true -> each
 layer and the loss; fsdp_cpu_offload -> params_and_optimizer; fsdp_reshard_after_forward false ->
 shard_grad_op; data_parallel_shard_dim / _replicate_dim / tensor_parallel_dim -> strategy and
 parallel.*; context_parallel_dim and context_parallel_rotate_method -> parallel.cp and
 parallel.cp_rotate (torch's context_parallel as torchtitan wires it: ``context_parallel``
 below). The recipe decides the strategy: a
 *_distributed recipe (the config's name says which: *_single_device.yaml runs on one GPU)
-shards every layer with FSDP2.
+shards every layer with FSDP2. The attention is torchtune's own (``attention`` below): SDPA,
+flex attention for packed samples (planned as sdpa), Gemma-2's eager ops.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import re
 from typing import Any
 
 from planner.jobs.readers.common import Reader
-from planner.jobs.record import Vocab
+from planner.jobs.record import FrameworkAttention, Vocab
 
 TABLE = "torchtune"
 LORA_MODULES = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "output_proj": "o"}
@@ -88,6 +91,7 @@ def read(r: Reader) -> None:
         raise r.fail("optimizer", "not set: this is a torchtune evaluation, generation or "
                      "quantization config (no training step to plan), not a training recipe")
     model(r, r.mapping(doc.get("model"), "model"))
+    attention(r, doc)
     r.set("training.micro_batch", r.count(doc.get("batch_size"), "batch_size"), "batch_size")
     ga = r.count(r.default(TABLE, "gradient_accumulation_steps",
                            doc.get("gradient_accumulation_steps")), "gradient_accumulation_steps")
@@ -115,6 +119,7 @@ def read(r: Reader) -> None:
     optimizer(r, r.mapping(doc.get("optimizer"), "optimizer"))
     loss(r, r.mapping(doc.get("loss"), "loss"))
     distribution(r, doc, single)
+    in_backward(r, doc, single)
     if r.boolean(doc.get("enable_fp8_training"), "enable_fp8_training"):
         recipe = doc.get("fp8_recipe_name") or "tensorwise"
         r.set("training.float8", Vocab(str(recipe)), "enable_fp8_training")
@@ -127,6 +132,51 @@ def read(r: Reader) -> None:
                                                                           "")).lower():
         r.set("training.paired_batch", True, "loss._component_ (DPO: chosen + rejected)")
     r.audit(TABLE)
+
+
+def packed(r: Reader, doc: dict) -> bool:
+    """Whether a dataset of the config packs its samples (``dataset.packed``, one dataset or
+    a list of them)."""
+    dataset = doc.get("dataset")
+    sets = dataset if isinstance(dataset, list) else [dataset]
+    return any(isinstance(s, dict) and r.boolean(s.get("packed"), "dataset.packed")
+               for s in sets)
+
+
+def attention(r: Reader, doc: dict) -> None:
+    """The attention torchtune's own modules run, not transformers' (torchtune bd2a0fc7):
+    ``MultiHeadAttention`` (modules/attention.py:140, :292) calls ``_sdpa_or_flex_attention()``
+    (modules/attention_utils.py:185-250): ``nn.functional.scaled_dot_product_attention`` with
+    ``is_causal`` and no mask, or, for packed samples (the collate's ``BlockMask``:
+    data/_collate.py:611 ``packed_block_causal_mask``) on a GPU of compute capability >= 7.5
+    (utils/_import_guard.py:12), a compiled ``flex_attention``. Either keeps the output and
+    its logsumexp for backward, no T x T scores: fitcheck's sdpa. Gemma-2's own
+    ``Gemma2Attention`` (models/gemma2/_attention.py:299-340) is eager: q·kᵀ, the tanh
+    soft-cap, an additive mask, an fp32 softmax and ·v as separate ops (the T x T scores
+    kept), and it refuses a packed batch's BlockMask (:218-222)."""
+    comp = r.text(r.mapping(doc.get("model"), "model").get("_component_"), "model._component_")
+    match = MODEL.match(comp.lower()) if comp else None
+    if match is not None and match.group("family") == "gemma2":
+        if packed(r, doc):
+            raise r.fail("dataset.packed", "true with a Gemma-2 model: torchtune refuses it "
+                         "(Gemma2Attention: \"Block masks are not implemeted yet, use "
+                         "packed=False.\")")
+        r.set("training.attention", FrameworkAttention("eager", (
+            "torchtune's Gemma2Attention: q·kᵀ, tanh soft-cap, additive mask, fp32 softmax, ·v "
+            "as eager ops (models/gemma2/_attention.py), no SDPA")), "model._component_ "
+            "(torchtune's own attention)")
+        return
+    if packed(r, doc):
+        why = ("torchtune's MultiHeadAttention with dataset.packed: flex_attention on the "
+               "packed BlockMask (modules/attention_utils.py _sdpa_or_flex_attention), planned "
+               "as sdpa: it keeps the output and logsumexp, no T x T scores; its speed "
+               "assumed sdpa's")
+    else:
+        why = ("torchtune's MultiHeadAttention: torch's scaled_dot_product_attention, causal, "
+               "no mask (modules/attention_utils.py _sdpa_or_flex_attention), not "
+               "transformers' classes")
+    r.set("training.attention", FrameworkAttention("sdpa", why), "model._component_ "
+          "(torchtune's own attention)")
 
 
 def model(r: Reader, m: dict) -> None:
@@ -196,6 +246,7 @@ def optimizer(r: Reader, o: dict) -> None:
         return
     kind, _ = OPTIMIZERS.get(comp.lower(), (Vocab(comp.rsplit(".", 1)[-1].lower()), None))
     r.set("training.optimizer", kind, "optimizer._component_")
+    r.sgd_momentum(o.get("momentum"), "optimizer.momentum")
     fused = r.boolean(o.get("fused"), "optimizer.fused")
     foreach = r.boolean(o.get("foreach"), "optimizer.foreach")
     if comp.lower().startswith("torch.optim."):
@@ -205,6 +256,31 @@ def optimizer(r: Reader, o: dict) -> None:
     if "paged" in comp.lower():
         r.warn(f"{r.name}: optimizer._component_ {comp} is paged: its state may spill to host "
                "RAM under pressure; sized as if it stays on the GPU")
+
+
+def in_backward(r: Reader, doc: dict, single: bool) -> None:
+    """optimizer_in_bwd: the full-finetune recipes step each parameter in its
+    post-accumulate-grad hook (torchtune/training/memory.py ``register_optim_in_bwd_hooks``)
+    and raise on clip_grad_norm or gradient_accumulation_steps > 1 with it
+    (recipes/full_finetune_single_device.py, ``__init__``); the LoRA recipes never read it.
+    Planned on one GPU; a distributed recipe runs it under FSDP2 (each parameter steps after
+    its unit's reduce-scatter), which is not modelled: planned without it, which holds every
+    sharded gradient and the step's temporaries, an upper bound."""
+    if not r.boolean(doc.get("optimizer_in_bwd"), "optimizer_in_bwd"):
+        return
+    if "lora_" in str(r.mapping(doc.get("model"), "model").get("_component_", "")):
+        r.warn(f"{r.name}: optimizer_in_bwd is not read by torchtune's LoRA recipes; ignored")
+        return
+    if doc.get("clip_grad_norm") is not None:
+        raise r.fail("clip_grad_norm", f"{doc['clip_grad_norm']!r} with optimizer_in_bwd: "
+                     "torchtune refuses it (\"Gradient clipping is not supported with "
+                     "optimizer in bwd\"); set clip_grad_norm: null")
+    if not single:
+        r.warn(f"{r.name}: optimizer_in_bwd under FSDP2 (each parameter stepped after its "
+               "unit's reduce-scatter) is not modelled: planned without it, which holds "
+               "more (an upper bound)")
+        return
+    r.set("training.optimizer_in_backward", True, "optimizer_in_bwd")
 
 
 def loss(r: Reader, l: dict) -> None:
@@ -266,7 +342,10 @@ def context_parallel(r: Reader, doc: dict) -> None:
     Only recipes/{full,lora}_finetune_distributed.py and qat_distributed.py read the key."""
     d = r.count(doc.get("context_parallel_dim") if doc.get("context_parallel_dim") is not None
                 else 1, "context_parallel_dim")
+    rotate = r.text(doc.get("context_parallel_rotate_method"), "context_parallel_rotate_method")
     if not d or d <= 1:
+        if rotate is not None:  # inert without CP: the request's warning says so
+            r.set("parallel.cp_rotate", Vocab(rotate), "context_parallel_rotate_method")
         return
     other = next((k for k in ("teacher_model", "ref_checkpointer", "policy_model") if doc.get(k)),
                  None) or ("loss._component_ (DPO)" if "dpo" in str(
@@ -276,9 +355,7 @@ def context_parallel(r: Reader, doc: dict) -> None:
                f"({other}) does not read it (only {{full,lora}}_finetune_distributed and "
                "qat_distributed do)")
         return
-    dataset = doc.get("dataset")
-    sets = dataset if isinstance(dataset, list) else [dataset]
-    if any(isinstance(s, dict) and r.boolean(s.get("packed"), "dataset.packed") for s in sets):
+    if packed(r, doc):
         # packed samples carry a BlockMask: flex attention, which the CP manager refuses
         raise r.fail("context_parallel_dim", f"{d} with dataset.packed true: torchtune refuses "
                      "it (get_context_parallel_manager: \"Context parallel with flex attention "
@@ -288,6 +365,5 @@ def context_parallel(r: Reader, doc: dict) -> None:
                      "it (full_finetune_distributed: \"Context Parallel for fp8 training is not "
                      "currently supported\")")
     r.set("parallel.cp", d, "context_parallel_dim")
-    rotate = r.text(doc.get("context_parallel_rotate_method"), "context_parallel_rotate_method")
     if rotate is not None:
         r.set("parallel.cp_rotate", Vocab(rotate), "context_parallel_rotate_method")

@@ -74,10 +74,17 @@ def read_args(r: Reader, doc: dict, table: str, *, checkpointing: bool = True) -
         r.replace("training.optimizer", "adafactor", "adafactor")
         r.replace("training.optimizer_impl", None, "adafactor")
     compiled = r.boolean(doc.get("torch_compile"), "torch_compile")
-    if compiled or (doc.get("torchdynamo") not in (None, "", False)):
-        r.set("training.compile", "model", "torch_compile" if compiled else "torchdynamo")
+    # TrainingArguments.__post_init__: a torch_compile_mode or _backend turns torch_compile on
+    implied = next((k for k in ("torch_compile_mode", "torch_compile_backend", "torchdynamo")
+                    if doc.get(k) not in (None, "", False)), None)
+    if compiled or implied:
+        r.set("training.compile", "model", "torch_compile" if compiled else
+              f"{implied} (TrainingArguments turns torch_compile on)")
     if r.boolean(doc.get("use_liger_kernel"), "use_liger_kernel"):
         r.set("training.loss", "fused", "use_liger_kernel")
+    tf32 = r.boolean(doc.get("tf32"), "tf32")
+    if tf32 is not None:  # TrainingArguments.__post_init__: allow_tf32 on or off
+        r.set("training.tf32", tf32, "tf32")
     attention(r, doc.get("attn_implementation"), "attn_implementation")
     distributed = fsdp(r, doc) | ds(r, doc)
     if checkpointing:
