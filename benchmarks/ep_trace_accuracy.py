@@ -1,12 +1,12 @@
 """The planner against the whole training step under torchtitan's expert parallel, traced on
 fake tensors (probes/ep_trace.py), at widths larger than the tests' (tests/test_ep_trace.py):
-every moment of the step, 8 fake ranks. Writes its section of docs/accuracy.md (between the
-ep-trace markers) with ``--out``.
+every moment of the step, 8 fake ranks (beside context parallel: every cp rank, the worst).
+Writes its section of docs/accuracy.md (between the ep-trace markers) with ``--out``.
 
-    python benchmarks/ep_trace_accuracy.py [--quick] [--out docs/accuracy.md]
+    python benchmarks/ep_trace_accuracy.py [--quick | --cp-only] [--out docs/accuracy.md]
 
-Each configuration is traced in its own subprocess (probes.runner). Target: |error| <= 2 % at
-every moment.
+Each configuration is traced in its own subprocess (probes.runner), the cases beside CP in
+this process (one fake process group per cp rank). Target: |error| <= 2 % at every moment.
 """
 
 from __future__ import annotations
@@ -56,6 +56,16 @@ CASES = [  # (shape, ep, imbalance, checkpointing, seq[, tp])
     ("mixtral-kv8-like", 4, 1.0, "none", 2048, 4),
     ("mixtral-kv8-like", 8, 1.0, "full", 4096, 8),
 ]
+CP_CASES = [  # beside context parallel 2 (docs/model.md "Beside context parallel"), every cp
+    # rank traced in this process, the worst held to the planner: (shape, ep, checkpointing,
+    # seq)
+    ("mixtral-like", 2, "none", 4096),
+    ("mixtral-like", 4, "full", 4096),
+    ("mixtral-like", 2, "selective", 4096),
+    ("dsv3-like", 4, "none", 4096),
+    ("dsv3-like", 2, "full", 4096),
+    ("dsv3-like", 4, "selective", 4096),
+]
 MOMENTS = ("forward", "loss_bwd", "block_bwd", "bwd_end", "optimizer")
 BEGIN, END = "<!-- ep-trace-accuracy:begin -->", "<!-- ep-trace-accuracy:end -->"
 
@@ -70,7 +80,7 @@ def row(shape: str, ep: int, imb: float, ck: str, seq: int, tp: int = 1) -> str:
     r = run_trace(model, training, cand, 8, 8, timeout_s=1200)
     data = r.data if r.ok else {"ok": False, "reason": r.reason}
     c = compare(model, training, cluster, cand, data, wall_s=r.wall_s)
-    head = f"| {shape} | {ep} | {tp} | {imb:g} | {ck} | {seq} |"
+    head = f"| {shape} | {ep} | {tp} | 1 | {imb:g} | {ck} | {seq} |"
     if not c.ok:
         return head + f" failed: {c.reason} |" + " |" * len(MOMENTS)
     cells = " | ".join(f"{c.moments[m].rel_error * 100:+.2f} %" if m in c.moments else "-"
@@ -78,19 +88,49 @@ def row(shape: str, ep: int, imb: float, ck: str, seq: int, tp: int = 1) -> str:
     return f"{head} {c.peak.traced_bytes / 2**30:.3f} | {cells} | {r.wall_s:.0f} s |"
 
 
+def row_cp(shape: str, ep: int, ck: str, seq: int, cp: int = 2) -> str:
+    """A CP case's row: every cp rank traced (probes/compare.py ``every_cp_rank``),
+    planner - the largest traced over them, per moment."""
+    import time
+
+    from probes.compare import every_cp_rank
+
+    model = SHAPES[shape]
+    training = TrainingSpec(seq=seq, micro_batch=1, ep=ep, cp=cp)
+    cand = Candidate(strategy=Strategy.FULL_SHARD, checkpointing=Checkpointing(ck))
+    gpu = load_gpu("h200")
+    cluster = Cluster(gpu=gpu, n_gpus=8, gpus_per_node=8,
+                      host_ram_bytes_per_node=gpu.host_ram_bytes_per_node)
+    head = f"| {shape} | {ep} | 1 | {cp} | 1 | {ck} | {seq} |"
+    start = time.perf_counter()
+    try:
+        worst = every_cp_rank(model, training, cand, cluster, 8, 8)
+    except Exception as exc:  # a failed trace is a row, not the end of the run
+        return head + f" failed: {exc} |" + " |" * len(MOMENTS)
+    cells = " | ".join(f"{(worst[m][1] - worst[m][0]) / worst[m][0] * 100:+.2f} %"
+                       if m in worst else "-" for m in MOMENTS)
+    peak = max(t for t, _ in worst.values())
+    return f"{head} {peak / 2**30:.3f} | {cells} | {time.perf_counter() - start:.0f} s |"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="the first three cases only")
+    ap.add_argument("--cp-only", action="store_true", help="the cases beside CP only")
     ap.add_argument("--out", help="write the table into this Markdown file's section")
     args = ap.parse_args(argv)
-    cases = CASES[:3] if args.quick else CASES
-    lines = ["| shape (h 1024, 4 blocks) | EP | TP | imbalance | checkpointing | seq | traced "
-             "peak GiB | " + " | ".join(MOMENTS) + " | trace |",
-             "|---" * (8 + len(MOMENTS)) + "|"]
+    cases = [] if args.cp_only else CASES[:3] if args.quick else CASES
+    lines = ["| shape (h 1024, 4 blocks) | EP | TP | CP | imbalance | checkpointing | seq | "
+             "traced peak GiB | " + " | ".join(MOMENTS) + " | trace |",
+             "|---" * (9 + len(MOMENTS)) + "|"]
     for case in cases:
         lines.append(row(*case))
         print(lines[-1], flush=True)
-    body = ("Planner − trace over trace per moment, 8 fake ranks, full_shard, bf16-amp AdamW "
+    for cp_case in [] if args.quick else CP_CASES:
+        lines.append(row_cp(*cp_case))
+        print(lines[-1], flush=True)
+    body = ("Planner − trace over trace per moment, 8 fake ranks, full_shard, bf16-amp AdamW; "
+            "beside CP over the largest of the cp ranks' traces "
             "(`python benchmarks/ep_trace_accuracy.py`; docs/model.md \"Expert parallel\"):"
             "\n\n" + "\n".join(lines))
     if args.out:

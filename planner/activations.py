@@ -120,6 +120,9 @@ class ActivationPlan:
     ring_backward: int = 0
     """Context parallel: one block's backward transient while its ring attention runs
     backward (the ring's peak, the gradients flowing in); 0 without CP."""
+    ring_grads: int = 0
+    """Context parallel: of ``ring_backward``, the unit's unsharded weight gradients already
+    made when the ring runs (``context_parallel.grads_before_ring``); 0 without CP."""
     checkpointed_forward: int = 0
     """Full or (op-level) selective checkpointing: what one block's forward holds at once
     inside its checkpoint (``checkpointed_forward``) beyond what it keeps (``block_kept``,
@@ -153,6 +156,7 @@ class ActivationPlan:
             offload_back=int(self.offload_back * k),
             ring_forward=int(self.ring_forward * k),
             ring_backward=int(self.ring_backward * k),
+            ring_grads=int(self.ring_grads * k),
             checkpointed_forward=int(self.checkpointed_forward * k),
             ends_kept=None if self.ends_kept is None else tuple(
                 int(x * k) for x in self.ends_kept))

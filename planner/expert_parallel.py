@@ -74,8 +74,9 @@ def ep_problem(model: ModelSpec, training: TrainingSpec, n_gpus: int) -> str | N
         problem = ep_pp_problem(training, n_gpus)
         if problem:
             return problem
-    if training.cp > 1:
-        return "expert parallel with context parallel is not modelled"
+        if training.cp > 1:
+            return ("expert parallel with pipeline and context parallel together is NOT "
+                    "MODELLED (not traced)")
     if training.fsdp_version != 2:
         return "expert parallel is modelled with FSDP2 (torchtitan), not FSDP1"
     if not training.finetune.full:
@@ -117,7 +118,7 @@ def ep_pp_problem(training: TrainingSpec, n_gpus: int) -> str | None:
 def ep_pp_untraced(training: TrainingSpec, tp: int, checkpointing: Checkpointing
                    ) -> tuple[str, str] | None:
     """(field, why) for what EP beside pipeline parallel is not traced with, or None: tensor
-    parallel in the stage, selective checkpointing (context parallel: ``ep_problem``)."""
+    parallel in the stage, selective checkpointing (context parallel in the stage: ``ep_problem``)."""
     if tp > 1:
         return ("parallel.tp", "expert parallel with pipeline and tensor parallel together "
                 "is NOT MODELLED (not traced)")
@@ -322,7 +323,9 @@ def ep_inputs(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *,
     routed = (3 if model.mlp.gated else 2) * model.hidden * model.ffn_hidden \
         * model.experts_per_token
     idle = (training.ep_imbalance - 1.0) * routed * model.n_moe_layers
-    return {"ep": float(ep), "ep_bytes": per_token * mb * seq, "ep_idle_mm": idle,
+    # a rank routes its own tokens: under CP its seq / cp of each sequence
+    return {"ep": float(ep), "ep_bytes": per_token * mb * seq / training.cp,
+            "ep_idle_mm": idle,
             # shared experts (TP-sharded) bring back the MLP's all-gather and reduce-scatter
             # of c t h, as a dense MLP's (models/common/moe_sharding.py
             # ``_shared_experts_sharding_configs``)

@@ -588,8 +588,8 @@ FIELDS: tuple[Field, ...] = (
           help="Expert-parallel degree for MoE models: torchtitan's EP (each GPU owns "
           "experts / N routed experts, tokens sent to them by all-to-all), FSDP2 over every "
           "GPU for the rest (with --tp N: tensor parallel for the attention, each TP rank "
-          "routing its own sequence shard; with --pp M under gpipe or 1f1b: EP inside each "
-          "stage's ranks). 1: none."),
+          "routing its own sequence shard; with --cp N: each GPU routing its seq / N "
+          "tokens; with --pp M under gpipe or 1f1b: EP inside each stage's ranks). 1: none."),
     Field(path="parallel.ep_imbalance", flag="--ep-imbalance", metavar="X",
           check=lambda raw: validate.number(raw, low=1, high=1024), default=1.0,
           help="EP (dropless): rows the busiest GPU's experts receive over the balanced "
@@ -597,8 +597,8 @@ FIELDS: tuple[Field, ...] = (
     Field(path="parallel.mesh", flag="--mesh", check=_choice(MeshMode),
           choices=_names(MeshMode), default=MeshMode.GIVEN.value,
           help="given: the --tp/--pp/--cp/--ep degrees as given. auto: search every modelled "
-          "layout of the GPUs (TP 1/2/4/8 x CP, PP alone or x TP and/or x CP, EP alone or x TP "
-          "for an MoE model) and plan "
+          "layout of the GPUs (TP 1/2/4/8 x CP, PP alone or x TP and/or x CP, EP alone, x TP "
+          "or x CP for an MoE model) and plan "
           "the one that fits with the most "
           "tokens/s per GPU, the simpler within 2 % (fitcheck plan only; docs/model.md "
           "\"Mesh search\")."),

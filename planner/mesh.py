@@ -6,7 +6,7 @@ A layout is torchtitan's ``ParallelDims`` less what fitcheck does not search: te
 is data parallel (FSDP2's dp_shard, or HSDP's dp_replicate x dp_shard, which the plan of each
 layout already chooses among as strategies). ``layouts`` lists the layouts the model covers
 (docs/model.md "Mesh search"): TP x CP (§8.4, §8.6) and PP alone or x TP and/or x CP (§8.7,
-torchtitan's 4D mesh) and, for an MoE model, EP alone or x TP (§8.8; EP beside CP or PP is
+torchtitan's 4D mesh) and, for an MoE model, EP alone, x TP or x CP (§8.8; EP beside PP is
 not modelled).
 
 Each layout is planned by the plan every other path runs: its request is built by
@@ -82,8 +82,8 @@ def layouts(n_gpus: int, gpus_per_node: int, seq: int, experts: int = 1) -> list
       times PP and TP, divides the GPUs (the 4D mesh; FSDP2 over dp_shard x cp);
     - EP (an MoE model's ``experts``), a power of two dividing the experts and the GPUs, alone
       or with a TP of the list above (torchtitan's EP x TP, docs/model.md §8.8: EP borrows
-      the TP ranks too, so ep need not divide n / tp); EP beside CP or PP is not modelled
-      and not listed.
+      the TP ranks too, so ep need not divide n / tp), or with a CP as above (no TP:
+      EP x CP x TP is not modelled); EP beside PP is not modelled and not listed.
     Whether the model allows a degree (heads per TP rank, stages per layer count, CP's
     attention) is the request builder's to say, per layout."""
     out = []
@@ -114,6 +114,15 @@ def layouts(n_gpus: int, gpus_per_node: int, seq: int, experts: int = 1) -> list
         while experts > 1 and experts % ep == 0 and n_gpus % ep == 0:
             out.append(Layout(tp=tp, ep=ep))
             ep *= 2
+    # EP beside CP (docs/model.md "Beside context parallel"; not beside TP as well): a CP as
+    # above, an EP as above (dp_shard x cp a multiple of ep: ep divides the GPUs)
+    cp = 2
+    while experts > 1 and n_gpus % cp == 0 and cp <= MAX_CP and seq % (2 * cp) == 0:
+        ep = 2
+        while experts % ep == 0 and n_gpus % ep == 0:
+            out.append(Layout(cp=cp, ep=ep))
+            ep *= 2
+        cp *= 2
     return sorted(out, key=Layout.simplicity)
 
 

@@ -411,8 +411,10 @@ def first_fit(at: Points, c: Candidate, start: int, below: Any) -> Any:
     against a plan of every count."""
     r = at.request
     # the counts its TP group or hpZ group divides, times a context-parallel group beside it
-    # (or an expert-parallel group: never both, planner/expert_parallel.py ep_problem)
-    t = count_step(r, c) * r.training.cp * r.training.ep
+    # (or an expert-parallel group); with both, the counts that CP x TP and EP divide
+    # (torchtitan's parallel_dims.py: dp_shard x cp x tp a multiple of ep)
+    t = count_step(r, c) * r.training.cp
+    t = math.lcm(t, r.training.ep) if r.training.cp > 1 else t * r.training.ep
     counts = Counts(at.gpus_per_node, t)
     runs = at.each(lambda n, gpn: c.tp <= gpn)  # a TP group lives inside a node
     if c.tp > 1:  # and the model allows it (or not, at any count)

@@ -216,3 +216,30 @@ def comparison_json(c: Comparison) -> dict[str, Any]:
     return out
 
 
+def every_cp_rank(model: Any, training: Any, candidate: Any, cluster: Any,
+                  world_size: int, gpus_per_node: int = 8) -> dict[str, tuple[int, int]]:
+    """The whole step traced once per cp rank (global ranks 0 .. cp - 1 of a fake group of
+    ``world_size``: the causal load balancing gives them different ring work) and held to
+    the planner: {moment: (the largest traced over the cp ranks, the planner's)}. Raises
+    if a trace fails (its reason)."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from probes.trace import trace_step
+
+    worst: dict[str, tuple[int, int]] = {}
+    for rank in range(training.cp):
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+        try:
+            got = compare(model, training, cluster, candidate,
+                          trace_step(model, training, candidate, world_size, gpus_per_node))
+        finally:
+            dist.destroy_process_group()
+        if not got.ok:
+            raise RuntimeError(f"cp rank {rank}: {got.reason}")
+        for m, pair in got.moments.items():
+            traced = max(pair.traced_bytes, worst.get(m, (0, 0))[0])
+            worst[m] = (traced, pair.predicted_bytes)
+    return worst

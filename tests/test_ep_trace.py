@@ -313,3 +313,55 @@ def test_per_param_mesh_view_restores_fsdp_state() -> None:
     with per_param_mesh_view():
         assert FSDPState.__dict__["_fsdp_param_group"] is not before
     assert FSDPState.__dict__["_fsdp_param_group"] is before
+
+
+# EP beside context parallel (docs/model.md "Expert parallel", "Beside context parallel"):
+# torchtitan's layout, the dense parameters FSDP2-sharded over dp_shard x cp (every rank
+# here), the experts over efsdp = n / ep, the ring attention of probes/context_parallel.py
+# (all-gather rotation, keys and values repeated) in every block, each rank routing its own
+# seq / cp tokens. Every cp rank is traced (the ring's load balancing gives rank 0 the
+# half-query steps): the planner against the largest. Measured 2026-11-26, planner - trace
+# over the worst rank, seq 2048 (1024 local tokens): Mixtral-like EP 2 none: forward
+# -0.15 %, loss -0.05 %, block backward -1.03 %, bwd_end / optimizer exact; DeepSeek-V3-like
+# EP 4 full: -0.42 / -0.00 / +0.74 % (selective, EP 4 none, EP 2 full and the other shape:
+# h 1024 in benchmarks/ep_trace_accuracy.py; measured here at h 512: Mixtral-like EP 2
+# selective +0.39 / -0.00 / -1.14 %, DeepSeek-V3-like EP 2 / 4 selective -0.25 / -0.00 / +1.23 %
+# / +1.26 %, every other moment exact).
+CP_CASES = [
+    # (shape, ep, cp, checkpointing)
+    ("mixtral", 2, 2, NONE),
+    ("dsv3", 4, 2, FULL),
+]
+
+# MoE under CP without EP (the reference's capacity MoE, which the planner refuses under CP):
+# Mixtral-like forward -3.85 %, loss -1.92 % (DeepSeek-V3-like: forward -10.14 %, block
+# backward -13.36 %). Not CP's: the same shapes without CP (seq 1024, one rank) miss by
+# -3.61 % / -10.31 % in forward; the reference's dispatch buffer (index_add's output,
+# (E C + 1) x h), the gathered expert rows and their weighted copy are three c N k h tensors
+# per block where the planner's capacity MoE counts two (planner/arch/mlp.py ``Moe.saved``).
+CP_MISSES = [("mixtral", 1, 2, NONE)]
+
+
+def _compare_cp(shape: str, ep: int, cp: int, ck: Checkpointing) -> dict[str, float]:
+    from probes.compare import every_cp_rank
+
+    model = SHAPES[shape]
+    training = TrainingSpec(seq=2048, micro_batch=1, ep=ep, cp=cp)
+    cand = Candidate(strategy=Strategy.FULL_SHARD, checkpointing=ck)
+    worst = every_cp_rank(model, training, cand, cluster(), N, 8)
+    assert set(worst) == {"forward", "loss_bwd", "block_bwd", "bwd_end", "optimizer"}
+    return {m: (p - t) / t for m, (t, p) in worst.items()}
+
+
+@pytest.mark.parametrize("case", CP_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_ep_beside_cp_every_moment(case) -> None:
+    for m, err in _compare_cp(*case).items():
+        assert abs(err) <= 0.02, (case, m, f"{err:+.2%}")
+
+
+@pytest.mark.xfail(strict=True, reason="MoE under CP without EP: the reference's capacity MoE "
+                   "-3.85 % in forward, as without CP (refused; see CP_MISSES)")
+@pytest.mark.parametrize("case", CP_MISSES, ids=lambda c: "-".join(map(str, c)))
+def test_moe_under_cp_without_ep(case) -> None:
+    for m, err in _compare_cp(*case).items():
+        assert abs(err) <= 0.02, (case, m, f"{err:+.2%}")

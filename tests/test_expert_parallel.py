@@ -449,7 +449,13 @@ def test_step_time_counts_the_all_to_alls():
       "interleaved-1f1b"], ("--ep", "interleaved-1f1b is NOT MODELLED")),
     (["--model", "deepseek-v2-lite", "--ep", "2", "--pp", "2"], ("--pp", "shared experts")),
     (["--model", "mixtral-8x7b", "--pp", "2"], ("--pp", "without expert parallel")),
-    (["--model", "mixtral-8x7b", "--ep", "2", "--cp", "2"], ("--cp", "MoE")),
+    (["--model", "mixtral-8x7b", "--ep", "2", "--pp", "2", "--cp", "2", "--n", "16"],
+     ("--ep", "pipeline and context parallel together is NOT MODELLED")),
+    # CP for an MoE model: beside EP only (docs/model.md "Beside context parallel"), not
+    # beside TP (not traced)
+    (["--model", "mixtral-8x7b", "--cp", "2"], ("--cp", "with expert parallel only")),
+    (["--model", "mixtral-8x7b", "--ep", "2", "--cp", "2", "--tp", "2"],
+     ("--cp", "beside tensor parallel")),
     # TP for an MoE model without EP (torchtitan TP-shards the experts there): refused;
     # EP x TP (docs/model.md §8.8) is modelled but for what its referee does not trace
     (["--model", "mixtral-8x7b", "--tp", "2"], ("--tp", "without --ep is NOT MODELLED")),
@@ -662,3 +668,59 @@ def test_selective_kept_matches_the_referee():
         kept = sum(s.nbytes for s in ep_sac_kept(model, training(seq=t, ep=ep, ep_imbalance=imb),
                                                  2))
         assert par["left"] - local["left"] == kept, (i, par, local, kept)
+
+
+# ---------------------------------------------------------------------------------------------
+# Beside context parallel (docs/model.md "Beside context parallel"; traced in
+# tests/test_ep_trace.py)
+
+
+def _cp_plan(**kw):
+    return activation_plan(MIXTRAL, training(cp=2, **kw), Candidate(
+        strategy=Strategy.FULL_SHARD, offload=Offload.NONE, checkpointing=Checkpointing.NONE))
+
+
+def test_ring_backward_counts_the_local_experts_gradients():
+    # FSDP2's unsharded gradients (bf16) alive when the ring runs backward, an MoE block's:
+    # attn.o 4096 x 4096 = 16,777,216, norm2 4096, the router 8 x 4096 = 32,768 and the
+    # rank's routed experts, 3 x 14336 x 4096 = 176,160,768 each: EP 2, 4 of them,
+    # 704,643,072 -> 721,457,152 elements x 2 B = 1,442,914,304; EP 8, one: 192,974,848 x 2
+    assert _cp_plan(ep=2).ring_grads == 1_442_914_304
+    assert _cp_plan(ep=8).ring_grads == 385_949_696
+
+
+def test_ring_and_dispatch_share_the_forward_slot():
+    # the ring runs in the attention, the dispatch in the MLP: the block's forward slot is
+    # the larger. 4096 / CP 2 = 2048 local tokens, 32 heads (kv repeated) x 128: O = K =
+    # 8,388,608; ring (all-gather): 18 O + 3 x 262,144 (lse) + 2 x 4 K = 218,890,240. The
+    # dispatch: N = R = 4096 rows, max(N + R, 2 R) x 4096 x 2 = 67,108,864: below it
+    assert _cp_plan(ep=2).ring_forward == 218_890_240
+    assert dispatch_forward_bytes(MIXTRAL, training(cp=2, ep=2), 2) == 67_108_864
+
+
+def test_all_to_all_bytes_are_the_ranks_own_tokens_under_cp():
+    # seq 4096 over CP 2: a rank routes 2048 tokens x top 2 = 4096 rows of 4096 x 2 B, 7 / 8
+    # of them to other ranks of EP 8: 29,360,128 B per all-to-all (the sweep's seq is the
+    # whole sequence)
+    from planner.expert_parallel import ep_inputs
+
+    cand = Candidate(strategy=Strategy.FULL_SHARD, offload=Offload.NONE)
+    got = ep_inputs(MIXTRAL, training(cp=2, ep=8), cand, mb=1, seq=4096, gpn=8, c=2, n=16)
+    assert got["ep_bytes"] == 29_360_128
+
+
+def test_fewest_gpus_beside_cp_matches_planning_every_count():
+    # EP 4 x CP 2: torchtitan needs dp_shard x cp a multiple of ep (parallel_dims.py), so
+    # within a node the counts are the multiples of lcm(2, 4) = 4, not of 8: Qwen1.5-MoE
+    # (60 experts) fits on 4 H200s, which the search must find
+    from planner.fields import SPEC
+    from planner.plan import fits_any, min_gpus
+    from planner.request import build_request
+
+    values = {"model.preset": "qwen1.5-moe-a2.7b", "hardware.gpu": "h200", "hardware.n": 4,
+              "parallel.ep": 4, "parallel.cp": 2, "training.seq": 16384,
+              "training.micro_batch": 1, "strategy": "full_shard", "offload": "none",
+              "parallel.tp": 1}
+    r = build_request(values, SPEC)
+    assert fits_any(r.with_gpus(4))
+    assert min_gpus(r) == 4

@@ -19,7 +19,12 @@ from planner.activations import (
 )
 from planner.loss_dtype import with_loss_dtype
 from planner.candidates import check_supported, degree_of
-from planner.context_parallel import after_sdpa, ring_backward_bytes, ring_forward_bytes
+from planner.context_parallel import (
+    after_sdpa,
+    grads_before_ring,
+    ring_backward_bytes,
+    ring_forward_bytes,
+)
 from planner.expert_parallel import (
     dispatch_forward_bytes,
     ep_expert_padding,
@@ -176,8 +181,8 @@ def with_ring(plan: ActivationPlan, model: ModelSpec, training: TrainingSpec,
     # unsharded gradients of the weights whose backward has run (the output projection's and
     # the MLP's, in the compute dtype until the block's reduce-scatter; traced)
     grads_in = -(-2 * r * t * model.hidden // tp) + c * t * heads * model.d_head
-    h, f = model.hidden, model.ffn_hidden
-    weight_grads = -(-(model.q_dim * h + (3 if model.mlp.gated else 2) * h * f) * c // tp)
+    # (an MoE block's: the router's, the shared and the rank's routed experts')
+    weight_grads = grads_before_ring(model, c, tp=tp, ep=training.ep)
     # what the block saved after its SDPA (its MLP's, the output projection's input) is freed
     # by then, kept or recomputed alike; under selective checkpointing with RoPE so is the
     # kept q (and k) projection output, consumed by the recompute and read only by RoPE
@@ -190,7 +195,8 @@ def with_ring(plan: ActivationPlan, model: ModelSpec, training: TrainingSpec,
         freed += -(-sac_freed_by_rope(model, kept) // tp)
     return dataclasses.replace(plan, ring_forward=ring_forward_bytes(**shape),
                                ring_backward=grads_in + weight_grads
-                               + ring_backward_bytes(**shape) - freed)
+                               + ring_backward_bytes(**shape) - freed,
+                               ring_grads=weight_grads)
 
 
 def with_dispatch(plan: ActivationPlan, model: ModelSpec, training: TrainingSpec,
@@ -264,7 +270,9 @@ def with_dispatch(plan: ActivationPlan, model: ModelSpec, training: TrainingSpec
         block_backward_transient=max(
             max(plan.block_backward_transient + more_bwd, combine) - shared
             + shared_weight_grads(model, c, tp), shared_backward(plan, model, t, c, tp)),
-        ring_forward=dispatch_forward_bytes(model, training, c))
+        # beside context parallel one slot: the ring runs in the attention, the dispatch in
+        # the MLP, never at once
+        ring_forward=max(plan.ring_forward, dispatch_forward_bytes(model, training, c)))
 
 
 def shared_saved(saved: tuple, model: ModelSpec) -> int:

@@ -34,6 +34,10 @@ class Activations:
     loss_bwd: Any
     block_bwd: Any
     """Gradient temporaries inside one block's backward."""
+    block_bwd_late: Any = None
+    """Of those, what a block's late backward moments (FSDP2: its unsharded gradients all
+    made, counted on their own) carry: ``block_bwd`` less the gradients the ring's moment
+    counts (context parallel, ``ActivationPlan.ring_grads``); ``block_bwd`` without CP."""
     recompute: Any
     """One block's recomputed activations during its backward (checkpointing)."""
     residual_bytes: int
@@ -76,6 +80,8 @@ class Activations:
                 object.__setattr__(self, f, self.gpu_per_block)
         if self.bwd_blocks is None:
             object.__setattr__(self, "bwd_blocks", self.kept_blocks)
+        if self.block_bwd_late is None:
+            object.__setattr__(self, "block_bwd_late", self.block_bwd)
 
     @classmethod
     def of(cls, plan: ActivationPlan) -> Activations:
@@ -89,6 +95,10 @@ class Activations:
                    loss_out=plan.root_saved[-1].nbytes,
                    loss_fwd=plan.loss_forward_transient, loss_bwd=plan.loss_backward_transient,
                    block_bwd=vec.maximum(plan.block_backward_transient, plan.ring_backward),
+                   # late in the block's backward the ring has run: its buffers may still
+                   # bound the moment, its weight gradients are the unit's (counted there)
+                   block_bwd_late=vec.maximum(plan.block_backward_transient,
+                                              plan.ring_backward - plan.ring_grads),
                    recompute=plan.recompute, ring_fwd=plan.ring_forward,
                    ckpt_fwd=plan.checkpointed_forward,
                    residual_bytes=plan.residual_bytes, kept_logits=plan.kept_logits,
@@ -387,6 +397,9 @@ def block_backward(s: Step) -> Breakdown:
             # unsharded parameters alive together, before its backward runs
             subs.append(first.plus(gathered_params=s.work.post_freed - unit_less,
                                    transients=s.acts.kept_logits - first.transients))
+        # (the ring's weight gradients, context parallel, are among the unit's here:
+        # ``Activations.block_bwd_late``)
+        late = s.acts.block_bwd_late - s.acts.block_bwd
         # ... and its unit, unsharded gradients and reduce-scatter input: the first block's
         # (a dense first block's) for the last of them
         rs_first = s.work.rs_unit if s.work.rs_first is None else s.work.rs_first
@@ -395,7 +408,7 @@ def block_backward(s: Step) -> Breakdown:
             mine = [(0, 0, s.work.rs_unit)]
         for b, k, (ul, gl, _) in zip(early, own, mine):
             subs.append(b.plus(activations=-k,
-                               transients=s.work.grad_layout_copy - s.acts.recompute,
+                               transients=s.work.grad_layout_copy - s.acts.recompute + late,
                                gradients=s.work.unsharded_block_grads - gl))
         for i in (0, -1):
             b, k, (ul, gl, rs) = early[i], own[i], mine[i]
