@@ -614,7 +614,9 @@ def tp_sac_kept(model: ModelSpec, sac: list[Saved], tp: int, t: int, c: int) -> 
       114151ad4, models/llama3/parallelize.py:53 ``_op_sac_save_list``), whatever the count:
       one sequence-shard output (t / tp x h) per row-parallel linear of the block, kept or
       not. The all-gathers (``all_gather_into_tensor``) are in neither list.
-    Measured (tests/test_tp_sac.py): TP 2 forward -7.98 % before, these left out."""
+    Traced (tests/test_tp_sac.py: the policy's saved bytes equal this set, block by block,
+    TP 2 and 4); with everything split tp ways and no reduce-scatter the forward was
+    -7.98 % at TP 2 (h 512, seq 1024), -1.04 % since (docs/model.md §8.4)."""
     if tp <= 1:
         return sac
     out = [x if x.name in _TP_ROWWISE else tp_saved([x], tp)[0] for x in sac]

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from planner.spec import (Candidate, CompileMode, ModelSpec, Strategy,
+from planner.spec import (Candidate, Checkpointing, CompileMode, ModelSpec, Strategy,
                           TrainingSpec)
 from planner import vec
 from planner.vec import ceil_div
@@ -86,23 +86,27 @@ def ep_problem(model: ModelSpec, training: TrainingSpec, n_gpus: int) -> str | N
     return None
 
 
-def ep_tp_problem(model: ModelSpec, training: TrainingSpec, tp: int
-                  ) -> tuple[str, str] | None:
+def ep_tp_problem(model: ModelSpec, training: TrainingSpec, tp: int,
+                  checkpointing: Checkpointing) -> tuple[str, str] | None:
     """(field, why) for what fitcheck does not model of EP beside tensor parallel ``tp``, or
     None. Modelled: torchtitan's layout at b5bcd76 with sequence parallel (docs/model.md §8.8
     "Beside tensor parallel"): every MoE on its TP rank's sequence shard, the routed experts
     whole. Refused by name: a sequence that does not split over TP (torchtitan/models/common/
     moe.py: "the caller must provide a TP-divisible token count"); what the referee
     (probes/ep_trace.py with ``tp``) does not trace: Qwen2-MoE's shared expert gate (not in
-    torchtitan's MoE), MLA attention under TP. Selective checkpointing is modelled (traced
-    beside TP: ``activations.tp_sac_kept``, tests/test_ep_trace.py). Shared experts
+    torchtitan's MoE), MLA attention under TP, selective checkpointing (traced since TP's
+    own kept set, ``activations.tp_sac_kept``: within 2 % at the test shapes but the block's
+    backward of DeepSeek-V3's layout at h 1024, +2.68 %, benchmarks/ep_trace_accuracy.py;
+    docs/model.md §8.8). Shared experts
     (TP-sharded, an all-gather in and a reduce-scatter out: ``activations.ep_tp_saved``,
     ``estimator.shared_backward``) and dense first blocks (TP's dense MLP) are modelled."""
     if training.local_seq % tp:
         return ("training.seq", f"{training.local_seq} is not a multiple of TP {tp}: under "
                 "expert parallel each TP rank routes its own sequence shard")
     untraced = [(model.shared_expert_gate, "parallel.tp", "a shared expert gate (Qwen2-MoE)"),
-                (model.kv_lora_rank > 0, "parallel.tp", "MLA attention")]
+                (model.kv_lora_rank > 0, "parallel.tp", "MLA attention"),
+                (checkpointing is Checkpointing.SELECTIVE, "checkpointing",
+                 "selective checkpointing")]
     for bad, path, what in untraced:
         if bad:
             return (path, f"expert parallel with tensor parallel and {what} is NOT MODELLED "

@@ -139,6 +139,10 @@ class One:
     def __init__(self, r: Request, _counts: dict[int, One] | None = None) -> None:
         self.request = r = r.resolved()
         self.modes = checkpointing_modes(r.options.checkpointing)
+        if r.training.ep > 1 and (r.options.tp or 1) > 1:
+            # EP x TP under selective checkpointing is not traced (expert_parallel.
+            # ep_tp_problem refuses it when asked): `auto` tries none and full
+            self.modes = tuple(m for m in self.modes if m is not Checkpointing.SELECTIVE)
         self.n_gpus, self.gpus_per_node = r.cluster.n_gpus, r.cluster.gpus_per_node
         self._estimates: dict[Candidate, Estimate] = {}
         self._counts = {} if _counts is None else _counts

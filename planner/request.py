@@ -689,7 +689,7 @@ def ep_options(v: Mapping[str, Any], model: ModelSpec, training: TrainingSpec,
         # torchtitan's EP x TP (docs/model.md §8.8): each TP rank routes its own sequence
         # shard, so the (local) sequence must split over TP (torchtitan/models/common/moe.py:
         # "the caller must provide a TP-divisible token count")
-        problem = ep_tp_problem(model, training, tp)
+        problem = ep_tp_problem(model, training, tp, options.checkpointing)
         if problem:
             raise naming.fail(*problem)
     asked = fsdp2_only(v, naming, "expert parallel", "EP runs under FSDP2", EP_STRATEGIES)

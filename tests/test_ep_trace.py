@@ -197,7 +197,10 @@ TP_CASES = [
     ("mixtral-kv8", 8, 2, 1.0, NONE),
     # op-level selective checkpointing beside TP (activations.tp_sac_kept: the row-parallel
     # linears' kept Partial output whole, the reduce-scatters' outputs kept; the shared
-    # experts' gathered input not). Measured 2026-11-26 (planner - trace, worst moment):
+    # experts' gathered input not). The request still refuses it (expert_parallel.
+    # ep_tp_problem: DeepSeek-V3's layout at h 1024 misses the block's backward by +2.68 %,
+    # benchmarks/ep_trace_accuracy.py); the estimator is held to the trace here so that the
+    # kept set stays right. Measured 2026-11-26 (planner - trace, worst moment):
     # Mixtral-like TP 2 x EP 2 -0.66 % (bwd_end; before the TP fix loss_bwd -0.97 %),
     # Scout-like + shared TP 2 x EP 2 -1.54 % (bwd_end; before forward -2.44 %), Mixtral +
     # dense TP 2 x EP 2 -1.73 % (forward; before -2.46 %), TP 4 x EP 2 +1.37 % (block_bwd)

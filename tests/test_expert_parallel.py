@@ -474,6 +474,8 @@ def test_step_time_counts_the_all_to_alls():
     # TP for an MoE model without EP (torchtitan TP-shards the experts there): refused;
     # EP x TP (docs/model.md §8.8) is modelled but for what its referee does not trace
     (["--model", "mixtral-8x7b", "--tp", "2"], ("--tp", "without --ep is NOT MODELLED")),
+    (["--model", "mixtral-8x7b", "--ep", "2", "--tp", "2", "--checkpointing", "selective"],
+     ("--checkpointing", "selective checkpointing is NOT MODELLED")),
     (["--model", "deepseek-v2-lite", "--ep", "2", "--tp", "2"], ("tensor parallel",
                                                                   "NOT MODELLED")),
     (["--model", "mixtral-8x7b", "--ep", "2", "--tp", "2", "--seq", "4095"],

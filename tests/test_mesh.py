@@ -178,6 +178,9 @@ def test_expert_parallel_beside_tensor_parallel_wins_when_only_tp_fits() -> None
     # Qwen1.5-MoE's shared expert gate (not in torchtitan's MoE: not traced)
     ({"model.preset": "qwen1.5-moe-a2.7b", "hardware.gpu": "h100-80", "hardware.n": 16},
      "--tp", "a shared expert gate (Qwen2-MoE)"),
+    # a given selective checkpointing (torchtitan's op-level policy under EP x TP: not traced)
+    ({"model.preset": "mixtral-8x7b", "hardware.gpu": "h100-80", "hardware.n": 32,
+      "checkpointing": "selective"}, "--checkpointing", "selective checkpointing"),
 ])
 def test_expert_parallel_beside_tensor_parallel_refused_is_skipped_with_its_reason(
         values: dict, field: str, what: str) -> None:
