@@ -55,6 +55,13 @@ CASES = [  # (shape, ep, imbalance, checkpointing, seq[, tp])
     ("dsv3-full-like", 4, 1.0, "none", 2048, 4),
     ("mixtral-kv8-like", 4, 1.0, "none", 2048, 4),
     ("mixtral-kv8-like", 8, 1.0, "full", 4096, 8),
+    # op-level selective checkpointing beside TP (activations.tp_sac_kept; the planner's
+    # request refuses it, the estimator is compared). Measured 2026-11-26, worst moment:
+    # Mixtral-like -0.65 % (bwd_end), DeepSeek-V3's layout +2.68 % (block_bwd; forward
+    # -3.72 % before tp_sac_kept, -0.86 % since), TP 4 -0.39 % (bwd_end)
+    ("mixtral-like", 2, 1.0, "selective", 2048, 2),
+    ("dsv3-full-like", 4, 1.0, "selective", 2048, 2),
+    ("mixtral-kv8-like", 4, 1.0, "selective", 2048, 4),
 ]
 CP_CASES = [  # beside context parallel 2 (docs/model.md "Beside context parallel"), every cp
     # rank traced in this process, the worst held to the planner: (shape, ep, checkpointing,

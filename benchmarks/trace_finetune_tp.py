@@ -21,6 +21,7 @@ import time
 from planner.spec import (
     LINEAR_MODULES,
     Candidate,
+    Checkpointing,
     Cluster,
     FineTune,
     ModelSpec,
@@ -46,6 +47,8 @@ CONFIGS = [
                                           quantize_base=Quantize.NF4), 1),
     ("freeze first 2 layers", FineTune(freeze_layers=2), 1),
     ("tp 2", FineTune(), 2),
+    # torchtitan's op-level selective checkpointing under TP (activations.tp_sac_kept)
+    ("tp 2 selective", FineTune(), 2),
 ]
 
 
@@ -62,7 +65,8 @@ def run(model: ModelSpec, label: str, ft: FineTune, tp: int, world: int, seq: in
 
     training = TrainingSpec(seq=seq, micro_batch=micro_batch, precision=precision,
                             finetune=ft)
-    cand = Candidate(strategy=Strategy.FULL_SHARD, tp=tp)
+    ck = Checkpointing.SELECTIVE if label.endswith("selective") else Checkpointing.NONE
+    cand = Candidate(strategy=Strategy.FULL_SHARD, tp=tp, checkpointing=ck)
     n = world * tp if tp > 1 else world
     t0 = time.perf_counter()
     r = trace_step(model, training, cand, n, 8)
@@ -116,7 +120,7 @@ def main() -> None:
         if args.only not in label:
             continue
         if tp > 1 and args.tp:
-            label, tp = f"tp {args.tp}", args.tp
+            label, tp = label.replace("tp 2", f"tp {args.tp}"), args.tp
         print(run(model, label, ft, tp, args.world, seq, 1 if args.real else 2,
                   Precision(args.precision)), flush=True)
 

@@ -610,6 +610,49 @@ def tp_saved(saved: list[Saved], tp: int, mlp_local: MlpLocal | None = None) -> 
     return out
 
 
+_TP_ROWWISE = ("o.out", "down.out", "shared.down.out")
+"""The block's row-parallel linears under torchtitan's TP (``RowwiseParallel``: attention.wo,
+feed_forward.w2, the shared experts' w2 beside EP)."""
+
+
+def tp_sac_kept(model: ModelSpec, sac: list[Saved], tp: int, t: int, c: int) -> list[Saved]:
+    """``op_sac_kept`` per GPU under tensor + sequence parallel, as the policy sees it: it runs
+    on the DTensors' ops (its dispatch mode is above DTensor's), so what it keeps is each op's
+    local output.
+
+    - A column-parallel linear's output, the block input, SDPA's outputs (heads / tp) and the
+      router's (on the sequence shard beside EP) split tp ways (``tp_saved``).
+    - A row-parallel linear (``_TP_ROWWISE``) contracts the feature dim both operands are
+      sharded on: its output is ``Partial`` (torch cf30153
+      torch/distributed/tensor/_ops/_einsum_strategy.py ``gen_einsum_strategies``, "split
+      contracting dim"), each rank's local output the whole sequence x the linear's outputs,
+      not split. Kept when the every-other-mm count keeps it (down, the 7th mm of a Llama
+      block).
+    - ``RowwiseParallel._prepare_output_fn`` (torch/distributed/tensor/parallel/style.py:293)
+      redistributes that Partial to ``Shard(1)``: ``_c10d_functional.reduce_scatter_tensor``,
+      which both of torchtitan's lists save (b5bcd76
+      torchtitan/distributed/activation_checkpoint.py:62 ``_get_default_save_ops``; before
+      114151ad4, models/llama3/parallelize.py:53 ``_op_sac_save_list``), whatever the count:
+      one sequence-shard output (t / tp x h) per row-parallel linear of the block, kept or
+      not. The all-gathers (``all_gather_into_tensor``) are in neither list.
+    Traced (tests/test_tp_sac.py: the policy's saved bytes equal this set, block by block,
+    TP 2 and 4); with everything split tp ways and no reduce-scatter the forward was
+    -7.98 % at TP 2 (h 512, seq 1024), -1.04 % since (docs/model.md §8.4)."""
+    if tp <= 1:
+        return sac
+    out = [x if x.name in _TP_ROWWISE else tp_saved([x], tp)[0] for x in sac]
+    L, nd = model.n_layers, model.n_dense_layers
+    for dense, n in ((False, L - nd), (True, nd)):
+        if n == 0:
+            continue
+        for o in variants_of(model).block_linear_outputs(model, t, c, dense):
+            if o.saved.name in _TP_ROWWISE:
+                rs = -(-o.saved.nbytes // tp)
+                out.append(Saved(o.saved.name.removesuffix(".out") + ".reduce_scatter",
+                                 rs * n // L))
+    return out
+
+
 class MlpLocal(NamedTuple):
     """Expert parallel beside TP (``tp_saved``'s ``mlp_local``): what of an MoE model's
     average block is not on the rank's sequence shard. ``dense_share``: the dense first
@@ -699,7 +742,7 @@ def plan_activations(model: ModelSpec, *, batch: int, seq: int, precision: Preci
         ckpt_fwd = checkpointed_forward(saved)
     elif checkpointing is Checkpointing.SELECTIVE:
         sac = op_sac_kept(model, t, batch, seq, attention, c, r, sac_list, sac_force)
-        kept_list = tp_saved(sac, tp, local)
+        kept_list = tp_sac_kept(model, sac, tp, t, c)
         kept = sum(x.nbytes for x in kept_list)
         # in backward the block is re-run: everything it saves comes back, except what the
         # policy kept (already counted in `kept`)

@@ -136,7 +136,10 @@ def ep_tp_problem(model: ModelSpec, training: TrainingSpec, tp: int,
     whole. Refused by name: a sequence that does not split over TP (torchtitan/models/common/
     moe.py: "the caller must provide a TP-divisible token count"); what the referee
     (probes/ep_trace.py with ``tp``) does not trace: Qwen2-MoE's shared expert gate (not in
-    torchtitan's MoE), MLA attention under TP, selective checkpointing. Shared experts
+    torchtitan's MoE), MLA attention under TP, selective checkpointing (traced since TP's
+    own kept set, ``activations.tp_sac_kept``: within 2 % at the test shapes but the block's
+    backward of DeepSeek-V3's layout at h 1024, +2.68 %, benchmarks/ep_trace_accuracy.py;
+    docs/model.md §8.8). Shared experts
     (TP-sharded, an all-gather in and a reduce-scatter out: ``activations.ep_tp_saved``,
     ``estimator.shared_backward``) and dense first blocks (TP's dense MLP) are modelled."""
     if training.local_seq % tp:

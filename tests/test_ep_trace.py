@@ -195,6 +195,19 @@ TP_CASES = [
     ("mixtral-kv8", 4, 4, 1.0, FULL),
     ("mixtral-kv8", 8, 8, 1.0, FULL),
     ("mixtral-kv8", 8, 2, 1.0, NONE),
+    # op-level selective checkpointing beside TP (activations.tp_sac_kept: the row-parallel
+    # linears' kept Partial output whole, the reduce-scatters' outputs kept; the shared
+    # experts' gathered input not). The request still refuses it (expert_parallel.
+    # ep_tp_problem: DeepSeek-V3's layout at h 1024 misses the block's backward by +2.68 %,
+    # benchmarks/ep_trace_accuracy.py); the estimator is held to the trace here so that the
+    # kept set stays right. Measured 2026-11-26 (planner - trace, worst moment):
+    # Mixtral-like TP 2 x EP 2 -0.66 % (bwd_end; before the TP fix loss_bwd -0.97 %),
+    # Scout-like + shared TP 2 x EP 2 -1.54 % (bwd_end; before forward -2.44 %), Mixtral +
+    # dense TP 2 x EP 2 -1.73 % (forward; before -2.46 %), TP 4 x EP 2 +1.37 % (block_bwd)
+    ("mixtral", 2, 2, 1.0, SEL),
+    ("scout-shared", 2, 2, 1.0, SEL),
+    ("mixtral-dense", 2, 2, 1.0, SEL),
+    ("mixtral-kv8", 4, 2, 1.0, SEL),
 ]
 
 # Misses over 2 % (measured 2026-11-26):
@@ -275,7 +288,8 @@ def test_ep_beside_tp_misses(case) -> None:
 
 @pytest.mark.parametrize("shape, tp, ep, ck", [("dsv3-shared", 2, 2, NONE),
                                                ("dsv3-full", 2, 4, FULL),
-                                               ("dsv3-full", 4, 4, FULL)])
+                                               ("dsv3-full", 4, 4, FULL),
+                                               ("dsv3", 2, 4, SEL)])
 def test_ep_beside_tp_deepseek_layout(shape: str, tp: int, ep: int, ck: Checkpointing) -> None:
     # DeepSeek-V3's layout (its shared expert; with a dense first block) beside TP 2: every
     # moment within 2 % but bwd_end, whose miss is the dense TP model's root backward
@@ -286,7 +300,8 @@ def test_ep_beside_tp_deepseek_layout(shape: str, tp: int, ep: int, ck: Checkpoi
     # gathered input, 4 x 1,048,576 B). Shared + dense, EP 4, full: forward -1.32 %,
     # block_bwd -0.18 %, bwd_end -2.66 % (-1.63 MB); before -1.98 % (block_bwd), +3.07 %
     # (bwd_end, EP 2). TP 4 x EP 4 full: forward -1.45 %, block_bwd -0.37 %, bwd_end
-    # -1.79 %.
+    # -1.79 %. Selective, TP 2 x EP 4: forward -0.91 %, block_bwd +1.43 %, bwd_end -2.71 %
+    # (-1.67 MB, as without checkpointing); before the TP fix forward -2.83 %.
     c = _compare_tp(shape, tp, ep, 1.0, ck)
     base = _compare_tp("dsv3", tp, 2, 1.0, NONE)
     for name, pair in c.moments.items():

@@ -21,12 +21,14 @@ from planner.expert_parallel import (
     ep_saved,
     expert_params,
 )
+from planner.activations import op_sac_kept, tp_sac_kept
 from planner.memory.estimator import activation_plan, estimate
 from planner.memory.states import dtypes
 from planner.memory.working import fsdp_working
 from planner.params import count
 from planner.presets import get_preset
 from planner.spec import (
+    Attention,
     Candidate,
     Checkpointing,
     Cluster,
@@ -360,6 +362,30 @@ def test_selective_kept_set_grows_under_ep_only():
     assert ep.block_kept - base.block_kept == 134_217_728
     assert activation_plan(MIXTRAL, dataclasses.replace(t, ep=8), full).block_kept \
         == activation_plan(MIXTRAL, t, full).block_kept
+
+
+def test_selective_beside_tp_keeps_the_reduce_scatters_not_the_gathered_input():
+    # Scout + shared experts beside TP 2 (activations.tp_sac_kept), 4096 tokens, bf16: the
+    # row-parallel linears are attention.wo and the shared experts' w2 (reduce-scattered to
+    # the sequence shard: moe_sharding.py _shared_experts_sharding_configs); each
+    # reduce_scatter_tensor output, in torchtitan's save list, is 4096 / 2 x 5120 x 2 B =
+    # 20,971,520 B. The shared experts' all-gathered input is an all_gather_into_tensor
+    # output, in neither list: not kept (a non-checkpointed block saves it: 41,943,040 B).
+    # The mm's under the default --sac-force-recompute moe.router.gate (the router left
+    # out of the count): q, k, v, o, shared w1, w3, w2; the 7th, w2, kept: its Partial
+    # output is the whole sequence, 4096 x 5120 x 2 B = 41,943,040 B on every rank
+    sel = Candidate(strategy=Strategy.FULL_SHARD, offload=Offload.NONE,
+                    checkpointing=Checkpointing.SELECTIVE, tp=2)
+    plan = activation_plan(SCOUT_SHARED, training(ep=2), sel)
+    t, c = 4096, 2
+    kept = {x.name: x.nbytes for x in tp_sac_kept(SCOUT_SHARED, op_sac_kept(
+        SCOUT_SHARED, t, 1, t, Attention.SDPA, c, c, force=("moe.router.gate",)), 2, t, c)}
+    assert kept["o.reduce_scatter"] == kept["shared.down.reduce_scatter"] == 20_971_520
+    assert kept["shared.down.out"] == 41_943_040
+    assert "mlp.shared.input" not in kept
+    # the plan's kept bytes per block: these plus EP's two all-to-all outputs over the
+    # rank's sequence shard (ep_sac_kept at 2048 tokens, top 1: 2 x 2048 x 5120 x 2 B each)
+    assert plan.block_kept == sum(kept.values()) + 2 * 20_971_520
 
 
 # ---------------------------------------------------------------------------------------------
