@@ -54,6 +54,7 @@ from planner.spec import (
     CpKv,
     GradSync,
     InitMode,
+    LossKind,
     ModelSpec,
     Offload,
     OffloadImpl,
@@ -413,6 +414,42 @@ def unsynced_gradients(model: ModelSpec, training: TrainingSpec, candidate: Cand
     return -(-elems // candidate.tp) * nbytes
 
 
+def head_chunk_gradients(model: ModelSpec, training: TrainingSpec, tp: int, compute_bytes: int,
+                         whole_graph: bool) -> int:
+    """The head weight's gradients alive at once in a chunked loss's backward (0 otherwise).
+
+    torchtune's ``TransformerDecoder(num_output_chunks=N)`` runs ``self.output(chunk)`` once
+    per chunk (modules/transformer.py ``chunked_output``; ``TiedLinear`` for a tied head), so
+    the head weight feeds N matmuls and autograd sums their N weight gradients in the
+    engine's input buffer of the weight's node (torch/csrc/autograd/input_buffer.cpp
+    ``accumulate``: ``old_var + var`` out of place unless ``can_accumulate_inplace(old_var)``,
+    then ``old_var.add_(var)``). The first sum is out of place (seen with real CPU tensors
+    under torch.profiler: the first of the N - 1 additions is ``aten::add``, the rest
+    ``aten::add_``), so the buffer, the second chunk's gradient and their sum, three
+    (V/tp) x h tensors in the head matmul's dtype, are alive at once (the fake-tensor trace
+    shows three at every addition: a dispatch mode makes every tensor "subclass-like").
+    Under autocast the buffer is the bf16 cast's (autocast caches the cast: one node), and
+    its fp32 copy afterwards holds 2 + 4 bytes per element, as much. Nothing without a head
+    gradient (LoRA, a frozen tied table) or with one chunk; ``--compile model`` sums inside
+    its graph (not modelled apart)."""
+    if (training.loss is not LossKind.CHUNKED or training.loss_chunks < 2 or whole_graph
+            or training.finetune.head_frozen(model.tied_embeddings)):
+        return 0
+    return 3 * (model.vocab * model.hidden // tp) * compute_bytes
+
+
+def head_chunk_logit_grads(model: ModelSpec, training: TrainingSpec, tp: int,
+                           compute_bytes: int, tokens: Any) -> Any:
+    """At the first sum of the head's chunk gradients, the logits' gradients (c bytes each) of
+    the N - 2 chunks whose head backward has not run yet: the engine runs ready nodes by
+    decreasing sequence number (torch/csrc/autograd/engine.cpp ``CompareNodeTaskTime``), and
+    every chunk's loss was built after every chunk's head matmul, so all N losses'
+    backwards run first (their saved log-softmax outputs freed) and the N bf16 logits'
+    gradients wait for the head matmuls (traced)."""
+    n = training.loss_chunks
+    return -(-(n - 2) * compute_bytes * tokens * (model.vocab // tp) // n)
+
+
 def step_for(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, n_gpus: Any,
              degree: Any, tokens: Any, acts: Activations, ov: Overheads,
              gpus_per_node: Any = None) -> Step:
@@ -445,7 +482,11 @@ def step_for(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, 
                                 training.ep, degree * tp)  # over every rank (dp x tp)
     whole_graph = training.compile is CompileMode.MODEL and strategy is Strategy.DDP
     table_grad = model.vocab * model.hidden // tp * td.grad if embed_trains else 0
+    head_sum = head_chunk_gradients(model, training, tp, d.compute, whole_graph)
     return Step(
+        head_chunk_grads=head_sum,
+        head_chunk_logits=head_chunk_logit_grads(model, training, tp, d.compute, tokens)
+        if head_sum else 0,
         **(in_backward_terms(model, training, td, table_grad)
            if training.optimizer_in_backward else {}),
         whole_graph=whole_graph,

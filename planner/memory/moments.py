@@ -171,6 +171,11 @@ class Step:
     """Optimizer in backward: inside a block's backward, the gradients not yet stepped (the
     largest tensor's; a compiled block's whole backward graph returns all of its own at
     once) and the step temporaries of its largest tensor."""
+    head_chunk_grads: Any = 0
+    """A chunked loss: the head weight's gradients alive at once in the loss's backward (the
+    engine's sum of the chunks' gradients; estimator.head_chunk_gradients)."""
+    head_chunk_logits: Any = 0
+    """... and the logits' gradients of the chunks not yet through the head's backward."""
     table_grad: Any = 0
     """Optimizer in backward: the embedding table's gradient (the tied head's waits in the
     autograd engine's input buffer until the embeddings' backward adds its own)."""
@@ -270,11 +275,21 @@ def loss_backward(s: Step) -> Breakdown:
     the optimizer in backward an untied head is stepped right after its own backward: its
     gradient and its step temporaries beside the head's input gradient; the loss's saved
     output and the logits' gradient are gone by then (the engine drops a node's inputs
-    before the next node runs; traced)."""
+    before the next node runs; traced). A chunked loss: every chunk's loss backward runs
+    before the head's, so its own peak is the first sum of the head's chunk gradients
+    (``head_chunk_grads``), the loss's saved outputs gone and the other chunks' logits'
+    gradients waiting (``head_chunk_logits``)."""
     at_loss = s.base.plus(gathered_params=s.work.gathered_loss, activations=s.activations_all,
                           gradients=s.accumulated,
                           transients=s.acts.loss_bwd + s.acts.kept_logits,
                           comm_buffers=s.work.buckets)
+    if s.head_chunk_grads:
+        summing = s.base.plus(gathered_params=s.work.gathered_loss,
+                              activations=s.activations_all - s.acts.loss_out,
+                              gradients=s.accumulated,
+                              transients=s.head_chunk_grads + s.head_chunk_logits
+                              + s.acts.kept_logits, comm_buffers=s.work.buckets)
+        at_loss = largest([at_loss, summing])[1]
     if not s.in_backward or s.tied or not s.work.root_grad_bwd:
         return at_loss
     head = s.base.plus(gathered_params=s.work.gathered_loss,
