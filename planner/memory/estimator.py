@@ -60,6 +60,7 @@ from planner.spec import (
     CpKv,
     GradSync,
     InitMode,
+    LossKind,
     ModelSpec,
     Offload,
     OffloadImpl,
@@ -423,6 +424,50 @@ def unsynced_gradients(model: ModelSpec, training: TrainingSpec, candidate: Cand
     return -(-elems // candidate.tp) * nbytes
 
 
+def head_backward_bytes(model: ModelSpec, training: TrainingSpec, tp: int, compute_bytes: int,
+                        grad_bytes: int, whole_graph: bool, tokens: Any) -> Any:
+    """The head's backward beyond the activations less the loss's saved output (0: not
+    modelled): the larger of its matmul moment and, under autocast, its cast's.
+
+    Matmul, one (the ``fp32`` / ``bf16`` losses, one chunk): the weight gradient (V/tp)·h·c,
+    the input gradient c·t·h/tp, and the logits' gradient c·t·V/tp it is computed from.
+    Chunked (torchtune's ``TransformerDecoder(num_output_chunks=N)`` runs ``self.output(chunk)``
+    per chunk, modules/transformer.py ``chunked_output``; ``TiedLinear`` for a tied head): the
+    weight feeds N matmuls and autograd sums their N weight gradients in the input buffer of
+    the weight's node (torch/csrc/autograd/input_buffer.cpp ``accumulate``: ``old_var.add_(var)``
+    only when ``can_accumulate_inplace(old_var)``, else ``old_var + var``). The first sum is
+    out of place (real CPU tensors under torch.profiler: the first of the N - 1 sums is
+    ``aten::add``, the rest ``aten::add_``; under the fake-tensor trace's dispatch mode every
+    one is, a mode making tensors "subclass-like"): the buffer, the second chunk's gradient and
+    their sum, 3·(V/tp)·h·c. The engine runs ready nodes by decreasing sequence number
+    (torch/csrc/autograd/engine.cpp ``CompareNodeTaskTime``) and every chunk's loss was built
+    after every chunk's head matmul, so by then all N losses' backwards have run (their saved
+    log-softmax outputs freed) and the N - 2 chunks not yet through the head wait with their
+    logits' gradients, ⌈(N - 2)·c·t·V/tp / N⌉.
+
+    Cast (autocast: the head multiplies autocast's cached bf16 cast of the fp32 weight, one
+    node for every chunk): its ``_to_copy`` backward holds the summed low-precision gradient
+    beside its fp32 copy, (c + g)·(V/tp)·h, once the matmul's backward has freed what it saved
+    (the cast itself, c·(V/tp)·h, and the head's input, as large as its input gradient), which
+    the activations still count: g·(V/tp)·h beyond them (traced).
+
+    Nothing without a head gradient (LoRA, a frozen tied table), for Liger's fused loss (its
+    own term), ``--compile model`` (summed inside its graph) or an encoder head (BERT's: not
+    traced)."""
+    if (training.loss is LossKind.FUSED or whole_graph or model.encoder_head
+            or training.finetune.head_frozen(model.tied_embeddings)):
+        return 0
+    table = model.vocab * model.hidden // tp
+    v = model.vocab // tp
+    if training.loss is LossKind.CHUNKED and training.loss_chunks >= 2:
+        n = training.loss_chunks
+        matmul = 3 * table * compute_bytes - (-(n - 2) * compute_bytes * tokens * v // n)
+    else:
+        matmul = table * compute_bytes + compute_bytes * tokens * (v + model.hidden // tp)
+    cast = grad_bytes * table if grad_bytes != compute_bytes else 0
+    return vec.maximum(matmul, cast)
+
+
 def step_for(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, n_gpus: Any,
              degree: Any, tokens: Any, acts: Activations, ov: Overheads,
              gpus_per_node: Any = None) -> Step:
@@ -456,6 +501,8 @@ def step_for(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, 
     whole_graph = training.compile is CompileMode.MODEL and strategy is Strategy.DDP
     table_grad = model.vocab * model.hidden // tp * td.grad if embed_trains else 0
     return Step(
+        head_bwd=head_backward_bytes(model, training, tp, d.compute, td.grad, whole_graph,
+                                     tokens),
         **(in_backward_terms(model, training, td, table_grad)
            if training.optimizer_in_backward else {}),
         whole_graph=whole_graph,

@@ -181,6 +181,10 @@ class Step:
     """Optimizer in backward: inside a block's backward, the gradients not yet stepped (the
     largest tensor's; a compiled block's whole backward graph returns all of its own at
     once) and the step temporaries of its largest tensor."""
+    head_bwd: Any = 0
+    """The head's backward beyond the activations less the loss's saved output: its weight
+    gradients (a chunked loss sums one per chunk) and the logits' gradients beside them, or
+    under autocast its cast's fp32 copy (estimator.head_backward_bytes); 0: not modelled."""
     table_grad: Any = 0
     """Optimizer in backward: the embedding table's gradient (the tied head's waits in the
     autograd engine's input buffer until the embeddings' backward adds its own)."""
@@ -280,11 +284,20 @@ def loss_backward(s: Step) -> Breakdown:
     the optimizer in backward an untied head is stepped right after its own backward: its
     gradient and its step temporaries beside the head's input gradient; the loss's saved
     output and the logits' gradient are gone by then (the engine drops a node's inputs
-    before the next node runs; traced)."""
+    before the next node runs; traced). Then the head's own backward: the loss's saved output
+    gone, the head weight's gradients (a chunked loss sums one per chunk) beside the logits'
+    gradients (``head_bwd``)."""
     at_loss = s.base.plus(gathered_params=s.work.gathered_loss, activations=s.activations_all,
                           gradients=s.accumulated,
                           transients=s.acts.loss_bwd + s.acts.kept_logits,
                           comm_buffers=s.work.buckets)
+    # 0 (not modelled) leaves at_loss the larger
+    head_bwd = s.base.plus(gathered_params=s.work.gathered_loss,
+                           activations=s.activations_all - s.acts.loss_out,
+                           gradients=s.accumulated,
+                           transients=s.head_bwd + s.acts.kept_logits,
+                           comm_buffers=s.work.buckets)
+    at_loss = largest([at_loss, head_bwd])[1]
     if not s.in_backward or s.tied or not s.work.root_grad_bwd:
         return at_loss
     head = s.base.plus(gathered_params=s.work.gathered_loss,
