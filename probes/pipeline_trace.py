@@ -396,9 +396,10 @@ def trace_job(job: dict[str, Any]) -> dict[str, Any]:
     (``PipelineStage._warmup_backward_result``) put back, so that one process (a test
     worker) can trace several configurations, one after another; the result is as JSON
     gives it back (lists, string keys). Context parallel's options, which the ring sets
-    (``ring_sdpa``: rotation, load balancing), are put back too. The same bytes as a fresh process's: the fake
-    tensors' shapes and the tracker's counts do not depend on what ran before (checked on
-    1F1B, GPipe, interleaved, ZBV, DualPipeV, TP, CP and selective checkpointing)."""
+    (``ring_sdpa``: rotation, load balancing), are put back too. The same bytes as a fresh
+    process's: the fake tensors' shapes and the tracker's counts do not depend on what ran
+    before (checked on 1F1B, GPipe, interleaved, ZBV, DualPipeV, TP, CP and selective
+    checkpointing)."""
     from planner.fields import SPEC
     from planner.request import build_request
     from torch.distributed.pipelining import PipelineStage
