@@ -330,36 +330,49 @@ def test_from_trace_refuses_in_one_line(tiny_dirs, trace_cache) -> None:
     assert r.returncode == 4 and "local Hugging Face cache" in r.stderr
 
 
+TRACE_ARGS = ("--n", "4", "--seq", "128", "--strategy", "full_shard", "--json")
+"""`fitcheck trace` of one tiny class (the four tests below: one each, so that the workers
+share them)."""
+
+
 def test_trace_command_real_class(tiny_dirs, trace_cache) -> None:
-    cache = str(trace_cache)
-    args = ("--n", "4", "--seq", "128", "--strategy", "full_shard", "--json")
-    r = _fitcheck("trace", "--config", tiny_dirs["llama"], *args, cache=cache)
+    r = _fitcheck("trace", "--config", tiny_dirs["llama"], *TRACE_ARGS, cache=str(trace_cache))
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     c = doc["candidates"][0]
     assert doc["planner_compared"] and c["traced_model"]["class"] == "LlamaForCausalLM"
     assert abs(c["peak_rel_error"]) < 0.005
+    # scaled
+    r = _fitcheck("trace", "--config", tiny_dirs["llama"], "--n", "4", "--seq", "128",
+                  "--strategy", "full_shard", "--depth", "scaled", cache=str(trace_cache))
+    assert r.returncode == 0 and "scaled from 4 and 5 layers" in r.stdout
+
+
+def test_trace_command_class_the_planner_cannot_read(tiny_dirs, trace_cache) -> None:
     # an architecture the planner cannot read: traced, the planner's column empty
-    r = _fitcheck("trace", "--config", tiny_dirs["opt"], *args, cache=cache)
+    r = _fitcheck("trace", "--config", tiny_dirs["opt"], *TRACE_ARGS, cache=str(trace_cache))
     doc = json.loads(r.stdout)
     assert r.returncode == 0 and not doc["planner_compared"], r.stderr
     c = doc["candidates"][0]
     assert c["predicted_peak_allocated_bytes"] is None and c["traced_peak_allocated_bytes"] > 0
+
+
+def test_trace_command_class_it_models(tiny_dirs, trace_cache) -> None:
     # one it models (OLMo-2: qk-norm, norms after the branches): compared, no notes
-    r = _fitcheck("trace", "--config", tiny_dirs["olmo2"], *args, cache=cache)
+    r = _fitcheck("trace", "--config", tiny_dirs["olmo2"], *TRACE_ARGS, cache=str(trace_cache))
     doc = json.loads(r.stdout)
     assert doc["planner_compared"] and not doc["notes"], r.stderr
+
+
+def test_trace_command_class_it_reads_approximately(tiny_dirs, trace_cache) -> None:
     # one it reads only approximately: traced alone, or compared under --approximate
-    r = _fitcheck("trace", "--config", tiny_dirs["stablelm"], *args, cache=cache)
+    cache = str(trace_cache)
+    r = _fitcheck("trace", "--config", tiny_dirs["stablelm"], *TRACE_ARGS, cache=cache)
     assert r.returncode == 0 and not json.loads(r.stdout)["planner_compared"], r.stderr
-    r = _fitcheck("trace", "--config", tiny_dirs["stablelm"], *args, "--approximate",
+    r = _fitcheck("trace", "--config", tiny_dirs["stablelm"], *TRACE_ARGS, "--approximate",
                   cache=cache)
     doc = json.loads(r.stdout)
     assert doc["planner_compared"] and "model_type 'stablelm'" in doc["notes"][0]
-    # scaled
-    r = _fitcheck("trace", "--config", tiny_dirs["llama"], "--n", "4", "--seq", "128",
-                  "--strategy", "full_shard", "--depth", "scaled", cache=cache)
-    assert r.returncode == 0 and "scaled from 4 and 5 layers" in r.stdout
 
 
 def test_hub_id_from_the_local_cache(tiny_dirs, tmp_path, trace_cache) -> None:

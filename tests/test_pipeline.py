@@ -923,7 +923,18 @@ def test_torchtitan_split_schedule_is_read(tmp_path, name, schedule):
 
 # ---- the referee: a real pipeline step, one rank, on a fake process group ------------------
 
-_traced_rank, _planned_rank = BENCH.traced_rank, BENCH.planned_rank
+_planned_rank = BENCH.planned_rank
+
+
+def _traced_rank(values: dict, rank: int, timeline: bool = False, **more) -> dict:
+    """BENCH.traced_rank's trace (``probes.pipeline_trace``) in this test process
+    (``trace_job``: the process group torn down after it), not a fresh one: the same bytes
+    without a torch import and cold start per configuration."""
+    from probes.pipeline_trace import trace_job
+
+    return trace_job({"values": values, "pp_rank": rank, "timeline": timeline, **more})
+
+
 TRACED = [  # the configurations CI traces (the benchmark traces all of BENCH.CASES)
     pytest.param(c[0], c[1], marks=[pytest.mark.xfail(strict=True, reason=c[3])])
     if c[3] else (c[0], c[1])
