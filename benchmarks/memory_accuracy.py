@@ -658,6 +658,9 @@ def _gpu_ooms(g: Any, gr: Any, fitted: dict[str, dict], load_gpu: Any) -> list[s
         e = r.est(g.Overheads())
         band = band_for(risk_kinds(r.cand.strategy, r.training.compile,
                                    is_finetune(r.training)), fitted)
+        if e.risk is not None and e.risk.high_floor > 1:  # what the plan's own band carries
+            band = dataclasses.replace(band, high_floor=e.risk.high_floor,
+                                       floor_reason=e.risk.floor_reason)
         verdict, p = outcome(int(e.required_bytes), int(e.usable_bytes), band)
         if r.rec["ok"]:
             done[verdict] += 1

@@ -33,7 +33,7 @@ from planner.expert_parallel import (
     rows,
 )
 from planner import float8, vec
-from planner.error_bands import DEFAULT_MARGIN, is_finetune, risk_band
+from planner.error_bands import DEFAULT_MARGIN, is_finetune, risk_band, routed_moe_band
 from planner.memory.breakdown import PHASES, Breakdown, Estimate, Overheads, Phase, pick
 from planner.memory.compiled_model import graph_gradients, table_backward
 from planner.memory.moments import MOMENTS, Activations, Step
@@ -735,6 +735,8 @@ def evaluate(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, 
                     acts=acts, ov=ov, gpus_per_node=gpus_per_node)
     phases = moments(step)
     risk = risk_band(candidate.strategy, training.compile, is_finetune(training))
+    if model.is_moe and training.ep == 1 and training.allocator is Allocator.DEFAULT:
+        risk = routed_moe_band(risk)
     notes = []
     if candidate.strategy is Strategy.DDP and ov.ddp_bucket_view:
         notes.append("gradient_as_bucket_view=True: grads are views into the buckets")
