@@ -198,7 +198,8 @@ def test_llamafactory1221_zero2_oom_fits_with_zero3():
     # x 1.30, past 31.7 GiB); its probability of running out of memory is small, and it ran
     z3 = next(e for e in x.answer.estimates if e.candidate.strategy is Strategy.ZERO3)
     assert z3.outcome == "at_risk" and z3.oom_probability < 0.5
-    assert x.estimate.outcome == "at_risk" and x.estimate.oom_probability > 0.5  # it OOMed
+    # it OOMed: with the bands refitted on 2026-11-26 the whole interval is past the 31.7 GiB
+    assert x.estimate.outcome == "does_not_fit" and x.estimate.oom_probability > 0.5
     assert any(f.fits and "--strategy full_shard" in f.change for f in x.fixes)
 
 

@@ -11,8 +11,7 @@ from typing import Any
 
 import click
 
-from planner.cli_options import field_options
-from planner.fields import cli_values
+from planner.cli_options import field_options, plan_values
 from planner.report.request import FIELD_PATHS, OFFLOAD_MODES
 from planner.spec import Strategy
 
@@ -69,7 +68,7 @@ def report_cmd(models: str, gpus: str, ns: str, seqs: str, micro_batches: str,
     req = build_request(models=models, gpus=gpus, ns=ns, seqs=seqs, micro_batches=micro_batches,
                         strategies=strategies, checkpointing=checkpointing,
                         offload=offload.lower(), tokens=tokens, prices=prices,
-                        training=cli_values(fields))
+                        training=plan_values(fields))
     written = write_report(req, out_dir, fmts, progress=progress_wanted(progress),
                            stream=sys.stderr)
     rows = written.report.rows
