@@ -85,6 +85,21 @@ def forced_shapes(model, entries: Iterable[str], dense: bool = False) -> frozens
                      and any(e in MODULES[o.saved.name] for e in entries))
 
 
+def _layer_indices(entry: str, n_layers: int) -> list[int]:
+    """The layer indices whose ``layers.<i>.`` prefix ``entry`` could match, smallest first:
+    enough to test, whatever the depth (a config may declare millions of layers). A match
+    across the prefix holds the entry's digits against i's: a digit run bounded on both sides
+    is i itself, one at the entry's end a prefix of i (smallest: the run, which has no leading
+    zero or never matches), one at its start a suffix of i (smallest: the run, or 1 followed
+    by it when it has a leading zero); an entry without digits matches every i or none, so 0
+    decides."""
+    import re
+
+    runs = [d for d in re.findall(r"[0-9]+", entry) if len(d) <= 18]
+    cands = {0} | {int(d) for d in runs} | {int("1" + d) for d in runs}
+    return sorted(i for i in cands if i < n_layers)
+
+
 def problem(model, entries: Iterable[str]) -> str | None:
     """Why an entry cannot be planned, or None: one that matches a module other than a linear
     (torchtitan's own ValueError), one that depends on the layer (``layers.3.``: fitcheck's
@@ -94,7 +109,7 @@ def problem(model, entries: Iterable[str]) -> str | None:
     for e in entries:
         every = {p for linears, other in blocks for p in linears + other}
         if any(e in f"layers.{i}.{p}" and e not in p for p in every | {""}
-               for i in range(model.n_layers)):
+               for i in _layer_indices(e, model.n_layers)):
             return (f"{e!r} matches by layer index (torchtitan tests it against "
                     "'layers.<i>.<module>'): a per-layer choice is NOT MODELLED (fitcheck's "
                     "blocks are alike); name modules inside a block, e.g. attention.wq")
