@@ -216,7 +216,6 @@ def ep_parallelize(net: nn.Module, spec: ModelSpec, training: TrainingSpec,
     def apply(world_size: int, gpus_per_node: int) -> tuple[int, ...]:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
-        from torch.distributed.fsdp._fully_shard._fsdp_common import ShardPlacementResult
         from torch.distributed.fsdp._fully_shard._fsdp_init import _get_mesh_info
 
         ep = training.ep
@@ -241,18 +240,7 @@ def ep_parallelize(net: nn.Module, spec: ModelSpec, training: TrainingSpec,
         mp, root_mp = policies
         blocks = list(net.blocks)
         for blk in blocks:
-            experts: set = set()
-            if isinstance(blk.mlp, EPMoE):  # a dense first block: every parameter on dp
-                blk.mlp.group = sparse["ep"].get_group()
-                experts = set(blk.mlp.experts.parameters())
-
-            def placement(p: nn.Parameter, experts: set = experts) -> Any:
-                if p in experts:
-                    return ShardPlacementResult(placement=place, mesh_info=edp_info)
-                return ShardPlacementResult(placement=Shard(0), mesh_info=dp_info)
-
-            fully_shard(blk, mesh=dp, reshard_after_forward=reshard, mp_policy=mp,
-                        shard_placement_fn=placement)
+            shard_ep_block(blk, dp, sparse, place, (edp_info, dp_info), reshard, mp)
         fully_shard(net, mesh=dp, reshard_after_forward=reshard, mp_policy=root_mp)
         # explicit prefetching under EP (the end of apply_fsdp): forward, each block the
         # next; backward, each block the previous (the root here holds the embeddings, norm
@@ -366,6 +354,32 @@ def shard_stage(stage: nn.Module, spec: ModelSpec, dp_mesh: Any, sparse: Any, mp
         stage.lm_head.set_modules_to_backward_prefetch([blocks[-1]])
 
 
+def shard_ep_block(blk: Any, dp_mesh: Any, sparse: Any, place: Any, infos: tuple[Any, Any],
+                   reshard: bool, mp: Any) -> None:
+    """One block's ``fully_shard`` unit as torchtitan's ``apply_fsdp`` makes it under EP
+    (b5bcd76 ``fsdp.py`` lines 318-360): its ``shard_placement_fn`` puts the routed experts
+    on the ``efsdp`` mesh with ``place`` (``infos``: that mesh's and the dense mesh's FSDP
+    mesh info) and every other parameter ``Shard(0)`` on the dense mesh; the ``EPMoE`` gets
+    the ``ep`` group. A dense first block (no ``EPMoE``): every parameter on the dense mesh."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp._fully_shard._fsdp_common import ShardPlacementResult
+    from torch.distributed.tensor import Shard
+
+    edp_info, dp_info = infos
+    experts: set = set()
+    if isinstance(blk.mlp, EPMoE):
+        blk.mlp.group = sparse["ep"].get_group()
+        experts = set(blk.mlp.experts.parameters())
+
+    def placement(p: nn.Parameter) -> Any:
+        if p in experts:
+            return ShardPlacementResult(placement=place, mesh_info=edp_info)
+        return ShardPlacementResult(placement=Shard(0), mesh_info=dp_info)
+
+    fully_shard(blk, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp,
+                shard_placement_fn=placement)
+
+
 def shard_stage_blocks(blocks: list, spec: ModelSpec, dp_mesh: Any, sparse: Any, mp: Any,
                        reshard: bool) -> None:
     """FSDP2 of one pipeline stage's MoE blocks under EP, as torchtitan shards each stage's
@@ -377,24 +391,13 @@ def shard_stage_blocks(blocks: list, spec: ModelSpec, dp_mesh: Any, sparse: Any,
     mesh) handed to every ``EPMoE``; then the explicit prefetching of lines 384-420 between
     the stage's blocks (forward: the next; backward: the previous). ``sparse``: the stage's
     ``(efsdp, ep)`` mesh, ``dp_mesh``: its dense one."""
-    from torch.distributed.fsdp import fully_shard
-    from torch.distributed.fsdp._fully_shard._fsdp_common import ShardPlacementResult
     from torch.distributed.fsdp._fully_shard._fsdp_init import _get_mesh_info
     from torch.distributed.tensor import Shard
 
     edp_info, dp_info = _get_mesh_info(sparse["efsdp"]), _get_mesh_info(dp_mesh)
     place = Shard(1) if sparse.size() > spec.n_experts else Shard(0)
     for blk in blocks:
-        blk.mlp.group = sparse["ep"].get_group()
-        experts = set(blk.mlp.experts.parameters())
-
-        def placement(p: nn.Parameter, experts: set = experts) -> Any:
-            if p in experts:
-                return ShardPlacementResult(placement=place, mesh_info=edp_info)
-            return ShardPlacementResult(placement=Shard(0), mesh_info=dp_info)
-
-        fully_shard(blk, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp,
-                    shard_placement_fn=placement)
+        shard_ep_block(blk, dp_mesh, sparse, place, (edp_info, dp_info), reshard, mp)
     for cur, nxt in zip(blocks, blocks[1:]):
         cur.set_modules_to_forward_prefetch([nxt])
     rev = blocks[::-1]
