@@ -929,20 +929,18 @@ _planned_rank = BENCH.planned_rank
 def _traced_rank(values: dict, rank: int, timeline: bool = False, **more) -> dict:
     """BENCH.traced_rank's trace (``probes.pipeline_trace``) in this test process
     (``trace_job``: the process group torn down after it), not a fresh one: the same bytes
-    without a torch import and cold start per configuration. After an EP x TP trace
-    (tests/test_ep_trace.py) in the same worker a TP pipeline trace cannot resolve its TP
-    group by name ("Could not resolve the process group registered under the name 3"; not
-    DTensor's sharding caches: emptying them does not help; cause not found, 2026-11-26):
-    then the job runs in a fresh process, as the benchmark runs every one."""
+    without a torch import and cold start per configuration. But for tensor parallel: a
+    pipeline trace with TP and a TP trace after it in the same worker (tests/test_tp_sac.py,
+    or a TP pipeline trace after tests/test_ep_trace.py's EP x TP) cannot resolve a TP group
+    by name ("Could not resolve the process group registered under the name 9"; reproduced
+    with -n 0; emptying DTensor's sharding and redistribution caches does not help; cause not
+    found, 2026-11-26), so a TP job runs in a fresh process, as the benchmark runs every
+    one."""
     from probes.pipeline_trace import trace_job
 
-    job = {"values": values, "pp_rank": rank, "timeline": timeline, **more}
-    try:
-        return trace_job(job)
-    except RuntimeError as exc:
-        if "Could not resolve the process group" not in f"{exc} {exc.__cause__}":
-            raise
-    return BENCH.traced_rank(values, rank, timeline, **more)
+    if (values.get("parallel.tp") or 1) > 1:
+        return BENCH.traced_rank(values, rank, timeline, **more)
+    return trace_job({"values": values, "pp_rank": rank, "timeline": timeline, **more})
 
 
 TRACED = [  # the configurations CI traces (the benchmark traces all of BENCH.CASES)
