@@ -140,8 +140,8 @@ def mode_of(row: dict[str, str]) -> str:
 def fits_efficiency(row: dict[str, str]) -> bool:
     """Rows the compute efficiency is fitted on: full training without tensor parallelism or full
     activation checkpointing, whose step time is the model's FLOPs at the achieved rate
-    (fine-tuning changes the FLOPs counted, TP adds its own collectives, PP/CP/EP their bubble, ring or all-to-alls: all modelled
-    separately and only scored)."""
+    (fine-tuning changes the FLOPs counted, TP adds its own collectives, PP/CP/EP their
+    bubble, ring or all-to-alls: all modelled separately and only scored)."""
     req = predict_request(row)[0]
     # float8 rows are scored, never fitted: their speed-up is the fp8 peak at the bf16
     # efficiency (planner/float8.py), and this comparison is its check

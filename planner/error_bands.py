@@ -321,11 +321,12 @@ ROUTED_MOE_RESERVED_HIGH = 1.61
 """The largest max_reserved / max_allocated measured on our GPU runs of an MoE model without
 expert parallel under the default allocator: benchmarks/gpu_runs, the seven HF-Mixtral-shaped
 4-layer FSDP2 records on H100 and H200, 1.257 .. 1.605 (w8 .. w48; rounded up; w64 ran out
-of memory on the H200 with a predicted need of 107 of 140 GiB). The allocator emulator replays each within
-1.1 % (benchmarks/gpu_runs/allocator_emulation.json): the routed experts' tensors change size
-every step with the routing, and the free tails of the segments they split stay reserved (an
-out-of-memory's release returns only whole free segments; docs/model.md §7.4). Measured, not
-derived: the planner does not model it, so it only raises the high end of the need's interval
+of memory on the H200 with a predicted need of 107 of 140 GiB). The allocator emulator
+replays each within 1.1 % (benchmarks/gpu_runs/allocator_emulation.json): the routed
+experts' tensors change size every step with the routing, and the free tails of the
+segments they split stay reserved (an out-of-memory's release returns only whole free
+segments; docs/model.md §7.4). Measured, not derived: the planner does not model it, so it
+only raises the high end of the need's interval
 (``routed_moe_band``), never the predicted need."""
 
 
