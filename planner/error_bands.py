@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from planner.lazy_dataclass import dataclass
-from planner.spec import CompileMode, Strategy, efficiency_provenance
+from planner.spec import Allocator, CompileMode, Strategy, efficiency_provenance
 
 DATA_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "error_bands.json")
 SCHEMA_VERSION = 1
@@ -344,6 +344,17 @@ def routed_moe_band(band: RiskBand | None) -> RiskBand | None:
                    "routed tensors change size every step; NOT MODELLED; torch's CUDA notes "
                    "advise expandable segments where allocation sizes change often: "
                    "--allocator expandable, not measured with an MoE here)")
+
+
+def plan_risk_band(training: Any, strategy: Strategy, moe: bool) -> RiskBand | None:
+    """The risk band a plan trained as ``training`` carries: its kind's (``risk_band``), with
+    ``routed_moe_band``'s floor for an MoE model (``moe``) without expert parallel under the
+    default allocator. The one place every estimate (analytic, pipeline, trace-backed) takes
+    it from."""
+    band = risk_band(strategy, training.compile, is_finetune(training))
+    if moe and training.ep == 1 and training.allocator is Allocator.DEFAULT:
+        band = routed_moe_band(band)
+    return band
 
 
 def outcome(required: int, usable: int, band: RiskBand | None) -> tuple[str, float | None]:

@@ -457,7 +457,7 @@ def estimate_from_trace(traced: Traced, facts: TracedModel, cluster: Cluster, *,
                         margin: float, ov: Overheads) -> Estimate:
     """The candidate's Estimate from its trace (``planner.memory.from_phases``)."""
     from planner.candidates import degree_of
-    from planner.error_bands import is_finetune, risk_band
+    from planner.error_bands import plan_risk_band
 
     job = traced.job
     c, training = job.candidate, job.training
@@ -483,7 +483,7 @@ def estimate_from_trace(traced: Traced, facts: TracedModel, cluster: Cluster, *,
                        allocator=training.allocator, init_host=init_host,
                        # the analytic planner's measured error for this kind of job: none is
                        # measured for trace-backed plans yet, and the runtime terms are the same
-                       risk=risk_band(c.strategy, training.compile, is_finetune(training)))
+                       risk=plan_risk_band(training, c.strategy, (facts.experts or 0) > 1))
 
 
 def step_from_facts(r: Request, facts: TracedModel, candidate: Candidate) -> StepEstimate:

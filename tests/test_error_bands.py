@@ -485,3 +485,15 @@ def test_an_moe_model_without_ep_under_the_default_allocator_has_its_interval_ra
     dense = _json.loads(run("--model", "llama3-8b", "--gpu", "h200", "--n", "8", "--strategy",
                             "full_shard", "--json").stdout)["candidates"][0]["risk"]["band"]
     assert "high_floor" not in dense
+
+
+def test_the_plans_band_has_the_floor_for_moe_without_ep_on_the_default_allocator():
+    """plan_risk_band, which the analytic, pipeline and trace-backed estimates all call (the
+    trace-backed one once took risk_band alone, so a traced MoE plan missed the floor)."""
+    from planner.spec import Allocator, TrainingSpec
+
+    t = TrainingSpec()
+    assert eb.plan_risk_band(t, Strategy.FULL_SHARD, True).high_floor == 1.61
+    assert eb.plan_risk_band(t, Strategy.FULL_SHARD, False).high_floor == 1.0
+    expandable = TrainingSpec(allocator=Allocator.EXPANDABLE)
+    assert eb.plan_risk_band(expandable, Strategy.FULL_SHARD, True).high_floor == 1.0

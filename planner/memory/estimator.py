@@ -33,7 +33,7 @@ from planner.expert_parallel import (
     rows,
 )
 from planner import float8, vec
-from planner.error_bands import DEFAULT_MARGIN, is_finetune, risk_band, routed_moe_band
+from planner.error_bands import DEFAULT_MARGIN, plan_risk_band
 from planner.memory.breakdown import PHASES, Breakdown, Estimate, Overheads, Phase, pick
 from planner.memory.compiled_model import graph_gradients, table_backward
 from planner.memory.moments import MOMENTS, Activations, Step
@@ -734,9 +734,7 @@ def evaluate(model: ModelSpec, training: TrainingSpec, candidate: Candidate, *, 
     step = step_for(model, training, candidate, n_gpus=n_gpus, degree=S, tokens=tokens,
                     acts=acts, ov=ov, gpus_per_node=gpus_per_node)
     phases = moments(step)
-    risk = risk_band(candidate.strategy, training.compile, is_finetune(training))
-    if model.is_moe and training.ep == 1 and training.allocator is Allocator.DEFAULT:
-        risk = routed_moe_band(risk)
+    risk = plan_risk_band(training, candidate.strategy, model.is_moe)
     notes = []
     if candidate.strategy is Strategy.DDP and ov.ddp_bucket_view:
         notes.append("gradient_as_bucket_view=True: grads are views into the buckets")
@@ -787,8 +785,7 @@ def pipeline_estimate(model: ModelSpec, training: TrainingSpec, candidate: Candi
                       allocator=training.allocator,
                       init_host=init_host_bytes(model, training, candidate,
                                                 min(n_gpus, gpus_per_node)),
-                      risk=risk_band(candidate.strategy, training.compile,
-                                     is_finetune(training)))
+                      risk=plan_risk_band(training, candidate.strategy, model.is_moe))
     # FSDP's shard group, the pipeline's point-to-point group and the TP group; under EP the
     # stage's EP group (the token all-to-alls) and its efsdp group (the experts' FSDP2, where
     # it has more than one rank: torchtitan's sparse mesh, docs/model.md §8.8)
