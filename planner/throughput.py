@@ -170,7 +170,8 @@ def recompute_flops_per_token(model: ModelSpec, seq: int, checkpointing: Checkpo
     last matmul a full non-reentrant recompute stops before (``unrecomputed_weights``)."""
     rc = _with_impl(RECOMPUTE[_ckpt(checkpointing)], checkpointing, impl)
     block, _ = matmul_params(model)
-    return (2.0 * model.n_layers * (rc.matmul * block - rc.early_stop * unrecomputed_weights(model))
+    skipped = rc.early_stop * unrecomputed_weights(model)
+    return (2.0 * model.n_layers * (rc.matmul * block - skipped)
             + rc.attention * 4.0 * model.n_layers * seq * attn_width(model))
 
 
