@@ -26,9 +26,8 @@ BAND = eb.RiskBand(kind="x", measured_kind="x", n=10, mean_log=0.0, sd_log=0.1)
 
 @pytest.fixture(autouse=True)
 def hand_band(monkeypatch):
-    import planner.memory.estimator as est
-
-    monkeypatch.setattr(est, "risk_band", lambda *a, **k: BAND)
+    # every estimate takes its band from error_bands.plan_risk_band, which reads risk_band
+    monkeypatch.setattr(eb, "risk_band", lambda *a, **k: BAND)
 
 
 def test_the_hand_band():
